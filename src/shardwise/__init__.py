@@ -1,0 +1,24 @@
+"""shardwise: correct, fast data sampling for distributed PyTorch training.
+
+Every sampler is one global plan, the same on every rank and independent of the world size,
+dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume state.
+"""
+
+from ._errors import MalformedStateError, StateMismatchError
+from ._plan import Even
+from ._sharded import ShardedSampler
+from ._wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Even",
+    "MalformedStateError",
+    "ShardedBatchWrapper",
+    "ShardedSampler",
+    "ShardedWrapper",
+    "StateMismatchError",
+    "__version__",
+    "shard",
+    "shard_batches",
+]
