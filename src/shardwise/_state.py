@@ -84,29 +84,37 @@ def read_state(state: object, *, seed: int, fingerprint: Fingerprint) -> tuple[i
 class Progress:
     """Epoch and global position of one sampler, with the auto-advance rule of DESIGN.md section 4.
 
-    - ``set_epoch(e)`` always wins: a different epoch (or the same one after it completed) starts
-      at position 0; the same, unfinished epoch keeps its position, so the ``set_epoch`` a
-      framework calls right after ``load_state_dict`` does not throw the resume away.
+    - ``set_epoch(e)`` always wins: a different epoch starts at position 0, and so does the same
+      epoch once a pass over it completed here (code that calls ``set_epoch(0)`` every epoch gets
+      the same order every time).
+    - A position loaded from a state is authoritative: ``set_epoch`` of that same epoch, which
+      frameworks call right after ``load_state_dict``, keeps it, even when the saved epoch was
+      complete (the rest of the epoch is then empty, as it would have been without the restart).
     - A pass that completed with no ``set_epoch`` after it makes the next pass the next epoch, so
       orders differ between epochs even when nobody calls ``set_epoch``.
     """
 
-    __slots__ = ("completed", "consumed", "epoch")
+    __slots__ = ("completed", "consumed", "epoch", "resumed")
 
     def __init__(self) -> None:
         self.epoch = 0
         self.consumed = 0
         self.completed = False
+        self.resumed = False
 
     def set_epoch(self, epoch: int) -> None:
         epoch = check_int("epoch", epoch, minimum=0)
-        if epoch != self.epoch or self.completed:
+        if epoch != self.epoch or (self.completed and not self.resumed):
             self.epoch, self.consumed, self.completed = epoch, 0, False
+        else:
+            self.completed = False  # same epoch: keep the position, even at its end after a resume
+        self.resumed = False
 
     def begin(self) -> tuple[int, int]:
         """The ``(epoch, start position)`` of the pass about to be iterated."""
         if self.completed:
             self.epoch, self.consumed, self.completed = self.epoch + 1, 0, False
+        self.resumed = False
         return self.epoch, self.consumed
 
     def upcoming_epoch(self) -> int:
@@ -117,3 +125,4 @@ class Progress:
         """Adopt a saved position; a saved ``consumed >= total`` (nonzero) is a completed epoch."""
         self.epoch, self.consumed = epoch, consumed
         self.completed = total > 0 and consumed >= total
+        self.resumed = True

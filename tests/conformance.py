@@ -1,0 +1,74 @@
+"""The conformance harness: one list of cases, every property of DESIGN.md run over each.
+
+A new sampler gets the whole harness by adding one ``Case`` line to ``CASES``.
+A case builds the sampler for a data size ``n`` (the sampler decides what ``n`` means: samples,
+or the size of the data behind its batches) at a given world size and rank.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+from shardwise import ShardedSampler, shard, shard_batches
+from tests.classic import TwoStreamBatchSampler
+
+
+def key(unit: Any) -> Hashable:
+    """Units are ints (index samplers) or lists (batch samplers); compare them as hashables."""
+    return tuple(unit) if isinstance(unit, list) else unit
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    make: Callable[..., Any]
+    """``make(n, num_replicas=W, rank=r, seed=s)`` -> sampler."""
+    expected: Callable[[int], Counter[Hashable] | None] = lambda n: None
+    """The multiset of units one epoch's plan must cover for size ``n`` (None: not fixed)."""
+    shuffles: bool = True
+    """Whether the order differs between epochs."""
+    min_n: int = 0
+
+
+def _two_stream(n: int, **kw: Any) -> Any:
+    primary = np.arange(0, n // 3)
+    secondary = np.arange(n // 3, n)
+    return shard_batches(TwoStreamBatchSampler(primary, secondary, 4, 2), **kw)
+
+
+CASES: list[Case] = [
+    Case("ShardedSampler", lambda n, **kw: ShardedSampler(n, **kw), lambda n: Counter(range(n))),
+    Case("ShardedSampler-noshuffle", lambda n, **kw: ShardedSampler(n, shuffle=False, **kw),
+         lambda n: Counter(range(n)), shuffles=False),  # fmt: skip
+    Case("ShardedSampler-drop", lambda n, **kw: ShardedSampler(n, drop_last=True, **kw), lambda n: Counter(range(n))),
+    Case("shard-RandomSampler", lambda n, **kw: shard(RandomSampler(range(n)), **kw), lambda n: Counter(range(n)),
+         min_n=1),  # fmt: skip
+    Case("shard_batches-BatchSampler",
+         lambda n, **kw: shard_batches(BatchSampler(RandomSampler(range(n)), 3, drop_last=False), **kw), min_n=1),  # fmt: skip
+    Case("shard_batches-sequential", lambda n, **kw: shard_batches(BatchSampler(SequentialSampler(range(n)), 2, False),
+         even="drop", **kw), shuffles=False),  # fmt: skip
+    Case("shard_batches-TwoStream", _two_stream, min_n=12),
+]
+
+
+def run_epoch(sampler: Any) -> list[Any]:
+    return [key(u) for u in sampler]
+
+
+def plan_of(case: Case, n: int, *, seed: int = 0, epoch: int | None = None) -> list[Hashable]:
+    """The global plan: what a single process yields (world size 1)."""
+    sampler = case.make(n, num_replicas=1, rank=0, seed=seed)
+    if epoch is not None:
+        sampler.set_epoch(epoch)
+    return run_epoch(sampler)
+
+
+def dealt(plan: list[Hashable], start: int, rank: int, world_size: int, count: int) -> list[Hashable]:
+    """What rank ``rank`` must yield: plan positions start+rank, +W, ..., wrapped into the plan."""
+    return [plan[(start + rank + k * world_size) % len(plan)] for k in range(count)]

@@ -1,0 +1,154 @@
+"""The conformance harness over every sampler in ``tests.conformance.CASES``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from shardwise import Even
+from tests.conformance import CASES, Case, dealt, key, plan_of, run_epoch
+from tests.strategies import world_and_size
+
+cases = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+
+
+def _even(sampler) -> Even:
+    return sampler.even
+
+
+@cases
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world_and_size())
+def test_dealt_by_position_with_equal_lengths(case: Case, shape: tuple[int, int]) -> None:
+    """Every rank yields len() units, the same number on all ranks: plan positions r, r+W, ... wrapped."""
+    world_size, n = shape
+    n = max(n, case.min_n)
+    plan = plan_of(case, n)
+    lengths = set()
+    for rank in range(world_size):
+        sampler = case.make(n, num_replicas=world_size, rank=rank, seed=0)
+        got = run_epoch(sampler)
+        assert len(got) == len(sampler)
+        lengths.add(len(got))
+        assert got == dealt(plan, 0, rank, world_size, len(got))
+    assert len(lengths) == 1
+    count = lengths.pop()
+    if _even(case.make(n, num_replicas=world_size, rank=0)) is Even.PAD:
+        assert count == -(-len(plan) // world_size)
+    else:
+        assert count == len(plan) // world_size
+
+
+@cases
+@settings(max_examples=25, deadline=None)
+@given(world_and_size())
+def test_disjoint_and_covering(case: Case, shape: tuple[int, int]) -> None:
+    """One epoch over all ranks covers the plan; repeats are padding only (at most W-1 units)."""
+    world_size, n = shape
+    n = max(n, case.min_n)
+    everything: Counter = Counter()
+    for rank in range(world_size):
+        everything.update(run_epoch(case.make(n, num_replicas=world_size, rank=rank, seed=5)))
+    plan = Counter(plan_of(case, n, seed=5))
+    expected = case.expected(n)
+    if expected is not None:
+        assert plan == expected
+    even = _even(case.make(n, num_replicas=world_size, rank=0))
+    repeats = everything - plan
+    missing = plan - everything
+    if even is Even.PAD:
+        assert not missing
+        assert sum(repeats.values()) <= world_size - 1
+    else:
+        assert not repeats
+        assert sum(missing.values()) <= world_size - 1
+
+
+@cases
+def test_deterministic_for_same_seed_and_epoch(case: Case) -> None:
+    """Fresh samplers with the same (config, seed, epoch) yield the same units; other seeds differ."""
+    n = max(40, case.min_n)
+    first = plan_of(case, n, seed=11, epoch=3)
+    assert first == plan_of(case, n, seed=11, epoch=3)
+    if case.shuffles:
+        assert first != plan_of(case, n, seed=12, epoch=3)
+
+
+@cases
+def test_order_changes_between_epochs(case: Case) -> None:
+    """set_epoch changes the order; without set_epoch the epoch advances after each full pass."""
+    n = max(60, case.min_n)
+    sampler = case.make(n, num_replicas=2, rank=1, seed=3)
+    auto = [run_epoch(sampler) for _ in range(3)]
+    explicit = []
+    for epoch in range(3):
+        fresh = case.make(n, num_replicas=2, rank=1, seed=3)
+        fresh.set_epoch(epoch)
+        explicit.append(run_epoch(fresh))
+    assert auto == explicit
+    if case.shuffles:
+        assert auto[0] != auto[1] != auto[2]
+    again = case.make(n, num_replicas=2, rank=1, seed=3)
+    again.set_epoch(1)
+    run_epoch(again)
+    again.set_epoch(1)  # explicit set_epoch wins over auto-advance
+    assert run_epoch(again) == explicit[1]
+
+
+@cases
+def test_resume_at_every_position_equals_uninterrupted(case: Case) -> None:
+    """Stopping after k units, saving rank 0's state and resuming gives the uninterrupted sequence."""
+    n, world_size, epoch = max(23, case.min_n), 3, 2
+    uninterrupted = []
+    for rank in range(world_size):
+        sampler = case.make(n, num_replicas=world_size, rank=rank, seed=9)
+        sampler.set_epoch(epoch)
+        uninterrupted.append(run_epoch(sampler))
+    count = len(uninterrupted[0])
+    for stop in range(count + 1):
+        states, heads = [], []
+        for rank in range(world_size):
+            sampler = case.make(n, num_replicas=world_size, rank=rank, seed=9)
+            sampler.set_epoch(epoch)
+            iterator = iter(sampler)
+            heads.append([next(iterator) for _ in range(stop)])
+            states.append(sampler.state_dict())
+        assert all(state == states[0] for state in states)
+        for rank in range(world_size):
+            resumed = case.make(n, num_replicas=world_size, rank=rank, seed=9)
+            resumed.load_state_dict(states[0])
+            resumed.set_epoch(epoch)  # what a framework does after restoring: must keep the position
+            tail = run_epoch(resumed)
+            assert [*(run_epoch(heads[rank])), *tail] == uninterrupted[rank]
+
+
+@cases
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (4, 1), (3, 2)])
+def test_elastic_resume_loses_and_repeats_nothing(case: Case, before: int, after: int) -> None:
+    """A state saved at world size W loads at W'; the union is one pass, repeats are padding only."""
+    n = max(50, case.min_n)
+    plan = plan_of(case, n, seed=4, epoch=1)
+    steps = len(plan) // before // 2
+    seen: list = []
+    state = None
+    for rank in range(before):
+        sampler = case.make(n, num_replicas=before, rank=rank, seed=4)
+        sampler.set_epoch(1)
+        iterator = iter(sampler)
+        seen += [key(next(iterator)) for _ in range(steps)]
+        state = state or sampler.state_dict()
+    for rank in range(after):
+        resumed = case.make(n, num_replicas=after, rank=rank, seed=4)
+        resumed.load_state_dict(state)
+        seen += run_epoch(resumed)
+    even = _even(case.make(n, num_replicas=after, rank=0))
+    extra = Counter(seen) - Counter(plan)
+    missing = Counter(plan) - Counter(seen)
+    if even is Even.PAD:
+        assert not missing
+        assert sum(extra.values()) <= after - 1
+    else:
+        assert not extra
+        assert sum(missing.values()) <= max(before, after) - 1
