@@ -26,7 +26,7 @@ def iterate_eternally(indices: np.ndarray) -> Iterator[int]:
 
 def grouper(iterable: Iterable[T], n: int) -> Iterator[tuple[T, ...]]:
     args = [iter(iterable)] * n
-    return zip(*args)
+    return zip(*args, strict=False)  # drop the incomplete last group, as the original does
 
 
 class TwoStreamBatchSampler(Sampler[list[int]]):
@@ -43,7 +43,7 @@ class TwoStreamBatchSampler(Sampler[list[int]]):
         secondary_iter = iterate_eternally(self.secondary_indices)
         return (
             [int(i) for i in primary_batch + secondary_batch]
-            for (primary_batch, secondary_batch) in zip(
+            for (primary_batch, secondary_batch) in zip(  # noqa: B905 (the secondary stream is endless)
                 grouper(primary_iter, self.primary_batch_size), grouper(secondary_iter, self.secondary_batch_size)
             )
         )

@@ -43,16 +43,16 @@ def _two_stream(n: int, **kw: Any) -> Any:
 
 
 CASES: list[Case] = [
-    Case("ShardedSampler", lambda n, **kw: ShardedSampler(n, **kw), lambda n: Counter(range(n))),
+    Case("ShardedSampler", ShardedSampler, lambda n: Counter(range(n))),
     Case("ShardedSampler-noshuffle", lambda n, **kw: ShardedSampler(n, shuffle=False, **kw),
-         lambda n: Counter(range(n)), shuffles=False),  # fmt: skip
+         lambda n: Counter(range(n)), shuffles=False),
     Case("ShardedSampler-drop", lambda n, **kw: ShardedSampler(n, drop_last=True, **kw), lambda n: Counter(range(n))),
     Case("shard-RandomSampler", lambda n, **kw: shard(RandomSampler(range(n)), **kw), lambda n: Counter(range(n)),
-         min_n=1),  # fmt: skip
+         min_n=1),
     Case("shard_batches-BatchSampler",
-         lambda n, **kw: shard_batches(BatchSampler(RandomSampler(range(n)), 3, drop_last=False), **kw), min_n=1),  # fmt: skip
+         lambda n, **kw: shard_batches(BatchSampler(RandomSampler(range(n)), 3, drop_last=False), **kw), min_n=1),
     Case("shard_batches-sequential", lambda n, **kw: shard_batches(BatchSampler(SequentialSampler(range(n)), 2, False),
-         even="drop", **kw), shuffles=False),  # fmt: skip
+         even="drop", **kw), shuffles=False),
     Case("shard_batches-TwoStream", _two_stream, min_n=12),
 ]
 

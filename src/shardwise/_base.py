@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from ._errors import check_choice
+from ._frameworks import PlanMeta, install, refuse_resharding
 from ._plan import Even, pass_end, rank_count, rank_positions
 from ._seeds import check_seed, log_resolved_seed, resolve_seed
 from ._state import SEED, Fingerprint, Progress, make_state, read_state
@@ -61,10 +62,11 @@ class _Pass:
         """Units this rank has handed out in this pass."""
         if self.current is None:
             return self.done_chunks
-        return self.done_chunks + self.current_len - self.current.__length_hint__()  # type: ignore[attr-defined]
+        remaining: int = self.current.__length_hint__()  # type: ignore[attr-defined]
+        return self.done_chunks + self.current_len - remaining
 
 
-class PlanSampler(Generic[T]):
+class PlanSampler(Generic[T], metaclass=PlanMeta):
     """Mixin with the behaviour DESIGN.md requires of every sampler; see the module docstring.
 
     Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks.
@@ -123,10 +125,19 @@ class PlanSampler(Generic[T]):
         """World size, resolved lazily (a sampler is often built before the process group)."""
         return self.world.world_size
 
+    @num_replicas.setter
+    def num_replicas(self, value: int) -> None:
+        # Assigning DistributedSampler.num_replicas pins the world size, like the constructor argument.
+        self._num_replicas_arg, self._rank_arg = check_world_args(value, self._rank_arg)
+
     @property
     def rank(self) -> int:
         """Global rank, resolved lazily; never the local rank."""
         return self.world.rank
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        self._num_replicas_arg, self._rank_arg = check_world_args(self._num_replicas_arg, value)
 
     @property
     def seed(self) -> int:
@@ -135,6 +146,14 @@ class PlanSampler(Generic[T]):
             self._resolved_seed, self._seed_source = resolve_seed(None, world_size=self.world.world_size)
             log_resolved_seed(type(self).__name__, self._resolved_seed, self._seed_source)
         return self._resolved_seed
+
+    @seed.setter
+    def seed(self, value: int | None) -> None:
+        self._sync()
+        if self._pass is not None or self._progress.consumed:
+            raise RuntimeError("seed cannot change in the middle of an epoch; set it before iterating")
+        self._seed_arg = self._resolved_seed = check_seed(value)
+        self._seed_source = "argument"
 
     @property
     def even(self) -> Even:
@@ -189,6 +208,7 @@ class PlanSampler(Generic[T]):
         return rank_count(total, 0, self.world.world_size, self._even)
 
     def __iter__(self) -> Iterator[T]:
+        refuse_resharding(self)
         self._sync()
         world = self.world
         seed = self.seed
@@ -283,3 +303,6 @@ class PlanSampler(Generic[T]):
         parts += [f"{key}={value!r}" for key, value in self._config().items()]
         parts += [f"even={self._even.value!r}", f"seed={seed}", where]
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+install(PlanSampler)  # framework shape: see _frameworks

@@ -40,7 +40,7 @@ def _app() -> Any:
             table.add_row(
                 row.scenario, str(row.epoch), str(row.rank), str(row.batches), str(row.samples), str(row.overlap),
                 str(row.padding), f"{row.coverage:.1%}", str(row.seed), "ok" if row.ok else "FAIL",
-            )  # fmt: skip
+            )
         console.print(table)
         differ = epochs_differ(reports)
         steps_equal = all(

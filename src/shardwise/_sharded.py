@@ -76,12 +76,12 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
 
     @property
-    def num_samples(self) -> int:
+    def num_samples(self) -> int:  # type: ignore[override]  # derived from the data size and the world size resolved now
         """Indices per rank per epoch (torch's attribute)."""
         return rank_count(self._size, 0, self.num_replicas, self._even)
 
     @property
-    def total_size(self) -> int:
+    def total_size(self) -> int:  # type: ignore[override]  # derived, as num_samples
         """Indices per epoch over all ranks, padding included (torch's attribute)."""
         return self.num_samples * self.num_replicas
 

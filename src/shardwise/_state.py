@@ -72,10 +72,14 @@ def read_state(state: object, *, seed: int, fingerprint: Fingerprint) -> tuple[i
         if name not in saved:
             raise StateMismatchError(f"state was saved without {name}, but this sampler has {name}={value!r}")
         if saved[name] != value:
-            raise StateMismatchError(f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}")
+            raise StateMismatchError(
+                f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}"
+            )
     extra = sorted(set(saved) - set(fingerprint))
     if extra:
-        raise StateMismatchError(f"state was saved with {extra[0]}={saved[extra[0]]!r}, which this sampler does not have")
+        raise StateMismatchError(
+            f"state was saved with {extra[0]}={saved[extra[0]]!r}, which this sampler does not have"
+        )
     if saved_seed != seed:
         raise StateMismatchError(f"state was saved for seed={saved_seed}, but this sampler has seed={seed}")
     return epoch, consumed

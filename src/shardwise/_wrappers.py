@@ -76,9 +76,9 @@ def owned_generators(sampler: object, depth: int = _SEARCH_DEPTH) -> list[object
     """Generators held in the attributes of ``sampler`` and of samplers it holds (breadth-first)."""
     found: list[object] = []
     seen: set[int] = set()
-    level = [sampler]
+    level: list[object] = [sampler]
     for _ in range(depth):
-        nested = []
+        nested: list[object] = []
         for obj in level:
             for value in getattr(obj, "__dict__", {}).values():
                 if id(value) in seen:
@@ -97,12 +97,13 @@ class _GlobalRng:
 
     @staticmethod
     def get() -> tuple[object, object, torch.Tensor]:
-        return random.getstate(), np.random.get_state(), torch.get_rng_state()
+        # The legacy global numpy RNG is what user samplers call; it must be swapped, not avoided.
+        return random.getstate(), np.random.get_state(), torch.get_rng_state()  # noqa: NPY002
 
     @staticmethod
     def set(states: tuple[Any, Any, torch.Tensor]) -> None:
         random.setstate(states[0])
-        np.random.set_state(states[1])
+        np.random.set_state(states[1])  # noqa: NPY002
         torch.set_rng_state(states[2])
 
     @staticmethod
@@ -132,7 +133,7 @@ class RngFork:
         self._saved_global = _GlobalRng.get()
         self._saved_owned = [_get_state(g) for g in self._owned]
         _GlobalRng.set(self._global)
-        for generator, state in zip(self._owned, self._private):
+        for generator, state in zip(self._owned, self._private, strict=True):
             _set_state(generator, state)
         return self
 
@@ -141,7 +142,7 @@ class RngFork:
         self._private = [_get_state(g) for g in self._owned]
         assert self._saved_global is not None
         _GlobalRng.set(self._saved_global)
-        for generator, state in zip(self._owned, self._saved_owned):
+        for generator, state in zip(self._owned, self._saved_owned, strict=True):
             _set_state(generator, state)
 
 
@@ -261,28 +262,29 @@ class ShardedWrapper(_Shard, DistributedSampler[int]):
     """
 
     def __init__(self, sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | None = None,
-                 rank: int | None = None, even: Even | str = Even.PAD) -> None:  # fmt: skip
-        if isinstance(sampler, BatchSampler):
+                 rank: int | None = None, even: Even | str = Even.PAD) -> None:
+        inner: object = sampler
+        if isinstance(inner, BatchSampler):
             raise TypeError("sampler is a BatchSampler, whose units are batches: use shard_batches(sampler) instead")
         self._wrap(sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
 
     @property
-    def num_samples(self) -> int:
+    def num_samples(self) -> int:  # type: ignore[override]  # derived from the wrapped sampler and the world size
         """Indices per rank per epoch (``DistributedSampler``'s attribute)."""
         return len(self)
 
     @property
-    def total_size(self) -> int:
+    def total_size(self) -> int:  # type: ignore[override]  # derived from the wrapped sampler and the world size
         """Indices per epoch over all ranks, padding included."""
         return len(self) * self.num_replicas
 
     @property
-    def shuffle(self) -> bool:
+    def shuffle(self) -> bool:  # type: ignore[override]  # derived from the wrapped sampler and the world size
         """Order comes from the wrapped sampler; shardwise adds no shuffle of its own."""
         return False
 
     @property
-    def drop_last(self) -> bool:
+    def drop_last(self) -> bool:  # type: ignore[override]  # derived from the wrapped sampler and the world size
         return self._even is Even.DROP
 
 
@@ -293,7 +295,7 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
 
     def __init__(self, batch_sampler: Iterable[list[int]], *, seed: int | None = 0,
                  num_replicas: int | None = None, rank: int | None = None,
-                 even: Even | str = Even.PAD) -> None:  # fmt: skip
+                 even: Even | str = Even.PAD) -> None:
         self._wrap(batch_sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
 
     @property
@@ -307,12 +309,12 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
         return getattr(self.sampler, "batch_size", None)
 
     @property
-    def drop_last(self) -> bool:
+    def drop_last(self) -> bool:  # type: ignore[override]  # derived from the wrapped sampler and the world size
         return self._even is Even.DROP
 
 
 def shard(sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | None = None, rank: int | None = None,
-          even: Even | str = Even.PAD) -> ShardedWrapper:  # fmt: skip
+          even: Even | str = Even.PAD) -> ShardedWrapper:
     """Make any index sampler distributed: rank ``r`` of ``W`` gets its units ``r, r+W, ...``.
 
     The wrapped sampler runs whole on every rank, under an RNG state forked from
@@ -338,7 +340,7 @@ def shard(sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | No
 
 
 def shard_batches(batch_sampler: Iterable[list[int]], *, seed: int | None = 0, num_replicas: int | None = None,
-                  rank: int | None = None, even: Even | str = Even.PAD) -> ShardedBatchWrapper:  # fmt: skip
+                  rank: int | None = None, even: Even | str = Even.PAD) -> ShardedBatchWrapper:
     """Make any batch sampler distributed, keeping each batch whole: see :func:`shard`.
 
     Rank ``r`` of ``W`` gets batches ``r, r+W, ...`` of the sequence a single process would make.
