@@ -309,7 +309,7 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
         return getattr(self.sampler, "batch_size", None)
 
     @property
-    def drop_last(self) -> bool:  # type: ignore[override]  # derived from the wrapped sampler and the world size
+    def drop_last(self) -> bool:
         return self._even is Even.DROP
 
 
