@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from shardwise import ShardedSampler, shard, shard_batches
+from shardwise import BatchSizeSchedule, ScheduledBatchSampler, ShardedSampler, shard, shard_batches
 from tests.classic import TwoStreamBatchSampler
 
 
@@ -54,6 +54,11 @@ CASES: list[Case] = [
     Case("shard_batches-sequential", lambda n, **kw: shard_batches(BatchSampler(SequentialSampler(range(n)), 2, False),
          even="drop", **kw), shuffles=False),
     Case("shard_batches-TwoStream", _two_stream, min_n=12),
+    Case("Scheduled-constant", lambda n, **kw: ScheduledBatchSampler(n, batch_size=2, drop_last=True, **kw), min_n=16),
+    Case("Scheduled-by_epoch", lambda n, **kw: ScheduledBatchSampler(n, batch_size=BatchSizeSchedule.by_epoch({0: 2, 2: 3}),
+         drop_last=True, **kw), min_n=24),
+    Case("Scheduled-pad", lambda n, **kw: ScheduledBatchSampler(n, batch_size=1, **kw),
+         lambda n: Counter((i,) for i in range(n))),
 ]
 
 

@@ -6,14 +6,18 @@ dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume sta
 
 from ._errors import MalformedStateError, StateMismatchError
 from ._plan import Even
+from ._schedule import BatchSizeSchedule
+from ._scheduled import ScheduledBatchSampler
 from ._sharded import ShardedSampler
 from ._wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSizeSchedule",
     "Even",
     "MalformedStateError",
+    "ScheduledBatchSampler",
     "ShardedBatchWrapper",
     "ShardedSampler",
     "ShardedWrapper",
