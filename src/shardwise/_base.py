@@ -75,6 +75,9 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
     _CHUNK: ClassVar[int] = 1 << 16
     """Units generated per chunk: bounds memory per rank, amortises numpy call overhead."""
 
+    _FIRST_CHUNK: ClassVar[int] = 0
+    """Units in a pass's first chunk when smaller than ``_CHUNK`` (0: ``_CHUNK``): a cheap first batch."""
+
     _seed_arg: int | None
     _resolved_seed: int | None
     _seed_source: str
@@ -224,8 +227,11 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         return itertools.chain.from_iterable(self._chunks(live, world, source))
 
     def _chunks(self, live: _Pass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
-        for first in range(0, live.count, self._CHUNK):
-            stop = min(first + self._CHUNK, live.count)
+        # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
+        # function of the positions), so a small first chunk just makes the first unit cheaper.
+        first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
+        while first < live.count:
+            stop = min(first + size, live.count)
             positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
             units = source(positions)
             if len(units) != stop - first:
@@ -233,6 +239,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             live.done_chunks += live.current_len
             live.current, live.current_len = iter(units), len(units)
             yield live.current
+            first, size = stop, self._CHUNK
 
     # -- state ---------------------------------------------------------------------------------
     def _full_fingerprint(self) -> Fingerprint:

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# Imported here, not on first use: numpy loads numpy.random lazily, which would otherwise add
+# several milliseconds to the first batch of the first epoch.
+from numpy.random import PCG64, SeedSequence
+
 from ._errors import check_int
 
 MAX_SIZE = 2**62
@@ -57,7 +61,8 @@ def feistel(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
             left ^= _mix(right ^ key) & high_mask
         else:
             right ^= _mix(left ^ key) & low_mask
-    return (left << shift) | right
+    merged: np.ndarray = (left << shift) | right
+    return merged
 
 
 def feistel_permute(positions: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
@@ -76,7 +81,7 @@ def feistel_permute(positions: np.ndarray, n: int, keys: np.ndarray) -> np.ndarr
 
 def table_permutation(n: int, key: int) -> np.ndarray:
     """The materialised permutation for small ``n``: a stable argsort of ``n`` raw PCG64 words."""
-    words = np.random.PCG64(key).random_raw(n)
+    words = PCG64(key).random_raw(n)
     return np.argsort(words, kind="stable").astype(np.int64)
 
 
@@ -100,11 +105,11 @@ class Permutation:
         self._n = check_int("n", n, minimum=0, maximum=MAX_SIZE)
         key = check_int("key", key, minimum=0, maximum=2**64 - 1)
         self._table: np.ndarray | None = None
-        self._keys = np.empty(0, dtype=np.uint64)
+        self._keys: np.ndarray = np.empty(0, dtype=np.uint64)
         if self._n <= table_max:
             self._table = table_permutation(self._n, key)
         else:
-            self._keys = np.random.SeedSequence(key).generate_state(ROUNDS, dtype=np.uint64)
+            self._keys = SeedSequence(key).generate_state(ROUNDS, dtype=np.uint64)
 
     def __len__(self) -> int:
         return self._n
@@ -113,7 +118,8 @@ class Permutation:
         """Indices at ``positions`` (int array, each in ``[0, n)``), as int64 of the same shape."""
         positions = np.asarray(positions, dtype=np.int64)
         if self._table is not None:
-            return self._table[positions]
+            indices: np.ndarray = self._table[positions]
+            return indices
         return feistel_permute(positions, self._n, self._keys)
 
     def __repr__(self) -> str:
