@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
+import shardwise
 from shardwise import BatchSizeSchedule, ScheduledBatchSampler, ShardedSampler, shard, shard_batches
 from tests.classic import TwoStreamBatchSampler
 
@@ -59,6 +60,15 @@ CASES: list[Case] = [
          drop_last=True, **kw), min_n=24),
     Case("Scheduled-pad", lambda n, **kw: ScheduledBatchSampler(n, batch_size=1, **kw),
          lambda n: Counter((i,) for i in range(n))),
+    Case("TwoStream", lambda n, **kw: shardwise.TwoStreamBatchSampler(range(n // 2, n), range(n // 2),
+         primary_batch_size=2, secondary_batch_size=3, **kw), min_n=4),
+    Case("TwoStream-keep", lambda n, **kw: shardwise.TwoStreamBatchSampler(range(n // 2, n), range(n // 2),
+         primary_batch_size=3, secondary_batch_size=1, drop_last=False, **kw), min_n=2),
+    Case("ClassBalanced", lambda n, **kw: shardwise.ClassBalancedBatchSampler(np.arange(n) % 3, classes_per_batch=2,
+         samples_per_class=2, **kw), min_n=2),
+    Case("Weighted", lambda n, **kw: shardwise.WeightedSampler(np.arange(n + 2) % 4, num_samples=n, **kw)),
+    Case("Weighted-distinct", lambda n, **kw: shardwise.WeightedSampler(np.arange(1, n + 2), num_samples=n,
+         replacement=False, drop_last=True, **kw)),
 ]
 
 

@@ -4,24 +4,31 @@ Every sampler is one global plan, the same on every rank and independent of the 
 dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume state.
 """
 
+from ._class_balanced import ClassBalancedBatchSampler, SmallClasses
 from ._errors import MalformedStateError, StateMismatchError
 from ._plan import Even
 from ._schedule import BatchSizeSchedule
 from ._scheduled import ScheduledBatchSampler
 from ._sharded import ShardedSampler
+from ._two_stream import TwoStreamBatchSampler
+from ._weighted import WeightedSampler
 from ._wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BatchSizeSchedule",
+    "ClassBalancedBatchSampler",
     "Even",
     "MalformedStateError",
     "ScheduledBatchSampler",
     "ShardedBatchWrapper",
     "ShardedSampler",
     "ShardedWrapper",
+    "SmallClasses",
     "StateMismatchError",
+    "TwoStreamBatchSampler",
+    "WeightedSampler",
     "__version__",
     "shard",
     "shard_batches",

@@ -1,0 +1,51 @@
+"""Checks and digests for the arrays samplers hold (indices, labels), with the one message template.
+
+Arrays are kept as compact numpy arrays, never Python lists; a digest of an array goes into a
+sampler's fingerprint so that a state saved over other data is refused on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+_INDEX_MAX = 2**62
+
+
+def _shape_error(name: str, array: np.ndarray, wanted: str) -> ValueError:
+    return ValueError(f"{name} should be {wanted}, but got {name} with shape {array.shape}")
+
+
+def as_index_array(name: str, values: object, *, allow_empty: bool = False) -> np.ndarray:
+    """``values`` as a 1-D int64 array of non-negative indices, or raise naming ``name``.
+
+    Accepts any 1-D integer sequence, numpy array or CPU tensor; rejects floats and bools (a
+    float index is a bug, and a bool array is a mask, not indices).
+    """
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise _shape_error(name, array, "a 1-D sequence of indices")
+    if array.size == 0:
+        if not allow_empty:
+            raise ValueError(f"{name} should hold at least one index, but got an empty {name}")
+        return np.empty(0, dtype=np.int64)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} should hold integer indices, but got {name} of dtype {array.dtype}")
+    low, high = int(array.min()), int(array.max())
+    if low < 0:
+        at = int(np.argmin(array))
+        raise ValueError(f"{name} should hold non-negative indices, but got {name}[{at}]={low}")
+    if high >= _INDEX_MAX:
+        at = int(np.argmax(array))
+        raise ValueError(f"{name} should hold indices below 2**62, but got {name}[{at}]={high}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def digest(array: np.ndarray) -> str:
+    """A short, stable hex digest of an array's dtype, shape and bytes (for fingerprints)."""
+    array = np.ascontiguousarray(array)
+    hasher = hashlib.blake2b(digest_size=8)
+    hasher.update(f"{array.dtype.str}{array.shape}".encode())
+    hasher.update(array.view(np.uint8).data if array.size else b"")
+    return hasher.hexdigest()

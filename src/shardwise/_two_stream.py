@@ -1,0 +1,231 @@
+"""``TwoStreamBatchSampler``: semi-supervised batches of primary (labelled) + secondary (unlabelled) indices.
+
+The global plan of epoch ``e`` is a sequence of batches. Batch ``j`` holds
+
+- the primary indices at positions ``[j * pb, (j + 1) * pb)`` of one keyed shuffle of the primary
+  indices (one pass over them per epoch, ``pb = primary_batch_size``), then
+- the secondary indices at positions ``[j * sb, (j + 1) * sb)`` of an endless secondary stream
+  (``sb = secondary_batch_size``): cycle ``c`` of the stream is a fresh keyed shuffle of the
+  secondary indices, keyed by ``(seed, e, c)``; the stream restarts at the start of each epoch.
+
+Every part is computed from its position in O(1) (a keyed permutation, never a materialised
+shuffle of the data), so a batch is a pure function of ``(config, seed, epoch, j)`` and resume
+is O(1). The batch sizes are read in one place, :meth:`TwoStreamBatchSampler._bounds`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from ._arrays import as_index_array, digest
+from ._base import PlanSampler, UnitSource
+from ._errors import check_bool, check_int
+from ._permutation import Permutation
+from ._plan import Even
+from ._seeds import derive_seed
+from ._state import Fingerprint
+from ._world import World
+
+PRIMARY = "two-stream-primary"
+SECONDARY = "two-stream-secondary"
+_CYCLES_KEPT = 4  # secondary-cycle permutations cached per pass: a chunk rarely spans more
+
+
+def stream_indices(positions: np.ndarray, values: np.ndarray, cycle_permutation: Any) -> np.ndarray:
+    """The values at ``positions`` of an endless stream whose cycle ``c`` is ``cycle_permutation(c)``.
+
+    Args:
+        positions: int64 stream positions, any shape.
+        values: the ``n`` values one cycle shuffles.
+        cycle_permutation: ``c -> Permutation(n, key)`` for cycle ``c``.
+
+    Returns:
+        ``values[perm_c(p % n)]`` with ``c = p // n`` for every position ``p``, same shape.
+    """
+    n = len(values)
+    flat = positions.reshape(-1)
+    cycles, offsets = np.divmod(flat, n)
+    out = np.empty_like(flat)
+    order = np.argsort(cycles, kind="stable")
+    sorted_cycles = cycles[order]
+    cuts = np.flatnonzero(np.diff(sorted_cycles)) + 1
+    for group in np.split(order, cuts):
+        permutation = cycle_permutation(int(cycles[group[0]]))
+        out[group] = values[permutation(offsets[group])]
+    return out.reshape(positions.shape)
+
+
+class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
+    """Distributed semi-supervised batches: a pass over primary indices, topped up from a secondary stream.
+
+    One epoch is one shuffled pass over ``primary_indices``, ``primary_batch_size`` at a time;
+    each batch is completed with ``secondary_batch_size`` indices from an endless stream over
+    ``secondary_indices``, reshuffled on every cycle and continuing within the epoch (the
+    mean-teacher ``TwoStreamBatchSampler``, made distributed). A batch is the primary part
+    followed by the secondary part.
+
+    The batches form one global plan, the same on every rank and independent of the world size;
+    rank ``r`` of ``W`` takes batches ``r, r + W, ...``. So within an epoch the primary indices of
+    different ranks are disjoint, and every rank yields the same number of batches.
+
+    Args:
+        primary_indices: 1-D non-negative integer indices, one pass per epoch (e.g. labelled).
+        secondary_indices: 1-D non-negative integer indices, an endless stream (e.g. unlabelled);
+            may be empty when ``secondary_batch_size=0``.
+        primary_batch_size: primary indices per batch.
+        secondary_batch_size: secondary indices per batch (0 for primary-only batches).
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: ``True`` (default): leave out the short last primary group and cut the last
+            partial global step, so every batch is full and no primary index repeats.
+            ``False``: keep the short last primary group as a smaller batch (still with a full
+            secondary part) and pad the last global step by repeating batches from the start of
+            the plan (at most ``W - 1``), so every primary index is seen.
+
+    Attributes:
+        batch_size: ``primary_batch_size + secondary_batch_size``, what frameworks read.
+
+    Raises:
+        ValueError: empty ``primary_indices``, negative indices, non-positive
+            ``primary_batch_size``, an empty ``secondary_indices`` with ``secondary_batch_size > 0``,
+            or ``drop_last=True`` with fewer primary indices than ``primary_batch_size``.
+        TypeError: non-integer indices or sizes.
+
+    Warns:
+        UserWarning: when the primary and secondary indices overlap (allowed, but usually a bug).
+
+    Example:
+        >>> sampler = TwoStreamBatchSampler(range(8), range(100, 104), primary_batch_size=2,
+        ...                                 secondary_batch_size=3, num_replicas=2, rank=0)
+        >>> len(sampler), sampler.batch_size
+        (2, 5)
+        >>> [len(batch) for batch in sampler]
+        [5, 5]
+    """
+
+    _CHUNK = 128
+
+    def __init__(
+        self,
+        primary_indices: Any,
+        secondary_indices: Any,
+        *,
+        primary_batch_size: int,
+        secondary_batch_size: int,
+        seed: int | None = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = True,
+    ) -> None:
+        self.primary_indices = as_index_array("primary_indices", primary_indices)
+        self.secondary_indices = as_index_array("secondary_indices", secondary_indices, allow_empty=True)
+        self.primary_batch_size = check_int("primary_batch_size", primary_batch_size, minimum=1)
+        self.secondary_batch_size = check_int("secondary_batch_size", secondary_batch_size, minimum=0)
+        self.drop_last = check_bool("drop_last", drop_last)
+        if self.secondary_batch_size > 0 and self.secondary_indices.size == 0:
+            raise ValueError(
+                f"secondary_indices should hold at least one index when secondary_batch_size > 0, but got an "
+                f"empty secondary_indices with secondary_batch_size={self.secondary_batch_size}"
+            )
+        if self.drop_last and len(self.primary_indices) < self.primary_batch_size:
+            raise ValueError(
+                f"primary_batch_size should be at most the {len(self.primary_indices)} primary indices with "
+                f"drop_last=True (no batch would be formed), but got primary_batch_size={self.primary_batch_size}; "
+                "pass drop_last=False to keep a short batch"
+            )
+        shared = np.intersect1d(self.primary_indices, self.secondary_indices)
+        if shared.size:
+            warnings.warn(
+                f"primary_indices and secondary_indices share {shared.size} indices (e.g. {int(shared[0])}): "
+                "those samples are drawn from both streams",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._digests: tuple[str, str] | None = None
+        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+
+    @property
+    def batch_size(self) -> int:
+        """Indices per full batch: ``primary_batch_size + secondary_batch_size``."""
+        return self.primary_batch_size + self.secondary_batch_size
+
+    # -- plan ----------------------------------------------------------------------------------
+    def _plan_size(self, epoch: int) -> int:
+        size, whole = len(self.primary_indices), self.primary_batch_size
+        return size // whole if self.drop_last else -(-size // whole)
+
+    def _bounds(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Where each batch position reads its primary part and its secondary part.
+
+        The one place that reads the batch sizes: a batch-size schedule replaces it.
+
+        Returns:
+            starts, stops: ``(m,)`` int64 primary positions ``[start, stop)``, at most
+                ``primary_batch_size`` apart (less for a short last group).
+            stream_starts: ``(m,)`` int64 secondary stream position of each batch's first index.
+            stream_size: secondary indices per batch.
+        """
+        whole, extra = self.primary_batch_size, self.secondary_batch_size
+        starts = batches * whole
+        stops = np.minimum(starts + whole, len(self.primary_indices))
+        return starts, stops, batches * extra, extra
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        primary = Permutation(len(self.primary_indices), derive_seed(seed, epoch, PRIMARY))
+        cycles: dict[int, Permutation] = {}
+        secondary_size = len(self.secondary_indices)
+
+        def cycle_permutation(cycle: int) -> Permutation:
+            if cycle not in cycles:
+                if len(cycles) >= _CYCLES_KEPT:
+                    cycles.pop(next(iter(cycles)))
+                cycles[cycle] = Permutation(secondary_size, derive_seed(seed, epoch, SECONDARY, cycle))
+            return cycles[cycle]
+
+        def batches(positions: np.ndarray) -> list[list[int]]:
+            starts, stops, stream_starts, per_batch = self._bounds(positions)
+            whole = int((stops - starts).max())
+            # grid: (m, whole) primary positions; a short last group is masked below.
+            grid = starts[:, None] + np.arange(whole, dtype=np.int64)
+            full = grid < stops[:, None]
+            first = self.primary_indices[primary(np.where(full, grid, 0))]
+            if per_batch:
+                stream = stream_starts[:, None] + np.arange(per_batch, dtype=np.int64)
+                second = stream_indices(stream, self.secondary_indices, cycle_permutation)
+                rows: list[list[int]] = np.concatenate([first, second], axis=1).tolist()
+            else:
+                second = first[:, :0]
+                rows = first.tolist()
+            for row in np.flatnonzero(~full.all(axis=1)).tolist():
+                rows[row] = first[row, full[row]].tolist() + second[row].tolist()
+            return rows
+
+        return batches
+
+    def _fingerprint(self) -> Fingerprint:
+        if self._digests is None:
+            self._digests = (digest(self.primary_indices), digest(self.secondary_indices))
+        return {
+            "num_primary": len(self.primary_indices),
+            "num_secondary": len(self.secondary_indices),
+            "primary_batch_size": self.primary_batch_size,
+            "secondary_batch_size": self.secondary_batch_size,
+            "drop_last": self.drop_last,
+            "primary_digest": self._digests[0],
+            "secondary_digest": self._digests[1],
+        }
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "primary_batch_size": self.primary_batch_size,
+            "secondary_batch_size": self.secondary_batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def _data_repr(self) -> str:
+        return f"primary={len(self.primary_indices)}, secondary={len(self.secondary_indices)}"
