@@ -94,9 +94,7 @@ def _read_points(name: str, points: object, unit: str) -> tuple[tuple[int, ...],
         )
     with_payload = [p is not _NO_PAYLOAD for p in payloads]
     if any(with_payload) and not all(with_payload):
-        raise ValueError(
-            f"{name} should give a payload for every entry or for none, but got {name}={dict(points)!r}"
-        )
+        raise ValueError(f"{name} should give a payload for every entry or for none, but got {name}={dict(points)!r}")
     return tuple(thresholds), tuple(sizes), tuple(None if p is _NO_PAYLOAD else p for p in payloads)
 
 

@@ -328,4 +328,3 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         if self._inner is not None:
             return f"data={type(self._inner).__name__}"
         return f"n={self._size}"
-
