@@ -5,8 +5,10 @@ dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume sta
 """
 
 from ._class_balanced import ClassBalancedBatchSampler, SmallClasses
+from ._collate import PadCollate, PaddedBatch, pad_collate
 from ._errors import MalformedStateError, StateMismatchError
 from ._plan import Even
+from ._ragged import RaggedArray, RaggedStoreError, RaggedWriter
 from ._schedule import BatchSizeSchedule
 from ._scheduled import ScheduledBatchSampler
 from ._sharded import ShardedSampler
@@ -21,6 +23,11 @@ __all__ = [
     "ClassBalancedBatchSampler",
     "Even",
     "MalformedStateError",
+    "PadCollate",
+    "PaddedBatch",
+    "RaggedArray",
+    "RaggedStoreError",
+    "RaggedWriter",
     "ScheduledBatchSampler",
     "ShardedBatchWrapper",
     "ShardedSampler",
@@ -30,6 +37,7 @@ __all__ = [
     "TwoStreamBatchSampler",
     "WeightedSampler",
     "__version__",
+    "pad_collate",
     "shard",
     "shard_batches",
 ]
