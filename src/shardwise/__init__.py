@@ -4,6 +4,7 @@ Every sampler is one global plan, the same on every rank and independent of the 
 dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume state.
 """
 
+from ._bucket import BucketBatchSampler, Oversized
 from ._class_balanced import ClassBalancedBatchSampler, SmallClasses
 from ._collate import PadCollate, PaddedBatch, pad_collate
 from ._errors import MalformedStateError, StateMismatchError
@@ -20,9 +21,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSizeSchedule",
+    "BucketBatchSampler",
     "ClassBalancedBatchSampler",
     "Even",
     "MalformedStateError",
+    "Oversized",
     "PadCollate",
     "PaddedBatch",
     "RaggedArray",
