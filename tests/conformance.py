@@ -69,6 +69,14 @@ CASES: list[Case] = [
     Case("Weighted", lambda n, **kw: shardwise.WeightedSampler(np.arange(n + 2) % 4, num_samples=n, **kw)),
     Case("Weighted-distinct", lambda n, **kw: shardwise.WeightedSampler(np.arange(1, n + 2), num_samples=n,
          replacement=False, drop_last=True, **kw)),
+    Case("Bucket-tokens", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 7 % 13 + 1, max_tokens=24,
+         batch_size_multiple=2, sort_window=7, balance_group=4, shuffle=False, **kw), min_n=1, shuffles=False),
+    Case("Bucket-tokens-single", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) % 5 + 12, max_tokens=15,
+         oversized="single", **kw), min_n=1),
+    Case("Bucket-batch", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 5 % 11, batch_size=3,
+         sort_window=5, **kw), min_n=1),
+    Case("Bucket-batch-drop", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) % 9 + 1, batch_size=2,
+         balance_group=3, drop_last=True, **kw), min_n=1),
 ]
 
 
