@@ -3,11 +3,12 @@
 What an epoch is. With ``N`` samples in the usable classes, ``P = classes_per_batch`` and
 ``K = samples_per_class``, an epoch's global plan has ``B = max(1, N // (P * K))`` batches, so the
 epoch draws about ``N`` samples. The ``B * P`` class slots of the epoch are shared out in
-proportion to class sizes (class ``c`` with ``n_c`` samples gets about ``n_c / K`` slots, by
-largest remainder in integer arithmetic), never more than ``B`` (a class appears at most once
-per batch); the share a very large class cannot take goes to the others in proportion. Within a
-class, its slots take ``K`` samples at a time from a shuffle of its samples; when a class needs
-more slots than one shuffle holds (``n_c // K``) the next slots come from a fresh shuffle. So:
+proportion to class sizes (class ``c`` with ``n_c`` samples gets ``n_c / K`` slots, rounded up
+or down at random so that it is exact on average, in integer arithmetic), never more than ``B``
+(a class appears at most once per batch); the share a very large class cannot take goes to the
+others in proportion. Within a class, its slots take ``K`` samples at a time from a shuffle of
+its samples; when a class needs more slots than one shuffle holds (``n_c // K``) the next slots
+come from a fresh shuffle. So:
 
 - a class with at least ``K`` samples never repeats a sample within a batch, and each of its
   samples is seen at most once per epoch unless the class got more than ``n_c // K`` slots;
@@ -25,6 +26,7 @@ position, so resume is O(1) after that build.
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Any
 
 import numpy as np
@@ -56,23 +58,26 @@ class SmallClasses(str, enum.Enum):
     """Refuse the labels at construction."""
 
 
-def class_quotas(sizes: np.ndarray, slots: int, cap: int, tie_words: np.ndarray) -> np.ndarray:
+def class_quotas(sizes: np.ndarray, slots: int, cap: int, words: np.ndarray) -> np.ndarray:
     """Slots per class in proportion to ``sizes``, summing to ``slots``, each at most ``cap``.
 
-    Integer arithmetic only: exact shares ``slots * n_c / N`` are floored and the missing slots go
-    to the largest remainders (ties broken by ``tie_words``); classes whose share exceeds ``cap``
-    get ``cap`` and the rest is re-shared among the others.
+    Integer arithmetic only. Exact shares ``slots * n_c / N`` are floored; the few missing slots go
+    out by systematic sampling: class ``c`` gets one more with probability equal to the fraction
+    of its share (so a class whose share is 0.2 slots takes part in about one epoch in five, where
+    rounding would leave it out of every epoch), and exactly as many slots as missing go out.
+    Classes whose share exceeds ``cap`` get ``cap`` and the rest is re-shared among the others.
 
     Args:
         sizes: ``(C,)`` positive int64 class sizes.
         slots: total slots, at most ``cap * C``.
         cap: most slots one class may get.
-        tie_words: ``(C,)`` uint64 keys ordering classes with equal remainders.
+        words: ``(C + 1,)`` random uint64: the order of the systematic pass and its offset.
 
     Returns:
         ``(C,)`` int64 quotas.
     """
-    capped = np.zeros(len(sizes), dtype=bool)
+    count = len(sizes)
+    capped = np.zeros(count, dtype=bool)
     while True:
         budget = slots - cap * int(capped.sum())
         total = int(sizes[~capped].sum())
@@ -83,10 +88,13 @@ def class_quotas(sizes: np.ndarray, slots: int, cap: int, tie_words: np.ndarray)
             break
         capped |= over
     quota[capped], remainder[capped] = cap, 0
-    missing = slots - int(quota.sum())
-    eligible = np.flatnonzero(remainder > 0)
-    ranked = eligible[np.lexsort((tie_words[eligible], -remainder[eligible]))]
-    quota[ranked[:missing]] += 1
+    # Systematic sampling: points offset + k * total on the line of the remainders laid end to
+    # end in a random class order; a class gets one more slot per point in its interval (< 1).
+    order = np.argsort(words[:count], kind="stable")
+    ends = np.cumsum(remainder[order])
+    offset = int(words[count] % np.uint64(total))
+    points_before_end = -((offset - ends) // total)  # ceil((end - offset) / total)
+    quota[order] += np.diff(points_before_end, prepend=0)
     return quota
 
 
@@ -115,8 +123,8 @@ def class_balanced_plan(
         ``(B, P * K)`` int64 sample indices, batch by batch.
     """
     count, per_class = len(sizes), samples_per_class
-    tie_words = np.random.SeedSequence(derive_seed(seed, epoch, QUOTA)).generate_state(count, dtype=np.uint64)
-    quota = class_quotas(sizes, num_batches * classes_per_batch, num_batches, tie_words)
+    words = np.random.SeedSequence(derive_seed(seed, epoch, QUOTA)).generate_state(count + 1, dtype=np.uint64)
+    quota = class_quotas(sizes, num_batches * classes_per_batch, num_batches, words)
     order = Permutation(count, derive_seed(seed, epoch, CLASSES))(np.arange(count, dtype=np.int64))
     # slot_class, slot_use: (B * P,) class of each slot and how many earlier slots that class had.
     runs = quota[order]
@@ -174,11 +182,11 @@ def _labels_array(labels: object) -> np.ndarray:
         raise ValueError("labels should hold at least one label, but got an empty labels")
     kind = array.dtype.kind
     if kind == "O":
-        try:
-            array = np.asarray(array.tolist(), dtype=str)
-        except (TypeError, ValueError):
-            raise TypeError("labels should hold integers or strings, but got labels of dtype object") from None
-        kind = array.dtype.kind
+        items = array.tolist()
+        if all(isinstance(item, str) for item in items):
+            array, kind = np.asarray(items, dtype=str), "U"
+        elif all(isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in items):
+            array, kind = np.asarray(items, dtype=np.int64), "i"
     if kind not in "iuUS":
         raise TypeError(f"labels should hold integers or strings, but got labels of dtype {array.dtype}")
     return array
@@ -253,7 +261,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             raise ValueError(
                 f"labels should have at least samples_per_class={self.samples_per_class} samples in every class "
                 f"with small_classes='error', but {int(small.sum())} classes have fewer (e.g. class "
-                f"{classes[first]!r} with {int(sizes[first])}); pass small_classes='replace' to repeat their "
+                f"{classes[first].item()!r} with {int(sizes[first])}); pass small_classes='replace' to repeat their "
                 "samples or small_classes='exclude' to leave them out"
             )
         usable = ~small if self.small_classes is SmallClasses.EXCLUDE else np.ones(len(sizes), dtype=bool)

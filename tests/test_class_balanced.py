@@ -1,0 +1,242 @@
+"""ClassBalancedBatchSampler: P x K layout, what an epoch covers, small classes, quotas, bad input, real ranks."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from shardwise import ClassBalancedBatchSampler, SmallClasses, StateMismatchError
+from shardwise._class_balanced import class_quotas
+from shardwise._launch import run_distributed
+
+RNG = np.random.default_rng(2024)
+LABELS = RNG.integers(0, 20, 2_000)  # 20 classes of about 100
+
+
+def make(labels=LABELS, **kw) -> ClassBalancedBatchSampler:
+    options = {"classes_per_batch": 4, "samples_per_class": 3, "num_replicas": 1, "rank": 0, "seed": 1}
+    options.update(kw)
+    return ClassBalancedBatchSampler(labels, **options)
+
+
+def groups(batch: list[int], samples_per_class: int) -> list[list[int]]:
+    return [batch[k : k + samples_per_class] for k in range(0, len(batch), samples_per_class)]
+
+
+def test_every_batch_has_p_distinct_classes_of_k_distinct_samples() -> None:
+    """A batch is P consecutive groups of K indices; a group shares a label, labels differ across groups."""
+    sampler = make()
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 2_000 // 12
+    for batch in batches:
+        assert len(batch) == sampler.batch_size == 12
+        labels = [set(LABELS[group].tolist()) for group in groups(batch, 3)]
+        assert all(len(label) == 1 for label in labels)
+        assert len(set.union(*labels)) == 4
+        assert len(set(batch)) == 12
+
+
+def test_an_epoch_sees_each_sample_about_once() -> None:
+    """An epoch has N // (P*K) batches; almost every sample appears, none more than twice."""
+    counts = Counter(i for batch in make() for i in batch)
+    assert sum(counts.values()) == (2_000 // 12) * 12
+    assert len(counts) >= 0.95 * 2_000
+    assert max(counts.values()) <= 2
+
+
+def test_classes_take_part_in_proportion_to_their_size() -> None:
+    """Class c gets n_c / K groups per epoch, rounded up or down (within one group)."""
+    labels = np.repeat(np.arange(6), [30, 60, 90, 120, 150, 150])
+    sampler = make(labels, classes_per_batch=3, samples_per_class=5)
+    uses = Counter(int(labels[batch[k]]) for batch in sampler for k in range(0, 15, 5))
+    for label, size in enumerate([30, 60, 90, 120, 150, 150]):
+        assert abs(uses[label] - size / 5) <= 1
+
+
+def test_a_class_too_large_for_its_share_appears_once_per_batch() -> None:
+    """A class holding more than 1/P of the data is capped at one group per batch; others share the rest."""
+    labels = np.concatenate([np.zeros(900, dtype=int), np.repeat(np.arange(1, 11), 10)])
+    sampler = make(labels, classes_per_batch=2, samples_per_class=2)
+    batches = list(sampler)
+    assert len(batches) == 1_000 // 4
+    assert all(0 in labels[batch].tolist() for batch in batches)
+    assert all(len(set(labels[batch].tolist())) == 2 for batch in batches)
+
+
+def test_a_rare_class_takes_part_in_proportion_over_epochs() -> None:
+    """A class whose share is a fraction of a group appears in about that fraction of epochs."""
+    labels = np.array([0] * 40 + [1] * 40 + [2])
+    sampler = make(labels, classes_per_batch=2, samples_per_class=4)
+    appearances = sum(80 in {i for batch in _epoch(sampler, epoch) for i in batch} for epoch in range(400))
+    share = (81 // 8) * 2 / 81  # slots per epoch x class share: 0.247 groups
+    assert abs(appearances / 400 - share) < 0.07
+
+
+def test_small_classes_replace_repeats_their_samples() -> None:
+    """small_classes='replace' keeps a class smaller than K, repeating its samples within the group."""
+    labels = np.array([0] * 10 + [1] * 10 + [2] * 2)
+    sampler = make(labels, classes_per_batch=2, samples_per_class=4, small_classes="replace")
+    assert sampler.small_classes is SmallClasses.REPLACE
+    found = [group for epoch in range(30) for batch in _epoch(sampler, epoch) for group in groups(batch, 4)]
+    small = [group for group in found if group[0] >= 20]
+    assert small
+    assert all(Counter(group) == Counter({20: 2, 21: 2}) for group in small)
+    assert all(len(set(group)) == 4 for group in found if group[0] < 20)
+
+
+def _epoch(sampler: ClassBalancedBatchSampler, epoch: int) -> list[list[int]]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_small_classes_exclude_leaves_them_out() -> None:
+    """small_classes='exclude' never draws a class with fewer than K samples."""
+    labels = np.array([0] * 10 + [1] * 10 + [2] * 3)
+    sampler = make(labels, classes_per_batch=2, samples_per_class=4, small_classes=SmallClasses.EXCLUDE)
+    drawn = {i for epoch in range(10) for batch in _epoch(sampler, epoch) for i in batch}
+    assert drawn == set(range(20))
+    assert sampler.classes.tolist() == [0, 1]
+
+
+def test_string_labels_are_classes() -> None:
+    """String labels work like integer labels."""
+    labels = ["cat", "dog", "eel", "cat", "dog", "eel", "cat", "dog", "eel"]
+    sampler = make(labels, classes_per_batch=3, samples_per_class=2)
+    for batch in sampler:
+        assert {labels[i] for i in batch} == {"cat", "dog", "eel"}
+
+
+def test_epochs_differ_and_seeds_reproduce() -> None:
+    """Orders differ between epochs; the same (seed, epoch) gives the same plan."""
+    sampler = make()
+    first, second = list(sampler), list(sampler)
+    assert first != second
+    assert list(make()) == first
+    assert list(make(seed=2)) != first
+
+
+def test_ranks_take_whole_batches_disjointly() -> None:
+    """Rank r of W takes whole batches r, r+W, ...; together one epoch's plan, the same length on all."""
+    plan = list(make(drop_last=True))
+    per_rank = [list(make(drop_last=True, num_replicas=3, rank=r)) for r in range(3)]
+    assert len({len(batches) for batches in per_rank}) == 1
+    assert [per_rank[k % 3][k // 3] for k in range(3 * len(per_rank[0]))] == plan[: 3 * len(per_rank[0])]
+
+
+def test_state_resumes_and_refuses_other_labels() -> None:
+    """A mid-epoch state resumes exactly; a state from other labels is refused by name."""
+    sampler = make()
+    iterator = iter(sampler)
+    head = [next(iterator) for _ in range(5)]
+    state = sampler.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == list(make())
+    with pytest.raises(StateMismatchError, match="labels_digest"):
+        make(np.roll(LABELS, 1)).load_state_dict(state)
+
+
+def test_pickle_drops_the_cached_plan_and_repr_shows_configuration() -> None:
+    """A pickled sampler does not carry its cached epoch plan, and yields the same batches."""
+    sampler = make()
+    expected = list(sampler)
+    sampler.set_epoch(0)
+    blob = pickle.dumps(sampler)
+    assert len(blob) < 40_000
+    assert list(pickle.loads(blob)) == expected
+    text = repr(sampler)
+    for part in ("labels=2000", "classes=20", "classes_per_batch=4", "samples_per_class=3", "small_classes='replace'"):
+        assert part in text
+
+
+def test_works_as_a_dataloader_batch_sampler() -> None:
+    """DataLoader(batch_sampler=...) yields P*K items per batch."""
+    loader = DataLoader(torch.arange(2_000), batch_sampler=make())
+    assert all(batch.shape == (12,) for batch in loader)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=500), min_size=1, max_size=30),
+    st.integers(min_value=1, max_value=30),
+    st.integers(min_value=1, max_value=50),
+)
+def test_quotas_sum_up_are_capped_and_proportional(sizes: list[int], per_batch: int, batches: int) -> None:
+    """Quotas sum to B*P, never exceed B, and an uncapped class is within one slot of its exact share."""
+    per_batch = min(per_batch, len(sizes))
+    array = np.array(sizes, dtype=np.int64)
+    words = np.arange(len(sizes) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    quota = class_quotas(array, batches * per_batch, batches, words)
+    assert int(quota.sum()) == batches * per_batch
+    assert int(quota.max()) <= batches
+    assert int(quota.min()) >= 0
+    uncapped = quota < batches
+    if uncapped.all():
+        share = batches * per_batch * array / array.sum()
+        assert np.all(np.abs(quota - share) < 1)
+
+
+@pytest.mark.parametrize(
+    ("labels", "kwargs", "error", "match"),
+    [
+        ([[0, 1], [1, 0]], {}, ValueError, "labels should be a 1-D sequence"),
+        ([], {}, ValueError, "labels should hold at least one label"),
+        ([0.5, 1.5, 2.5], {}, TypeError, "labels should hold integers or strings"),
+        ([True, False, True], {}, TypeError, "labels should hold integers or strings"),
+        ([object(), object()], {}, TypeError, "labels should hold integers or strings"),
+        ([0, 0, 1, 1], {"classes_per_batch": 3}, ValueError, r"classes_per_batch should be at most .* \(2\)"),
+        ([0, 0, 1, 1, 2], {"small_classes": "exclude", "classes_per_batch": 3}, ValueError, "usable classes with at least samples_per_class=2"),
+        ([0, 0, 1, 1, 2], {"small_classes": "error"}, ValueError, "class 2 with 1"),
+        ([0, 0, 1, 1], {"small_classes": "sometimes"}, ValueError, "small_classes should be one of 'replace', 'exclude', 'error'"),
+        ([0, 0, 1, 1], {"classes_per_batch": 0}, ValueError, "classes_per_batch should be a positive integer"),
+        ([0, 0, 1, 1], {"samples_per_class": True}, TypeError, "samples_per_class should be an integer"),
+        ([0, 0, 1, 1], {"samples_per_class": -2}, ValueError, "samples_per_class should be a positive integer"),
+        ([0, 0, 1, 1], {"drop_last": "no"}, TypeError, "drop_last should be True or False"),
+        ([0, 0, 1, 1], {"rank": 3, "num_replicas": 2}, ValueError, "rank"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_refused_naming_the_parameter(labels: list, kwargs: dict, error: type, match: str) -> None:
+    """Every bad argument fails at construction with a message naming it."""
+    options = {"classes_per_batch": 2, "samples_per_class": 2}
+    options.update(kwargs)
+    with pytest.raises(error, match=match):
+        ClassBalancedBatchSampler(labels, **options)
+
+
+def _class_balanced_main(rank: int, world_size: int) -> list[list[list[int]]]:
+    sampler = ClassBalancedBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=3)
+    loader = DataLoader(torch.arange(2_000), batch_sampler=sampler)
+    epochs = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        drawn = []
+        for batch in loader:
+            flag = torch.ones(1)
+            dist.all_reduce(flag)  # a rank with an extra step would block here and time out
+            drawn.append(batch.tolist())
+        epochs.append(drawn)
+    return epochs
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", [2])
+def test_real_ranks_step_together_on_one_plan(world_size: int) -> None:
+    """On W gloo ranks: equal steps, whole P x K batches, together exactly the single-process plan."""
+    reports = run_distributed(_class_balanced_main, world_size, timeout=180)
+    for epoch in range(2):
+        assert {len(report[epoch]) for report in reports} == {-(-(2_000 // 12) // world_size)}
+        single = make(seed=3)
+        single.set_epoch(epoch)
+        plan = list(single)
+        for rank, report in enumerate(reports):
+            expected = [plan[(rank + k * world_size) % len(plan)] for k in range(len(report[epoch]))]
+            assert report[epoch] == expected
