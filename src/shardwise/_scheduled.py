@@ -24,6 +24,7 @@ from torch.utils.data import Sampler
 
 from ._base import PlanSampler, UnitSource, _Pass
 from ._errors import check_bool
+from ._frameworks import refuse_resharding
 from ._permutation import Permutation
 from ._plan import Even
 from ._schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
@@ -221,6 +222,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
 
     def __iter__(self) -> Iterator[list[Any]]:
         self._sync()
+        refuse_resharding(self)
         world = self.world
         seed = self.seed
         advancing = self._progress.completed
@@ -269,6 +271,12 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         if self._inner is not None:
             return self._inner.seed
         return super().seed
+
+    @seed.setter
+    def seed(self, value: int | None) -> None:
+        if self._inner is not None:
+            raise AttributeError(f"seed comes from the index sampler data; set it on that {type(self._inner).__name__}")
+        PlanSampler.seed.fset(self, value)  # type: ignore[attr-defined]
 
     @property
     def batch_size(self) -> int:
