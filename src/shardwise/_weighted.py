@@ -106,7 +106,7 @@ def _float_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(block) | (block < 0))
     if bad.size:
         at = start + int(bad[0])
-        raise ValueError(f"weights should be finite and non-negative, but got weights[{at}]={weights[at]!r}")
+        raise ValueError(f"weights should be finite and non-negative, but got weights[{at}]={weights[at].item()!r}")
     return block
 
 
