@@ -122,7 +122,7 @@ def test_wide_multiplication_matches_python_integers() -> None:
     words = counter_hash(np.arange(1_000, dtype=np.int64), np.array([1, 2], dtype=np.uint64))
     for bound in (1, 3, 2**32 + 5, 2**61 + 12345, 2**64 - 1):
         high, low = mul_wide(words, bound)
-        for word, h, lo in zip(words.tolist(), high.tolist(), low.tolist()):
+        for word, h, lo in zip(words.tolist(), high.tolist(), low.tolist(), strict=True):
             assert (h, lo) == divmod(word * bound, 2**64)
 
 
