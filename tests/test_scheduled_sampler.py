@@ -218,6 +218,22 @@ def test_index_sampler_plan_is_batched_with_its_own_seed() -> None:
     assert "data=ShardedSampler" in repr(ScheduledBatchSampler(inner, batch_size=2))
 
 
+def test_weighted_sampler_draws_are_batched_in_lockstep() -> None:
+    """WeightedSampler as data: its global draw plan is cut into scheduled steps, identical on all ranks."""
+    import numpy as np
+
+    from shardwise import WeightedSampler
+
+    def make(**kw: Any) -> ScheduledBatchSampler:
+        weighted = WeightedSampler(np.arange(1, 11, dtype=float), num_samples=40, seed=2)
+        return ScheduledBatchSampler(weighted, batch_size=BatchSizeSchedule.by_samples({0: 3, 20: 5}), **kw)
+
+    per_rank = run_ranks(make, 2)
+    assert [[len(b) for b in batches] for batches in per_rank] == [[3, 3, 3, 3, 5, 3]] * 2
+    draws = list(WeightedSampler(np.arange(1, 11, dtype=float), num_samples=40, seed=2, num_replicas=1, rank=0))
+    assert global_stream(per_rank)[:40] == draws
+
+
 def test_index_sampler_state_resumes() -> None:
     """With an index sampler as data, the state nests its fingerprint and resumes exactly."""
 
