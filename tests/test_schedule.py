@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise import BatchSizeSchedule
-from shardwise._schedule import as_schedule, plan_steps
+from shardwise._schedule import as_schedule, check_per_epoch, epoch_value, plan_steps
 
 
 def test_module_examples_run() -> None:
@@ -193,3 +193,16 @@ def test_plan_steps_tiles_the_epoch(schedule, epoch, total, world_size, drop_las
         assert 0 <= remaining < world_size * schedule(epoch, epoch * total + position).batch_size or total == start
     else:
         assert -world_size < remaining <= 0 or (total == start and not steps)
+
+
+def test_per_epoch_schedules_are_told_apart() -> None:
+    """Batch samplers with their own plan take constant, by_epoch and epoch-aligned sample schedules."""
+    check_per_epoch(BatchSizeSchedule.constant(4), "batch_size", 10, "X")
+    check_per_epoch(BatchSizeSchedule.by_epoch({0: 4, 3: 2}), "batch_size", 10, "X")
+    aligned = BatchSizeSchedule.by_samples({0: 4, 20: 2})
+    check_per_epoch(aligned, "batch_size", 10, "X")
+    assert [epoch_value(aligned, e, 10).batch_size for e in range(4)] == [4, 4, 2, 2]
+    with pytest.raises(ValueError, match=r"X changes max_tokens at epoch starts only.*samples \[25\]"):
+        check_per_epoch(BatchSizeSchedule.by_samples({0: 4, 25: 2}), "max_tokens", 10, "X")
+    with pytest.raises(ValueError, match="a function can change at any step"):
+        check_per_epoch(BatchSizeSchedule(lambda e, s: 4), "batch_size", 10, "X")

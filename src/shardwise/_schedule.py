@@ -349,6 +349,37 @@ def as_schedule(batch_size: object, name: str = "batch_size") -> BatchSizeSchedu
     )
 
 
+def check_per_epoch(schedule: BatchSizeSchedule, name: str, epoch_size: int, owner: str) -> None:
+    """Refuse a schedule that can change inside an epoch of ``epoch_size`` samples.
+
+    Batch samplers that build their own batch plan (a plan that must not depend on the world
+    size) take a new size at epoch starts only: constant and ``by_epoch`` schedules, and
+    ``by_samples``/``ramp`` schedules whose every change falls on an epoch start.
+
+    Raises:
+        ValueError: naming the parameter and pointing to ``by_epoch`` and ``ScheduledBatchSampler``.
+    """
+    kind = schedule._kind
+    if kind in (_CONSTANT, _EPOCH):
+        return
+    if kind != _CALLABLE and epoch_size > 0 and all(t % epoch_size == 0 for t in schedule._thresholds):
+        return
+    where = "a function can change at any step" if kind == _CALLABLE else (
+        f"its changes at samples {list(schedule._thresholds[1:])} do not all fall on an epoch start "
+        f"(multiples of {epoch_size})"
+    )  # fmt: skip
+    raise ValueError(
+        f"{owner} changes {name} at epoch starts only (its batch plan does not depend on the world size), but "
+        f"{name}={schedule!r}: {where}. Use BatchSizeSchedule.by_epoch(...), or ScheduledBatchSampler for "
+        "changes inside an epoch"
+    )
+
+
+def epoch_value(schedule: BatchSizeSchedule, epoch: int, epoch_size: int) -> Step:
+    """The value of a per-epoch schedule for ``epoch`` (at its first sample, ``epoch * epoch_size``)."""
+    return schedule(epoch, epoch * epoch_size)
+
+
 def plan_steps(
     schedule: BatchSizeSchedule,
     *,
