@@ -120,7 +120,8 @@ class Permutation:
         if self._table is not None:
             indices: np.ndarray = self._table[positions]
             return indices
-        return feistel_permute(positions, self._n, self._keys)
+        # The cycle walk indexes a flat array; positions of any shape map element by element.
+        return feistel_permute(positions.ravel(), self._n, self._keys).reshape(positions.shape)
 
     def __repr__(self) -> str:
         method = "table" if self._table is not None else "feistel"
