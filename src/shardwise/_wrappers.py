@@ -220,7 +220,7 @@ class _InnerStream:
 class _Shard(PlanSampler[Any]):
     """Shared body of ``shard()`` and ``shard_batches()``: deals the inner sampler's units."""
 
-    sampler: Any
+    _wrapped: Any
 
     def _wrap(self, sampler: object, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
         if isinstance(sampler, PlanSampler):
@@ -233,26 +233,26 @@ class _Shard(PlanSampler[Any]):
                 "sampler should be a torch Sampler (or any iterable with __len__), "
                 f"but got sampler={sampler!r} ({type(sampler).__name__})"
             )
-        self.sampler = sampler
+        self._wrapped = sampler
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=even)
 
     def _on_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.sampler, "set_epoch", None)
+        set_epoch = getattr(self._wrapped, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
 
     def _plan_size(self, epoch: int) -> int:
-        return check_int(f"len({type(self.sampler).__name__})", len(self.sampler), minimum=0)
+        return check_int(f"len({type(self._wrapped).__name__})", len(self._wrapped), minimum=0)
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
-        fork = RngFork(derive_seed(seed, epoch, FORK), owned_generators(self.sampler))
-        return _InnerStream(self.sampler, fork, head_size=world.world_size, label=type(self).__name__)
+        fork = RngFork(derive_seed(seed, epoch, FORK), owned_generators(self._wrapped))
+        return _InnerStream(self._wrapped, fork, head_size=world.world_size, label=type(self).__name__)
 
     def _fingerprint(self) -> Fingerprint:
-        return {"sampler": type(self.sampler).__qualname__, "num_units": len(self.sampler)}
+        return {"sampler": type(self._wrapped).__qualname__, "num_units": len(self._wrapped)}
 
     def _data_repr(self) -> str:
-        return repr(self.sampler)
+        return repr(self._wrapped)
 
 
 class ShardedWrapper(_Shard, DistributedSampler[int]):
@@ -267,6 +267,11 @@ class ShardedWrapper(_Shard, DistributedSampler[int]):
         if isinstance(inner, BatchSampler):
             raise TypeError("sampler is a BatchSampler, whose units are batches: use shard_batches(sampler) instead")
         self._wrap(sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+
+    @property
+    def sampler(self) -> Any:
+        """The wrapped sampler."""
+        return self._wrapped
 
     @property
     def num_samples(self) -> int:  # type: ignore[override]  # derived from the wrapped sampler and the world size
@@ -300,13 +305,13 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
 
     @property
     def batch_sampler(self) -> Any:
-        """The wrapped batch sampler."""
-        return self.sampler
+        """The wrapped batch sampler (``sampler`` relays ``set_epoch`` to this wrapper, as on every batch plan)."""
+        return self._wrapped
 
     @property
     def batch_size(self) -> int | None:
         """The wrapped batch sampler's ``batch_size``, which frameworks read, if it has one."""
-        return getattr(self.sampler, "batch_size", None)
+        return getattr(self._wrapped, "batch_size", None)
 
     @property
     def drop_last(self) -> bool:
