@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
-from shardwise import PadCollate, RaggedArray, RaggedStoreError, RaggedWriter, ShardedSampler
+from shardwise import BucketBatchSampler, PadCollate, RaggedArray, RaggedStoreError, RaggedWriter, ShardedSampler
 from shardwise._ragged import MANIFEST, OFFSETS, VALUES, _sampled_crc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -635,3 +635,33 @@ def test_writer_memory_stays_bounded(tmp_path: Path) -> None:
     """Writing more data than the process may allocate streams it: RLIMIT_DATA at current + 48 MB, 200 MB written."""
     _run_limited("write", 48 << 20, 192 << 20, tmp_path / "w")
     assert RaggedArray(tmp_path / "w").nbytes > 192 << 20
+
+
+# -- the 4-rank example --------------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_example_four_ranks_read_every_sample_once_in_equal_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/ragged_bucket_ddp.py on 4 gloo ranks x 2 workers: equal steps, the plan dealt by position, each sample once."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import ragged_bucket_ddp as example
+
+    store = example.write_store(tmp_path / "store", num_samples=300)
+    reports = example.run(store.path, world_size=4)
+    assert [r["rank"] for r in reports] == [0, 1, 2, 3]
+    assert len({r["steps"] for r in reports}) == 1
+    assert all(r["steps"] == r["len"] == len(r["batches"]) for r in reports)
+    plan = list(BucketBatchSampler(store.lengths, max_tokens=example.MAX_TOKENS, seed=0, num_replicas=1, rank=0))
+    dealt: dict[int, list[int]] = {}
+    for report in reports:
+        for k, batch in enumerate(report["batches"]):
+            position = report["rank"] + 4 * k
+            assert batch == plan[position % len(plan)]
+            dealt[position] = batch
+    assert sorted(dealt) == list(range(len(dealt)))
+    assert len(plan) <= len(dealt) < len(plan) + 4  # padding wraps at most W - 1 batches
+    once = Counter(i for position in range(len(plan)) for i in dealt[position])
+    assert once == Counter(range(len(store)))
