@@ -101,11 +101,11 @@ def uniform_below(bound: int, positions: np.ndarray, keys: np.ndarray) -> np.nda
     return high.astype(np.int64)
 
 
-def _float_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
-    block = np.asarray(weights[start:stop], dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(block) | (block < 0))
-    if bad.size:
-        at = start + int(bad[0])
+def _checked_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``weights[start:stop]`` in its own dtype, after checking it is finite and non-negative."""
+    block = weights[start:stop]
+    if (block.dtype.kind == "f" and not np.isfinite(block).all()) or block.min() < 0:
+        at = start + int(np.flatnonzero(~np.isfinite(block) | (block < 0))[0])
         raise ValueError(f"weights should be finite and non-negative, but got weights[{at}]={weights[at].item()!r}")
     return block
 
@@ -119,7 +119,7 @@ def quantise(weights: np.ndarray) -> np.ndarray:
     size = len(weights)
     largest = 0.0
     for start in range(0, size, _BLOCK):
-        largest = max(largest, float(_float_block(weights, start, start + _BLOCK).max()))
+        largest = max(largest, float(_checked_block(weights, start, start + _BLOCK).max()))
     if largest == 0:
         raise ValueError(f"weights should have at least one positive weight, but all {size} weights are zero")
     # scale: largest * 2**scale < 2**(62 - bits(n)), so the n quantised weights sum below 2**62.
@@ -127,9 +127,10 @@ def quantise(weights: np.ndarray) -> np.ndarray:
     cdf = np.empty(size, dtype=np.int64)
     offset = 0
     for start in range(0, size, _BLOCK):
-        block = _float_block(weights, start, start + _BLOCK)
-        units = np.floor(np.ldexp(block, scale)).astype(np.int64)
-        units[(units == 0) & (block > 0)] = 1
+        block = weights[start : start + _BLOCK]
+        scaled = np.ldexp(block.astype(np.float64), scale)  # exact: a power-of-two scaling
+        units = np.floor(scaled, out=scaled).astype(np.int64)
+        np.maximum(units, block > 0, out=units)  # a positive weight stays drawable
         out = cdf[start : start + len(units)]
         np.cumsum(units, out=out)
         out += offset
