@@ -353,13 +353,14 @@ class _Cut:
         boundaries = [0]
         position, j = 0, 0
         values = np.empty(0, dtype=np.int64)
-        constant = isinstance(budgets, np.ndarray) and budgets.size == 1
         starts_list = [*starts.tolist(), n]
+        if isinstance(budgets, np.ndarray) and budgets.size == 1:
+            return self._chase_one_budget(int(budgets[0]), starts_list, phases)
         segment = 0
         while position < n:
             if j >= values.size:
                 values = np.concatenate([values, _size_values(budgets, values.size, _SIZE_CHUNK, "max_tokens")])
-            budget = int(values[0 if constant else j])
+            budget = int(values[j])
             table = self.table(budget)
             if table is not None:
                 following = table.item(position)
@@ -375,6 +376,30 @@ class _Cut:
             position = following
             boundaries.append(position)
             j += 1
+        return np.asarray(boundaries, dtype=np.int64)
+
+    def _chase_one_budget(self, budget: int, starts_list: list[int], phases: np.ndarray | None) -> np.ndarray:
+        """:meth:`chase` for one budget: the hot loop, a few Python operations per batch."""
+        n = self.lengths.size
+        table = self.table(budget)
+        if table is None:
+            raise RuntimeError("a single budget always has a next-start table")
+        step = table.item
+        phase_list = phases.tolist() if phases is not None else None
+        boundaries = [0]
+        append = boundaries.append
+        position, segment, next_start = 0, 0, starts_list[0]
+        while position < n:
+            following = step(position)
+            if position == next_start:
+                if phase_list is not None and following > position:
+                    following = position + 1 + phase_list[segment] % (following - position)
+                segment += 1
+                next_start = starts_list[segment]
+            if following == position:
+                raise _oversized_error(position, int(self.lengths[position]), budget)
+            append(following)
+            position = following
         return np.asarray(boundaries, dtype=np.int64)
 
     def _phased(self, position: int, following: int, phase: int) -> int:

@@ -1,0 +1,207 @@
+"""BucketBatchSampler against three common length-batching schemes, on real WikiText-2 paragraph lengths.
+
+Run (serialised with the other benchmarks)::
+
+    flock /tmp/shardwise-bench.lock python bench/bench_bucket.py
+
+Data: the paragraphs of ``/work/shared/data/wikitext-2/{valid,test}.txt`` (one per line; blank
+lines and `` = heading = `` lines skipped), length = whitespace token count.
+
+Schemes, each giving one epoch's global sequence of batches (the plan; on W ranks step ``s`` is
+batches ``sW .. sW+W-1``, as shardwise and accelerate's batch sharding deal them):
+
+- random: a random permutation cut into batches;
+- length-grouped (the HF transformers ``group_by_length`` idea, reimplemented from its
+  description): megabatches of ``50 * 16`` random samples, each sorted by length (longest
+  first), cut into batches; the batch holding the longest sample goes first;
+- sorted batch_by_size (fairseq-style): all samples sorted by length (random tie-break, redrawn
+  every epoch here), cut into batches, the batches shuffled;
+- BucketBatchSampler, with its defaults (whole-epoch sort) and with ``sort_window=800`` (as local
+  as the megabatches).
+
+Batches are cut at a fixed size of 16, or greedily under a padded-token budget of 4096
+(``len(batch) * max(length) <= 4096``; the baselines close a batch when the next sample would
+not fit). Metrics:
+
+- waste: ``1 - real tokens / padded tokens`` over the epoch;
+- imbalance: for each global step of W=4 batches, max / mean padded tokens; averaged over steps;
+- repeats: the fraction of epoch 1's batches (as sets of samples) that epoch 0 also had;
+- steps: global steps of W=4 per epoch (fewer is better at equal budget).
+
+Then the time to build one epoch's plan for 1e7 random lengths (uniform in 1..512), beside the
+time numpy takes to argsort those lengths once (the floor of any sorting scheme).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from shardwise import BucketBatchSampler
+
+DATA = "/work/shared/data/wikitext-2"
+WORLD = 4
+BATCH = 16
+MAX_TOKENS = 4096
+MEGABATCH = 50 * BATCH
+SEED = 0
+
+Batches = list[list[int]]
+
+
+def wikitext_lengths() -> np.ndarray:
+    lengths = []
+    for split in ("valid", "test"):
+        with open(f"{DATA}/{split}.txt", encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip() or line.startswith(" = "):
+                    continue
+                lengths.append(len(line.split()))
+    return np.array(lengths, dtype=np.int64)
+
+
+def rng_for(epoch: int) -> np.random.Generator:
+    return np.random.default_rng([SEED, epoch])
+
+
+def cut(order: np.ndarray, lengths: np.ndarray, max_tokens: int | None) -> Batches:
+    """Cut an ordered stream into batches of BATCH, or greedily under max_tokens."""
+    if max_tokens is None:
+        return [order[i : i + BATCH].tolist() for i in range(0, order.size, BATCH)]
+    batches: Batches = []
+    batch: list[int] = []
+    longest = 0
+    for index in order.tolist():
+        length = max(int(lengths[index]), 1)
+        if batch and (len(batch) + 1) * max(longest, length) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(index)
+        longest = max(longest, length)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def random_batches(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Batches:
+    return cut(rng_for(epoch).permutation(lengths.size), lengths, max_tokens)
+
+
+def length_grouped(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Batches:
+    order = rng_for(epoch).permutation(lengths.size)
+    batches: Batches = []
+    for first in range(0, order.size, MEGABATCH):
+        mega = order[first : first + MEGABATCH]
+        mega = mega[np.argsort(-lengths[mega], kind="stable")]
+        batches += cut(mega, lengths, max_tokens)
+    longest = int(np.argmax([lengths[b].max() for b in batches]))
+    batches[0], batches[longest] = batches[longest], batches[0]
+    return batches
+
+
+def batch_by_size(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Batches:
+    rng = rng_for(epoch)
+    shuffled = rng.permutation(lengths.size)
+    order = shuffled[np.argsort(lengths[shuffled], kind="stable")]
+    batches = cut(order, lengths, max_tokens)
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def bucket(sort_window: int | None) -> Callable[[np.ndarray, int | None, int], Batches]:
+    def plan(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Batches:
+        size = {"batch_size": BATCH} if max_tokens is None else {"max_tokens": max_tokens}
+        sampler = BucketBatchSampler(lengths, sort_window=sort_window, seed=SEED, num_replicas=1, rank=0, **size)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    return plan
+
+
+SCHEMES: dict[str, Callable[[np.ndarray, int | None, int], Batches]] = {
+    "random": random_batches,
+    "length-grouped (HF idea)": length_grouped,
+    "sorted batch_by_size (fairseq-style)": batch_by_size,
+    "BucketBatchSampler": bucket(None),
+    "BucketBatchSampler sort_window=800": bucket(800),
+}
+
+
+def metrics(lengths: np.ndarray, epochs: list[Batches]) -> dict[str, float]:
+    first, second = epochs
+    padded = np.array([len(b) * max(int(lengths[b].max()), 1) for b in first])
+    real = sum(int(lengths[b].sum()) for b in first)
+    steps = padded[: padded.size // WORLD * WORLD].reshape(-1, WORLD)  # steps: (global steps, W)
+    seen = {frozenset(b) for b in first}
+    covered = sorted(i for b in first for i in b)
+    if covered != list(range(lengths.size)):
+        raise RuntimeError("a scheme did not plan every sample exactly once")
+    return {
+        "waste": 1 - real / int(padded.sum()),
+        "imbalance": float((steps.max(1) / steps.mean(1)).mean()),
+        "repeats": sum(frozenset(b) in seen for b in second) / len(second),
+        "steps": -(-len(first) // WORLD),
+    }
+
+
+def quality_table(lengths: np.ndarray) -> None:
+    span = f"lengths {int(lengths.min())}..{int(lengths.max())}, median {int(np.median(lengths))}"
+    print(f"WikiText-2 valid+test paragraphs: {lengths.size} samples, {int(lengths.sum())} tokens, {span}; W={WORLD}")
+    for label, max_tokens in ((f"batch_size={BATCH}", None), (f"max_tokens={MAX_TOKENS}", MAX_TOKENS)):
+        print(f"\n{label}")
+        print(f"| scheme | waste | imbalance (max/mean) | repeats between epochs | steps (W={WORLD}) |")
+        print("|---|---:|---:|---:|---:|")
+        for name, scheme in SCHEMES.items():
+            m = metrics(lengths, [scheme(lengths, max_tokens, epoch) for epoch in (0, 1)])
+            print(f"| {name} | {m['waste']:.2%} | {m['imbalance']:.3f} | {m['repeats']:.1%} | {m['steps']:.0f} |")
+
+
+def build_times(n: int, repeat: int) -> None:
+    lengths = np.random.default_rng(1).integers(1, 513, n).astype(np.int64)
+    print(f"\nplan build for n={n:.0e} random lengths (1..512), best of {repeat}")
+    print("| what | seconds | x argsort |")
+    print("|---|---:|---:|")
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    floor = best(lambda: np.argsort(lengths, kind="stable"))
+    print(f"| numpy argsort(lengths, kind='stable') (baseline) | {floor:.2f} | 1.0 |")
+    construct = best(lambda: BucketBatchSampler(lengths, max_tokens=4096, seed=SEED, num_replicas=1, rank=0))
+    print(f"| construct BucketBatchSampler (validate, compact, digest) | {construct:.2f} | {construct / floor:.1f} |")
+    rows = [
+        ("epoch plan, batch_size=16", {"batch_size": 16}),
+        ("epoch plan, max_tokens=4096", {"max_tokens": 4096}),
+        ("epoch plan, max_tokens=4096, batch_size_multiple=8", {"max_tokens": 4096, "batch_size_multiple": 8}),
+        ("epoch plan, max_tokens=4096, sort_window=100000", {"max_tokens": 4096, "sort_window": 100_000}),
+    ]
+    for name, options in rows:
+        sampler = BucketBatchSampler(lengths, seed=SEED, num_replicas=1, rank=0, **options)
+        epochs = iter(range(10**6))
+
+        def build(sampler: BucketBatchSampler = sampler, epochs: Iterator[int] = epochs) -> None:
+            sampler.set_epoch(next(epochs))  # a new epoch: the plan is built by len()
+            len(sampler)
+
+        seconds = best(build)
+        print(f"| {name} | {seconds:.2f} | {seconds / floor:.1f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1e6 lengths for the build time (smoke test)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    quality_table(wikitext_lengths())
+    build_times(10**6 if args.quick else 10**7, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
