@@ -11,7 +11,7 @@ from shardwise import ShardedSampler
 from shardwise._permutation import Permutation
 from shardwise._seeds import derive_seed
 
-N = 250_003  # Feistel path; rank 1 of 3 yields 83_335 indices: a first chunk of 4096, then two more
+N = 250_003  # Feistel path; rank 1 of 3 yields 83_335 indices: chunks end at 1024, 3072, ..., 64512, 83335
 
 
 class TinyChunks(ShardedSampler):
@@ -37,7 +37,7 @@ def test_units_are_the_permutation_at_the_dealt_positions(make: type[ShardedSamp
         assert list(sampler) == expected(N, 1, 3, epoch, seed=4)
 
 
-@pytest.mark.parametrize("stop", [1, 4095, 4096, 4097, 69_631, 69_632, 69_633, 83_334])
+@pytest.mark.parametrize("stop", [1, 1023, 1024, 1025, 3072, 64_511, 64_512, 64_513, 83_334])
 def test_resume_at_chunk_boundaries_continues_the_pass(stop: int) -> None:
     """A state taken at or around a chunk boundary resumes with exactly the rest of the pass."""
     whole = expected(N, 1, 3, 0, seed=4)

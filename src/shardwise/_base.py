@@ -76,7 +76,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
     """Units generated per chunk: bounds memory per rank, amortises numpy call overhead."""
 
     _FIRST_CHUNK: ClassVar[int] = 0
-    """Units in a pass's first chunk when smaller than ``_CHUNK`` (0: ``_CHUNK``): a cheap first batch."""
+    """Units in a pass's first chunk (0: ``_CHUNK``); later chunks double up to ``_CHUNK``: a cheap first batch."""
 
     _seed_arg: int | None
     _resolved_seed: int | None
@@ -228,7 +228,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
 
     def _chunks(self, live: _Pass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
         # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
-        # function of the positions), so a small first chunk just makes the first unit cheaper.
+        # function of the positions), so small first chunks just make the first units cheaper.
         first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
         while first < live.count:
             stop = min(first + size, live.count)
@@ -239,7 +239,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             live.done_chunks += live.current_len
             live.current, live.current_len = iter(units), len(units)
             yield live.current
-            first, size = stop, self._CHUNK
+            first, size = stop, min(2 * size, self._CHUNK)
 
     # -- state ---------------------------------------------------------------------------------
     def _full_fingerprint(self) -> Fingerprint:
