@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import time
 from typing import Any
 
@@ -81,7 +82,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only n = 2**20 (a smoke test)")
     args = parser.parse_args()
     sizes = [2**20] if args.quick else [2**24, 10**8]
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"# WeightedSampler benchmark: rank {RANK} of {WORLD_SIZE}, num_samples = n, torch {torch.__version__}")
+    print(f"# {os.cpu_count()} CPUs, load average at start: {load}")
     print()
     print("| n weights | method | build (s) | draw (s) | draws | draws/s | shardwise draws/s ÷ this |")
     print("|---|---|---|---|---|---|---|")
@@ -104,7 +107,7 @@ def main() -> None:
                 f"| {rate / 1e6:.2f} M | {ratio} |"
             )
         del weights, results
-    print()
+    print(f"# load average at end: {', '.join(f'{value:.1f}' for value in os.getloadavg())}")
 
 
 if __name__ == "__main__":
