@@ -282,7 +282,6 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._sizes = sizes[usable].astype(np.int64)
         self._class_starts = np.cumsum(self._sizes) - self._sizes
         self.classes = classes[usable]
-        self.num_batches = max(1, len(self._members) // (self.classes_per_batch * self.samples_per_class))
         self._cached: tuple[int, int, np.ndarray] | None = None
         self._digest: str | None = None
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
@@ -290,19 +289,30 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     @property
     def batch_size(self) -> int:
         """Indices per batch: ``classes_per_batch * samples_per_class``."""
-        return self.classes_per_batch * self.samples_per_class
+        classes, samples = self._batch_shape(self.epoch)
+        return classes * samples
+
+    @property
+    def num_batches(self) -> int:
+        """Batches in the upcoming epoch's global plan, all ranks together."""
+        return self._plan_size(self.epoch)
+
+    def _batch_shape(self, epoch: int) -> tuple[int, int]:
+        """``(classes_per_batch, samples_per_class)`` of ``epoch``: the one place that reads them."""
+        return self.classes_per_batch, self.samples_per_class
 
     def epoch_plan(self, epoch: int) -> np.ndarray:
         """The global plan of ``epoch``: ``(num_batches, P * K)`` int64 sample indices (cached per epoch)."""
         seed = self.seed
+        classes, samples = self._batch_shape(epoch)
         if self._cached is None or self._cached[:2] != (seed, epoch):
             plan = class_balanced_plan(
                 self._members,
                 self._class_starts,
                 self._sizes,
-                classes_per_batch=self.classes_per_batch,
-                samples_per_class=self.samples_per_class,
-                num_batches=self.num_batches,
+                classes_per_batch=classes,
+                samples_per_class=samples,
+                num_batches=self._plan_size(epoch),
                 seed=seed,
                 epoch=epoch,
             )
@@ -310,7 +320,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return self._cached[2]
 
     def _plan_size(self, epoch: int) -> int:
-        return self.num_batches
+        classes, samples = self._batch_shape(epoch)
+        return max(1, len(self._members) // (classes * samples))
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         plan = self.epoch_plan(epoch)

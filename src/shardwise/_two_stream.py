@@ -10,7 +10,8 @@ The global plan of epoch ``e`` is a sequence of batches. Batch ``j`` holds
 
 Every part is computed from its position in O(1) (a keyed permutation, never a materialised
 shuffle of the data), so a batch is a pure function of ``(config, seed, epoch, j)`` and resume
-is O(1). The batch sizes are read in one place, :meth:`TwoStreamBatchSampler._bounds`.
+is O(1). The batch sizes are read in one place, :meth:`TwoStreamBatchSampler._batch_sizes`
+(per epoch), so that a batch-size schedule can later vary them.
 """
 
 from __future__ import annotations
@@ -152,17 +153,19 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     @property
     def batch_size(self) -> int:
         """Indices per full batch: ``primary_batch_size + secondary_batch_size``."""
-        return self.primary_batch_size + self.secondary_batch_size
+        return sum(self._batch_sizes(self.epoch))
 
     # -- plan ----------------------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
-        size, whole = len(self.primary_indices), self.primary_batch_size
+        size, (whole, _) = len(self.primary_indices), self._batch_sizes(epoch)
         return size // whole if self.drop_last else -(-size // whole)
 
-    def _bounds(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Where each batch position reads its primary part and its secondary part.
+    def _batch_sizes(self, epoch: int) -> tuple[int, int]:
+        """``(primary_batch_size, secondary_batch_size)`` of ``epoch``: the one place that reads them."""
+        return self.primary_batch_size, self.secondary_batch_size
 
-        The one place that reads the batch sizes: a batch-size schedule replaces it.
+    def _bounds(self, batches: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Where each batch position of ``epoch`` reads its primary part and its secondary part.
 
         Returns:
             starts, stops: ``(m,)`` int64 primary positions ``[start, stop)``, at most
@@ -170,7 +173,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             stream_starts: ``(m,)`` int64 secondary stream position of each batch's first index.
             stream_size: secondary indices per batch.
         """
-        whole, extra = self.primary_batch_size, self.secondary_batch_size
+        whole, extra = self._batch_sizes(epoch)
         starts = batches * whole
         stops = np.minimum(starts + whole, len(self.primary_indices))
         return starts, stops, batches * extra, extra
@@ -188,7 +191,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             return cycles[cycle]
 
         def batches(positions: np.ndarray) -> list[list[int]]:
-            starts, stops, stream_starts, per_batch = self._bounds(positions)
+            starts, stops, stream_starts, per_batch = self._bounds(positions, epoch)
             whole = int((stops - starts).max())
             # grid: (m, whole) primary positions; a short last group is masked below.
             grid = starts[:, None] + np.arange(whole, dtype=np.int64)
