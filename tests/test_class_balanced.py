@@ -240,3 +240,12 @@ def test_real_ranks_step_together_on_one_plan(world_size: int) -> None:
         for rank, report in enumerate(reports):
             expected = [plan[(rank + k * world_size) % len(plan)] for k in range(len(report[epoch]))]
             assert report[epoch] == expected
+
+
+def test_docstring_example_runs() -> None:
+    """The module's Example sections run as written."""
+    import doctest
+
+    from shardwise import _class_balanced
+
+    assert doctest.testmod(_class_balanced, optionflags=doctest.ELLIPSIS).failed == 0

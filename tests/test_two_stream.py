@@ -217,3 +217,12 @@ def test_real_ranks_step_together_with_disjoint_primary(world_size: int) -> None
         plan = list(single)
         for rank, report in enumerate(reports):
             assert report[epoch] == plan[rank::world_size][: len(report[epoch])]
+
+
+def test_docstring_example_runs() -> None:
+    """The module's Example sections run as written."""
+    import doctest
+
+    from shardwise import _two_stream
+
+    assert doctest.testmod(_two_stream, optionflags=doctest.ELLIPSIS).failed == 0

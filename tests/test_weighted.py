@@ -246,3 +246,12 @@ def test_real_ranks_draw_the_single_process_plan(world_size: int) -> None:
         for rank, report in enumerate(reports):
             assert report[epoch] == [plan[(rank + k * world_size) % 999] for k in range(len(report[epoch]))]
         assert not {i for report in reports for i in report[epoch]} & set(range(0, 1_000, 7))
+
+
+def test_docstring_example_runs() -> None:
+    """The module's Example sections run as written."""
+    import doctest
+
+    from shardwise import _weighted
+
+    assert doctest.testmod(_weighted, optionflags=doctest.ELLIPSIS).failed == 0
