@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from ._errors import check_choice
+from ._errors import check_choice, check_int
 from ._frameworks import PlanMeta, install, refuse_resharding
 from ._plan import Even, pass_end, rank_count, rank_positions
 from ._seeds import check_seed, log_resolved_seed, resolve_seed
@@ -193,9 +193,13 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
 
         Setting the epoch that is already in progress keeps the position (a framework calls
         ``set_epoch`` right after ``load_state_dict`` on resume); any other epoch starts at 0.
-        Without any call the epoch advances by itself after each complete pass.
+        Without any call the epoch advances by itself after each complete pass. Setting the
+        epoch of a pass whose iterator is live keeps tracking it (Lightning calls ``set_epoch``
+        after creating the epoch's iterator), so ``state_dict`` still follows that iterator.
         """
         self._sync()
+        if self._pass is not None and check_int("epoch", epoch, minimum=0) == self._progress.epoch:
+            return
         self._pass = None
         self._progress.set_epoch(epoch)
         self._on_epoch(self._progress.epoch)

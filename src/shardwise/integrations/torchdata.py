@@ -1,0 +1,45 @@
+"""torchdata's ``StatefulDataLoader``: shardwise samplers are ``Stateful``, so resume is O(1).
+
+``StatefulDataLoader(dataset, batch_sampler=<shardwise>)`` (or ``sampler=``) saves the sampler's
+global position in its ``state_dict()`` and restores it with ``load_state_dict()``: no batch is
+replayed, with ``num_workers=0`` or more (torchdata snapshots the sampler as indices are handed to
+workers). :func:`to_stateful` turns an existing ``DataLoader`` into one with the same settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import require
+
+_stateful = require("torchdata.stateful_dataloader", "torchdata", "torchdata", "torchdata")
+
+__all__ = ["to_stateful"]
+
+_SAME = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device",
+)  # fmt: skip
+
+
+def to_stateful(loader: Any, **overrides: Any) -> Any:
+    """A ``StatefulDataLoader`` with ``loader``'s dataset, sampling and settings (``overrides`` win).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> from shardwise import ShardedSampler
+        >>> loader = to_stateful(DataLoader(range(8), sampler=ShardedSampler(8, num_replicas=1, rank=0), batch_size=2))
+        >>> type(loader).__name__, len(loader)
+        ('StatefulDataLoader', 4)
+    """
+    settings: dict[str, Any] = {name: getattr(loader, name) for name in _SAME if hasattr(loader, name)}
+    if settings.get("num_workers", 0) == 0:
+        settings.pop("prefetch_factor", None)
+        settings["persistent_workers"] = False
+    if loader.batch_size is not None:
+        # torchdata's own BatchSampler nests the sampler's state, so the index sampler resumes in O(1).
+        settings.update(sampler=loader.sampler, batch_size=loader.batch_size, drop_last=loader.drop_last)
+    else:
+        settings["batch_sampler"] = loader.batch_sampler
+    settings.update(overrides)
+    return _stateful.StatefulDataLoader(loader.dataset, **settings)

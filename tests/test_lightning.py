@@ -1,0 +1,253 @@
+"""Lightning: every shardwise sampler under real ``Trainer(strategy="ddp", devices=2)`` runs on CPU.
+
+Each test starts two real gloo ranks (``run_distributed``) and runs several ``Trainer.fit`` calls
+inside them: Lightning's DDP strategy finds the process group already initialised (``LOCAL_RANK``
+set, processes created externally, as under torchrun) and joins it, so one process start serves
+many fits. DDP all-reduces gradients every step, so ranks with different step counts would time
+out rather than hang. Every rank returns what it saw; the assertions run in the test process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+
+import shardwise
+from shardwise._base import PlanSampler
+from shardwise._launch import run_distributed
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+
+N = 40
+TWO_STREAM_N, PRIMARY = 120, 24
+
+
+class Indices(Dataset[int]):
+    """Sample ``i`` is the integer ``i``: a batch shows exactly which indices a rank drew."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def make(name: str, **world: Any) -> Any:
+    """A shardwise sampler (index: units are ints) or batch sampler by name, over ``N`` samples."""
+    rng = np.random.default_rng(0)
+    schedule = shardwise.BatchSizeSchedule.by_samples({0: 2, 16: 4})
+    makers: dict[str, Any] = {
+        "ShardedSampler": lambda: shardwise.ShardedSampler(N, **world),
+        "shard": lambda: shardwise.shard(RandomSampler(range(N)), **world),
+        "WeightedSampler": lambda: shardwise.WeightedSampler(rng.random(N) + 0.1, num_samples=N, **world),
+        "shard_batches": lambda: shardwise.shard_batches(BatchSampler(RandomSampler(range(N)), 4, False), **world),
+        "TwoStreamBatchSampler": lambda: shardwise.TwoStreamBatchSampler(
+            range(PRIMARY), range(PRIMARY, TWO_STREAM_N), primary_batch_size=4, secondary_batch_size=4, **world
+        ),
+        "BucketBatchSampler": lambda: shardwise.BucketBatchSampler(rng.integers(1, 50, N), max_tokens=120, **world),
+        "ClassBalancedBatchSampler": lambda: shardwise.ClassBalancedBatchSampler(
+            np.arange(N) % 5, classes_per_batch=2, samples_per_class=2, **world
+        ),
+        "ScheduledBatchSampler": lambda: shardwise.ScheduledBatchSampler(N, batch_size=schedule, **world),
+    }
+    return makers[name]()
+
+
+INDEX = ["ShardedSampler", "shard", "WeightedSampler"]
+BATCH = [
+    "shard_batches", "TwoStreamBatchSampler", "BucketBatchSampler", "ClassBalancedBatchSampler",
+    "ScheduledBatchSampler",
+]  # fmt: skip
+
+
+def loader_for(name: str, *, stateful: bool = False) -> DataLoader[Any]:
+    sampler = make(name)
+    data = Indices(TWO_STREAM_N if name == "TwoStreamBatchSampler" else N)
+    kind: Any = DataLoader
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        kind = StatefulDataLoader
+    if name in INDEX:
+        return kind(data, sampler=sampler, batch_size=4)  # type: ignore[no-any-return]
+    return kind(data, batch_sampler=sampler)  # type: ignore[no-any-return]
+
+
+def expected(name: str, rank: int, epoch: int) -> list[list[int]]:
+    """What rank ``rank`` of 2 must see in ``epoch``: the sampler built with an explicit world."""
+    sampler = make(name, num_replicas=2, rank=rank)
+    sampler.set_epoch(epoch)
+    units = list(sampler)
+    if name in INDEX:
+        return [units[i : i + 4] for i in range(0, len(units), 4)]
+    return [list(map(int, u)) for u in units]
+
+
+# -- what runs on each rank ----------------------------------------------------------------------
+
+
+def _join_as_ddp(rank: int) -> None:
+    """Make Lightning treat this process as one it did not start (as under torchrun)."""
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2", RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # fmt: skip
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging is noise here
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _module(loader_factory: Any, *, in_hook: bool) -> Any:
+    from lightning.pytorch import LightningModule
+
+    class Recorder(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[tuple[int, list[int]]] = []
+
+            self.sampler_epochs: list[tuple[int, int]] = []
+
+        def train_dataloader(self) -> Any:
+            return loader_factory()
+
+        def on_train_epoch_start(self) -> None:
+            loader = self.trainer.train_dataloader
+            sampler = loader.batch_sampler if isinstance(loader.batch_sampler, PlanSampler) else loader.sampler
+            self.sampler_epochs.append((self.current_epoch, sampler.epoch))
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            self.seen.append((self.current_epoch, [int(i) for i in batch]))
+            return self.layer(batch.float().unsqueeze(1)).sum() * 0.0
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    module = Recorder()
+    if not in_hook:
+        module.train_dataloader = None  # type: ignore[assignment]
+        del module.train_dataloader
+    return module
+
+
+def _trainer(**overrides: Any) -> Any:
+    from lightning.pytorch import Trainer
+
+    settings: dict[str, Any] = {
+        "accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_epochs": 2, "logger": False,
+        "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+    }  # fmt: skip
+    settings.update(overrides)
+    return Trainer(**settings)
+
+
+def _by_epoch(seen: list[tuple[int, list[int]]]) -> dict[int, list[list[int]]]:
+    out: dict[int, list[list[int]]] = {}
+    for epoch, batch in seen:
+        out.setdefault(epoch, []).append(batch)
+    return out
+
+
+def _fit_every_sampler(rank: int, world_size: int, names: list[str]) -> dict[str, Any]:
+    _join_as_ddp(rank)
+    results: dict[str, Any] = {}
+    for name in names:
+        for mode in ("hook", "fit", "nodist"):
+            module = _module(lambda name=name: loader_for(name), in_hook=mode != "fit")
+            trainer = _trainer(use_distributed_sampler=mode != "nodist")
+            if mode == "fit":
+                trainer.fit(module, train_dataloaders=loader_for(name))
+            else:
+                trainer.fit(module)
+            results[f"{name}/{mode}"] = _by_epoch(module.seen)
+    # Lightning stops after 2 batches without exhausting the iterator: epoch 1 must still start afresh.
+    module = _module(lambda: loader_for("TwoStreamBatchSampler"), in_hook=True)
+    _trainer(limit_train_batches=2).fit(module)
+    results["limited"] = _by_epoch(module.seen)
+    results["epochs_seen_by_sampler"] = module.sampler_epochs
+    return results
+
+
+def _two_stream(rank: int, world_size: int, seeded: bool) -> dict[int, list[list[int]]]:
+    _join_as_ddp(rank)
+    from lightning.pytorch import seed_everything
+
+    if seeded:
+        seed_everything(1234, verbose=False)
+    module = _module(lambda: loader_for("TwoStreamBatchSampler"), in_hook=True)
+    _trainer(max_epochs=3).fit(module)
+    return _by_epoch(module.seen)
+
+
+def _resume(rank: int, world_size: int, directory: str, stop_at: int) -> dict[str, Any]:
+    _join_as_ddp(rank)
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    name = "TwoStreamBatchSampler"
+    whole = _module(lambda: loader_for(name, stateful=True), in_hook=True)
+    every = ModelCheckpoint(dirpath=directory, filename="mid", every_n_train_steps=stop_at, save_top_k=1,
+                            monitor=None)  # fmt: skip
+    # The first checkpoint, taken mid-epoch, is the one resumed from: keep only it.
+    _trainer(max_epochs=2, enable_checkpointing=True, callbacks=[every], max_steps=stop_at).fit(whole)
+    rest = _module(lambda: loader_for(name, stateful=True), in_hook=True)
+    _trainer(max_epochs=2).fit(rest)  # the uninterrupted reference, from scratch
+    resumed = _module(lambda: loader_for(name, stateful=True), in_hook=True)
+    _trainer(max_epochs=2).fit(resumed, ckpt_path=os.path.join(directory, "mid.ckpt"))
+    return {"first": whole.seen, "whole": rest.seen, "second": resumed.seen}
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+
+def test_every_sampler_with_default_settings_and_without_distributed_sampler() -> None:
+    """Every shardwise sampler, in the hook or passed to fit, with or without Lightning's sampler: exact shares."""
+    names = INDEX + BATCH
+    results = run_distributed(_fit_every_sampler, 2, names, timeout=200)
+    for name in names:
+        for mode in ("hook", "fit", "nodist"):
+            for rank in (0, 1):
+                seen = results[rank][f"{name}/{mode}"]
+                for epoch in (0, 1):
+                    assert seen[epoch] == expected(name, rank, epoch), (name, mode, rank, epoch)
+            assert results[0][f"{name}/{mode}"][0] != results[0][f"{name}/{mode}"][1], (name, mode)
+    for rank in (0, 1):
+        limited = results[rank]["limited"]
+        assert limited == {e: expected("TwoStreamBatchSampler", rank, e)[:2] for e in (0, 1)}
+        assert results[rank]["epochs_seen_by_sampler"] == [(0, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_two_stream_scenario(seeded: bool) -> None:
+    """Two-stream 120 samples, 24 primary, 4+4, 2 ranks, 3 epochs: primary once per epoch, disjoint, orders differ."""
+    ranks = run_distributed(_two_stream, 2, seeded, timeout=120)
+    orders = []
+    for epoch in range(3):
+        steps = [len(ranks[r][epoch]) for r in (0, 1)]
+        assert steps == [3, 3]
+        primary = [[i for b in ranks[r][epoch] for i in b[:4]] for r in (0, 1)]
+        assert all(i < PRIMARY for p in primary for i in p)
+        assert not set(primary[0]) & set(primary[1])
+        assert Counter(primary[0] + primary[1]) == Counter(range(PRIMARY))
+        assert all(i >= PRIMARY for r in (0, 1) for b in ranks[r][epoch] for i in b[4:])
+        orders.append(primary)
+    assert orders[0] != orders[1] != orders[2]
+
+
+def test_mid_epoch_resume_with_stateful_dataloader_sees_the_uninterrupted_batches(tmp_path: Any) -> None:
+    """StatefulDataLoader + Lightning checkpoint mid-epoch: the resumed run equals the uninterrupted one, every rank."""
+    ranks = run_distributed(_resume, 2, str(tmp_path), 2, timeout=200)
+    for rank in (0, 1):
+        run = ranks[rank]
+        assert len(run["first"]) == 2
+        assert run["first"] + run["second"] == run["whole"], rank
