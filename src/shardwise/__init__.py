@@ -12,9 +12,11 @@ from ._plan import Even
 from ._ragged import RaggedArray, RaggedStoreError, RaggedWriter
 from ._schedule import BatchSizeSchedule
 from ._scheduled import ScheduledBatchSampler
+from ._set_epoch import set_epoch
 from ._sharded import ShardedSampler
 from ._two_stream import TwoStreamBatchSampler
 from ._weighted import WeightedSampler
+from ._worker_seeds import seed_worker, worker_seed, worker_seeds
 from ._wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
 
 __version__ = "0.1.0"
@@ -41,6 +43,10 @@ __all__ = [
     "WeightedSampler",
     "__version__",
     "pad_collate",
+    "seed_worker",
+    "set_epoch",
     "shard",
     "shard_batches",
+    "worker_seed",
+    "worker_seeds",
 ]
