@@ -1,0 +1,116 @@
+"""``shardwise.set_epoch`` and the epoch contracts frameworks rely on (Lightning, Accelerate, Composer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+import shardwise
+from shardwise._base import PlanSampler
+from shardwise._frameworks import EpochRelay, Keep
+
+
+class EpochDataset(Dataset[int]):
+    """A dataset that counts set_epoch calls."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def set_epoch(self, epoch: int) -> None:
+        self.calls.append(epoch)
+
+
+def index_samplers() -> list[Any]:
+    world = {"num_replicas": 2, "rank": 0}
+    return [
+        shardwise.ShardedSampler(16, **world),
+        shardwise.shard(RandomSampler(range(16)), **world),
+        shardwise.WeightedSampler(np.ones(16), num_samples=16, **world),
+    ]
+
+
+def batch_samplers() -> list[Any]:
+    world = {"num_replicas": 2, "rank": 0}
+    return [
+        shardwise.shard_batches(BatchSampler(RandomSampler(range(16)), 2, False), **world),
+        shardwise.TwoStreamBatchSampler(range(8), range(8, 16), primary_batch_size=2, secondary_batch_size=2, **world),
+        shardwise.BucketBatchSampler(np.arange(1, 17), batch_size=2, **world),
+        shardwise.ClassBalancedBatchSampler(np.arange(16) % 4, classes_per_batch=2, samples_per_class=2, **world),
+        shardwise.ScheduledBatchSampler(16, batch_size=2, **world),
+    ]
+
+
+def test_set_epoch_reaches_sampler_batch_sampler_nested_and_dataset_once_each() -> None:
+    """set_epoch reaches a loader's batch sampler, the sampler inside it and the dataset, each once."""
+    data = EpochDataset(16)
+    inner = shardwise.ShardedSampler(data, num_replicas=2, rank=0)
+    loader = DataLoader(data, batch_sampler=BatchSampler(inner, 2, False))
+    called = shardwise.set_epoch(loader, 4)
+    assert inner.epoch == 4 and data.calls == [4]
+    assert sorted(map(id, called)) == sorted([id(inner), id(data)])
+
+
+@pytest.mark.parametrize("sampler", batch_samplers(), ids=lambda s: type(s).__name__)
+def test_set_epoch_on_a_loader_reaches_a_shardwise_batch_sampler(sampler: Any) -> None:
+    """A loader built with batch_sampler=<shardwise> gets its epoch set, once."""
+    loader = DataLoader(EpochDataset(16), batch_sampler=sampler)
+    called = shardwise.set_epoch(loader, 2)
+    assert sampler.epoch == 2
+    assert sum(o is sampler for o in called) == 1
+
+
+@pytest.mark.parametrize("sampler", batch_samplers(), ids=lambda s: type(s).__name__)
+def test_batch_sampler_dot_sampler_relays_the_epoch(sampler: Any) -> None:
+    """loader.batch_sampler.sampler.set_epoch (what Lightning and Accelerate call) sets the batch sampler's epoch."""
+    relay = sampler.sampler
+    assert isinstance(relay, EpochRelay)
+    relay.set_epoch(3)
+    assert sampler.epoch == 3 == relay.epoch
+
+
+@pytest.mark.parametrize("sampler", batch_samplers(), ids=lambda s: type(s).__name__)
+def test_lightning_rebuild_of_a_batch_sampler_returns_the_same_object(sampler: Any) -> None:
+    """Re-creating the batch sampler from its Lightning record (sampler slot replaced) is the identity."""
+    args = getattr(sampler, "__pl_saved_args")
+    names = getattr(sampler, "__pl_saved_arg_names")
+    replaced = tuple(DistributedSampler(range(4), num_replicas=2, rank=0) if n == "sampler" else a
+                     for a, n in zip(args, names, strict=True))  # fmt: skip
+    assert type(sampler)(*replaced) is sampler
+    assert isinstance(args[0], Keep)
+
+
+@pytest.mark.parametrize("sampler", index_samplers(), ids=lambda s: type(s).__name__)
+def test_composer_contract_index_samplers_are_distributed_samplers(sampler: Any) -> None:
+    """Composer calls set_epoch on dataloader.sampler only if it is a DistributedSampler: shardwise's are."""
+    loader = DataLoader(range(16), sampler=sampler, batch_size=2)
+    assert isinstance(loader.sampler, DistributedSampler)
+    loader.sampler.set_epoch(5)  # what Composer does at each epoch start
+    assert sampler.epoch == 5
+    assert not hasattr(sampler, "__pl_saved_args")
+
+
+def test_every_exported_index_sampler_is_a_distributed_sampler() -> None:
+    """Every public PlanSampler is a DistributedSampler (index) or yields whole batches (batch)."""
+    index = {type(s) for s in index_samplers()}
+    batch = {type(s) for s in batch_samplers()}
+    for name in shardwise.__all__:
+        obj = getattr(shardwise, name)
+        if isinstance(obj, type) and issubclass(obj, PlanSampler):
+            assert obj in index | batch, f"{name} is not covered by the framework contract tests"
+            assert issubclass(obj, DistributedSampler) == (obj in index), name
+
+
+def test_set_epoch_rejects_a_negative_epoch() -> None:
+    """A negative epoch is refused, naming the parameter."""
+    with pytest.raises(ValueError, match="epoch"):
+        shardwise.set_epoch(DataLoader(range(4)), -1)

@@ -1,0 +1,99 @@
+"""torchdata ``StatefulDataLoader``: a state saved mid-epoch, loaded by a new loader in a new process."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+import shardwise
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.timeout(120),
+]
+
+N = 96
+
+
+def _loader(kind: str, num_workers: int) -> Any:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    world = {"num_replicas": 2, "rank": 1, "seed": 5}
+    extra: dict[str, Any] = {"num_workers": num_workers}
+    if num_workers:
+        extra["multiprocessing_context"] = "spawn"
+    data = list(range(N))
+    if kind == "index":
+        return StatefulDataLoader(data, sampler=shardwise.ShardedSampler(N, **world), batch_size=4, **extra)
+    sampler = shardwise.TwoStreamBatchSampler(range(24), range(24, N), primary_batch_size=2, secondary_batch_size=2,
+                                              **world)  # fmt: skip
+    return StatefulDataLoader(data, batch_sampler=sampler, **extra)
+
+
+def _batches(loader: Any, count: int | None = None) -> list[list[int]]:
+    out = []
+    for batch in loader:
+        out.append([int(i) for i in batch])
+        if count is not None and len(out) == count:
+            break
+    return out
+
+
+def _continue(kind: str, num_workers: int, state: dict[str, Any], queue: Any) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    loader = _loader(kind, num_workers)
+    loader.load_state_dict(state)
+    rest = _batches(loader)
+    queue.put((rest, _batches(loader)))  # the rest of this epoch, then the whole next epoch
+
+
+@pytest.mark.parametrize("kind", ["index", "batch"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_mid_epoch_continues_in_a_new_process(kind: str, num_workers: int) -> None:
+    """A new loader in a new process, loading the mid-epoch state, yields exactly the uninterrupted rest."""
+    whole = _loader(kind, num_workers)
+    epoch0, epoch1 = _batches(whole), _batches(whole)
+    first = _loader(kind, num_workers)
+    head = _batches(first, 3)
+    state = first.state_dict()
+    del first
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=_continue, args=(kind, num_workers, state, queue))
+    process.start()
+    rest, next_epoch = queue.get(timeout=90)
+    process.join(timeout=30)
+    assert head + rest == epoch0
+    assert next_epoch == epoch1 != epoch0
+
+
+def test_sampler_state_inside_the_loader_state_is_o1() -> None:
+    """The loader state carries the sampler's small global state, not a list of indices."""
+    loader = _loader("batch", 0)
+    _batches(loader, 2)
+    state = loader.state_dict()["_index_sampler_state"]
+    assert state["consumed"] == 2 * 2 and state["epoch"] == 0
+    assert len(repr(state)) < 1000
+
+
+def test_to_stateful_keeps_sampling_and_resumes() -> None:
+    """to_stateful(loader) keeps the shardwise sampler and makes the loader resumable."""
+    from shardwise.integrations.torchdata import to_stateful
+
+    sampler = shardwise.ShardedSampler(N, num_replicas=2, rank=0, seed=3)
+    plain = DataLoader(list(range(N)), sampler=sampler, batch_size=4)
+    loader = to_stateful(plain)
+    assert loader.sampler is sampler and loader.batch_size == 4
+    head = _batches(loader, 2)
+    state = loader.state_dict()
+    again = to_stateful(DataLoader(list(range(N)), sampler=shardwise.ShardedSampler(N, num_replicas=2, rank=0, seed=3),
+                                   batch_size=4))  # fmt: skip
+    again.load_state_dict(state)
+    expected = np.array(list(shardwise.ShardedSampler(N, num_replicas=2, rank=0, seed=3))).reshape(-1, 4).tolist()
+    assert head + _batches(again) == expected
