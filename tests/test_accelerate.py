@@ -1,0 +1,59 @@
+"""HF Accelerate: 2 real processes (torchrun, gloo), every sample once per epoch, resume through save_state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader, RandomSampler
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "accelerate_ddp.py"
+N = 64
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+
+def _launch(out: Path, *extra: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               str(EXAMPLE), "--out", str(out), *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def _seen(out: Path, phase: str) -> list[dict[str, object]]:
+    return [json.loads((out / f"{phase}-rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_two_processes_every_sample_once_refuse_double_sharding_and_resume(tmp_path: Path) -> None:
+    """prepare_data_loader: each sample once per epoch; plain prepare refused; save_state/load_state resumes exactly."""
+    _launch(tmp_path)
+    run = _seen(tmp_path, "run")
+    for epoch in (0, 1):
+        drawn = [i for rank in run for batch in rank["seen"] if batch[0] == epoch for i in batch[1:]]  # type: ignore[attr-defined]
+        assert Counter(drawn) == Counter(range(N))
+    assert len(run[0]["seen"]) == len(run[1]["seen"]) == N // 4  # type: ignore[arg-type]
+    for rank in run:
+        assert rank["world"] == 2
+        assert "would shard an already distributed sampler a second time" in rank["forgot"]  # type: ignore[operator]
+        assert "shardwise.integrations.accelerate.prepare_data_loader(accelerator, loader)" in rank["forgot"]  # type: ignore[operator]
+    _launch(tmp_path, "--resume")
+    resumed = _seen(tmp_path, "resume")
+    for before, after in zip(run, resumed, strict=True):
+        assert after["seen"] == before["seen"][3:]  # type: ignore[index]
+
+
+def test_prepare_data_loader_refuses_a_loader_shardwise_does_not_distribute() -> None:
+    """A loader over a plain sampler goes through accelerator.prepare; the helper says so."""
+    from accelerate import Accelerator
+
+    from shardwise.integrations.accelerate import prepare_data_loader
+
+    with pytest.raises(TypeError, match=r"accelerator.prepare\(loader\)"):
+        prepare_data_loader(Accelerator(cpu=True), DataLoader(range(8), sampler=RandomSampler(range(8)), batch_size=2))
