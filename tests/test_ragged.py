@@ -63,6 +63,17 @@ def _rewrite_offsets(path: Path, edit) -> None:
 # -- round trip ----------------------------------------------------------------------------------
 
 
+def test_module_examples_run() -> None:
+    """The Example sections of RaggedArray, RaggedWriter and pad_collate run as written."""
+    import doctest
+
+    from shardwise import _collate, _ragged
+
+    for module in (_ragged, _collate):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
 def test_round_trip_keeps_every_sample_lengths_and_layout(store: RaggedArray, arrays: list) -> None:
     """Every sample reads back equal, with its dtype, feature shape, length and offset."""
     assert len(store) == len(arrays)
