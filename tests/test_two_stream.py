@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from shardwise import StateMismatchError, TwoStreamBatchSampler
 from shardwise._launch import run_distributed
+from shardwise._two_stream import SMALL_STREAM
 
 PRIMARY = np.arange(100, 130)  # 30 labelled
 SECONDARY = np.arange(0, 7)  # 7 unlabelled: small, so a pass spans many secondary cycles
@@ -54,6 +55,17 @@ def test_secondary_stream_cycles_are_fresh_shuffles() -> None:
     assert len(cycles) >= 4
     assert all(sorted(cycle) == SECONDARY.tolist() for cycle in cycles)
     assert len({tuple(cycle) for cycle in cycles}) > 1
+
+
+def test_large_secondary_sets_use_keyed_permutations_per_cycle() -> None:
+    """Above SMALL_STREAM secondary indices a cycle is a keyed permutation: still a full shuffle."""
+    secondary = np.arange(1_000, 1_000 + SMALL_STREAM + 5)
+    sampler = TwoStreamBatchSampler(
+        PRIMARY, secondary, primary_batch_size=2, secondary_batch_size=700, num_replicas=1, rank=0
+    )
+    stream = [i for batch in sampler for i in batch[2:]]
+    assert sorted(stream[: len(secondary)]) == secondary.tolist()
+    assert stream[: len(secondary)] != secondary.tolist()
 
 
 def test_secondary_stream_restarts_each_epoch_with_a_new_order() -> None:

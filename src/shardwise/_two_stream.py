@@ -7,6 +7,8 @@ The global plan of epoch ``e`` is a sequence of batches. Batch ``j`` holds
 - the secondary indices at positions ``[j * sb, (j + 1) * sb)`` of an endless secondary stream
   (``sb = secondary_batch_size``): cycle ``c`` of the stream is a fresh keyed shuffle of the
   secondary indices, keyed by ``(seed, e, c)``; the stream restarts at the start of each epoch.
+  (A keyed permutation per cycle; up to ``SMALL_STREAM`` secondary indices, the sort order of
+  counter-based hashes, so the many cycles one chunk of a tiny set spans cost one sort.)
 
 Every part is computed from its position in O(1) (a keyed permutation, never a materialised
 shuffle of the data), so a batch is a pure function of ``(config, seed, epoch, j)`` and resume
@@ -27,13 +29,34 @@ from ._base import PlanSampler, UnitSource
 from ._errors import check_bool, check_int
 from ._permutation import Permutation
 from ._plan import Even
-from ._seeds import derive_seed
+from ._seeds import derive_seed, derive_words
 from ._state import Fingerprint
+from ._weighted import counter_hash
 from ._world import World
 
 PRIMARY = "two-stream-primary"
 SECONDARY = "two-stream-secondary"
 _CYCLES_KEPT = 4  # secondary-cycle permutations cached per pass: a chunk rarely spans more
+SMALL_STREAM = 4096
+"""Up to this many secondary indices, the cycles a chunk spans are shuffled together in one sort."""
+
+
+def small_cycle_indices(positions: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``stream_indices`` for a small secondary set, vectorised over every cycle the positions span.
+
+    Cycle ``c`` orders the ``n`` values by the counter-based hash of ``(keys, c * n + j)``: the
+    same shuffle whichever chunk asks for it, and one argsort for all the cycles of a chunk (a
+    chunk of a tiny secondary set spans thousands of cycles).
+    """
+    n = len(values)
+    flat = positions.reshape(-1)
+    cycles, offsets = np.divmod(flat, n)
+    needed, which = np.unique(cycles, return_inverse=True)
+    # words, shuffles: (len(needed), n), one row per cycle.
+    words = counter_hash((needed[:, None] * n + np.arange(n, dtype=np.int64)).reshape(-1), keys).reshape(-1, n)
+    shuffles = np.argsort(words, axis=1, kind="stable")
+    out: np.ndarray = values[shuffles[which.reshape(-1), offsets]]
+    return out.reshape(positions.shape)
 
 
 def stream_indices(positions: np.ndarray, values: np.ndarray, cycle_permutation: Any) -> np.ndarray:
@@ -182,6 +205,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         primary = Permutation(len(self.primary_indices), derive_seed(seed, epoch, PRIMARY))
         cycles: dict[int, Permutation] = {}
         secondary_size = len(self.secondary_indices)
+        small_keys = derive_words(seed, epoch, SECONDARY, count=2)
 
         def cycle_permutation(cycle: int) -> Permutation:
             if cycle not in cycles:
@@ -199,7 +223,10 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             first = self.primary_indices[primary(np.where(full, grid, 0))]
             if per_batch:
                 stream = stream_starts[:, None] + np.arange(per_batch, dtype=np.int64)
-                second = stream_indices(stream, self.secondary_indices, cycle_permutation)
+                if secondary_size <= SMALL_STREAM:
+                    second = small_cycle_indices(stream, self.secondary_indices, small_keys)
+                else:
+                    second = stream_indices(stream, self.secondary_indices, cycle_permutation)
                 rows: list[list[int]] = np.concatenate([first, second], axis=1).tolist()
             else:
                 second = first[:, :0]
