@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise import BatchSizeSchedule
-from shardwise._schedule import as_schedule, check_per_epoch, epoch_value, plan_steps
+from shardwise._schedule import EpochSizes, as_schedule, check_per_epoch, epoch_value, plan_steps
 
 
 def test_module_examples_run() -> None:
@@ -206,3 +206,19 @@ def test_per_epoch_schedules_are_told_apart() -> None:
         check_per_epoch(BatchSizeSchedule.by_samples({0: 4, 25: 2}), "max_tokens", 10, "X")
     with pytest.raises(ValueError, match="a function can change at any step"):
         check_per_epoch(BatchSizeSchedule(lambda e, s: 4), "batch_size", 10, "X")
+
+
+def test_epoch_sizes_pass_ints_through_and_read_schedules_per_epoch() -> None:
+    """EpochSizes: ints untouched, per-epoch schedules read at each epoch, payloads and mid-epoch refused."""
+    sizes = EpochSizes("X", 10, a=4, b=BatchSizeSchedule.by_epoch({0: 3, 2: 5}))
+    assert sizes
+    assert not EpochSizes("X", 10, a=4)
+    assert sizes.initial("a", 4) == 4 and sizes.initial("b", None) == 3
+    assert [sizes.at("b", e, 0) for e in range(4)] == [3, 3, 5, 5]
+    assert sizes.at("a", 7, 4) == 4
+    assert sizes.epochs() == [0, 2]
+    assert sizes.fingerprint() == {"b_schedule": "BatchSizeSchedule.by_epoch({0: 3, 2: 5})"}
+    with pytest.raises(ValueError, match="X takes no payloads"):
+        EpochSizes("X", 10, a=BatchSizeSchedule.by_epoch({0: (3, "p")}))
+    with pytest.raises(ValueError, match="X changes a at epoch starts only"):
+        EpochSizes("X", 10, a=BatchSizeSchedule.by_samples({0: 3, 5: 4}))

@@ -380,6 +380,62 @@ def epoch_value(schedule: BatchSizeSchedule, epoch: int, epoch_size: int) -> Ste
     return schedule(epoch, epoch * epoch_size)
 
 
+class EpochSizes:
+    """Size arguments of a batch sampler with its own plan, each an int or a per-epoch schedule.
+
+    Such a sampler reads ``at(name, epoch, default)`` where it reads a size, and adds
+    ``fingerprint()`` to its own (empty when nothing is scheduled, so existing states still load).
+
+    Args:
+        owner: the sampler's name, for messages.
+        epoch_size: samples one epoch consumes (what a ``by_samples`` threshold counts).
+        **values: each size argument as given (ints pass through untouched).
+
+    Raises:
+        ValueError: a schedule that changes inside an epoch, or one that carries payloads.
+    """
+
+    __slots__ = ("_epoch_size", "_schedules")
+
+    def __init__(self, owner: str, epoch_size: int, **values: object) -> None:
+        self._epoch_size = epoch_size
+        self._schedules: dict[str, BatchSizeSchedule] = {}
+        for name, value in values.items():
+            if not isinstance(value, BatchSizeSchedule):
+                continue
+            check_per_epoch(value, name, epoch_size, owner)
+            if value.has_payload:
+                raise ValueError(
+                    f"{owner} takes no payloads, but {name}={value!r} carries some; give bare sizes, or use "
+                    "ScheduledBatchSampler, which yields (index, payload) pairs"
+                )
+            self._schedules[name] = value
+
+    def __bool__(self) -> bool:
+        return bool(self._schedules)
+
+    def initial(self, name: str, value: object) -> object:
+        """``value`` itself, or the epoch-0 value of a schedule (for the plain attribute and checks)."""
+        schedule = self._schedules.get(name)
+        return value if schedule is None else epoch_value(schedule, 0, self._epoch_size).batch_size
+
+    def at(self, name: str, epoch: int, default: int) -> int:
+        """The size ``name`` takes in ``epoch``; ``default`` when it is not scheduled."""
+        schedule = self._schedules.get(name)
+        return default if schedule is None else epoch_value(schedule, epoch, self._epoch_size).batch_size
+
+    def epochs(self) -> list[int]:
+        """Every epoch where a scheduled size can change (0 included): what validation must visit."""
+        found = {0}
+        for schedule in self._schedules.values():
+            found.update(schedule.epoch_starts_to_check(self._epoch_size) or [])
+        return sorted(found)
+
+    def fingerprint(self) -> dict[str, str]:
+        """``{"<name>_schedule": repr}`` for each scheduled size."""
+        return {f"{name}_schedule": repr(schedule) for name, schedule in self._schedules.items()}
+
+
 def plan_steps(
     schedule: BatchSizeSchedule,
     *,
