@@ -11,7 +11,7 @@ The method, all in integer arithmetic so that a plan is bit-identical on every p
    ``guide[k]`` is the item holding value ``k << shift``, with about ``n`` buckets, so the item
    holding a value ``u`` lies in ``[guide[u >> shift], guide[(u >> shift) + 1]]``, a range of about
    two items on average; a vectorised bisection finishes in a few steps. 12 bytes per weight
-   (8 with int64 guides only beyond 2**31 weights: 16), built in blocks in O(n).
+   (16 beyond 2**31 weights, where the guide needs int64), built in blocks in O(n).
 3. **Uniform.** ``u`` at position ``p`` is exactly uniform on ``[0, Q)``: a counter-based hash of
    ``(key, p)`` (two splitmix64 rounds keyed by ``derive_seed(seed, epoch, ...)``) reduced by
    Lemire's multiply-high with rejection, retries keyed by the attempt number.
