@@ -18,7 +18,9 @@ come from a fresh shuffle. So:
 Layout. The class slots, grouped by class in a keyed class order, are dealt column by column
 into a ``(B, P)`` table, so the ``<= B`` slots of one class fall in distinct batches; then the
 batches are put in a keyed order. A batch lists its ``P`` groups of ``K`` indices one after the
-other, each group sharing a label. The whole epoch plan (``B x P x K`` indices, about ``N``) is
+other, each group sharing a label. A consequence of this layout: within one epoch a class shares
+batches with the few classes laid out beside it in the other columns, not with every class; the
+class order, and so its companions, changes every epoch. The whole epoch plan (``B x P x K`` indices, about ``N``) is
 built once per epoch with vectorised numpy (O(N) memory, O(N log N) time) and addressed by batch
 position, so resume is O(1) after that build.
 """
