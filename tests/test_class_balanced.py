@@ -44,6 +44,16 @@ def test_every_batch_has_p_distinct_classes_of_k_distinct_samples() -> None:
         assert len(set(batch)) == 12
 
 
+def test_classes_meet_many_other_classes_within_an_epoch() -> None:
+    """Row swaps mix the layout: in one epoch each of 20 classes shares batches with most others."""
+    partners: dict[int, set[int]] = {}
+    for batch in make():
+        classes = set(LABELS[batch].tolist())
+        for label in classes:
+            partners.setdefault(label, set()).update(classes - {label})
+    assert min(len(others) for others in partners.values()) >= 12
+
+
 def test_an_epoch_sees_each_sample_about_once() -> None:
     """An epoch has N // (P*K) batches; almost every sample appears, none more than twice."""
     counts = Counter(i for batch in make() for i in batch)

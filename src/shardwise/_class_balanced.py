@@ -16,13 +16,13 @@ come from a fresh shuffle. So:
   its batch group, each about ``K / n_c`` times per group.
 
 Layout. The class slots, grouped by class in a keyed class order, are dealt column by column
-into a ``(B, P)`` table, so the ``<= B`` slots of one class fall in distinct batches; then the
-batches are put in a keyed order. A batch lists its ``P`` groups of ``K`` indices one after the
-other, each group sharing a label. A consequence of this layout: within one epoch a class shares
-batches with the few classes laid out beside it in the other columns, not with every class; the
-class order, and so its companions, changes every epoch. The whole epoch plan (``B x P x K`` indices, about ``N``) is
-built once per epoch with vectorised numpy (O(N) memory, O(N log N) time) and addressed by batch
-position, so resume is O(1) after that build.
+into a ``(B, P)`` table, so the ``<= B`` slots of one class fall in distinct batches. That alone
+would make a class share batches only with the classes laid out beside it, so random swaps
+between rows (in the same column, only where both rows stay free of repeats) then mix which
+classes meet; finally the batches are put in a keyed order. A batch lists its ``P`` groups of
+``K`` indices one after the other, each group sharing a label. The whole epoch plan
+(``B x P x K`` indices, about ``N``) is built once per epoch with vectorised numpy (O(N)
+memory, O(N log N) time) and addressed by batch position, so resume is O(1) after that build.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ QUOTA = "class-balanced-quota"
 CLASSES = "class-balanced-classes"
 BATCHES = "class-balanced-batches"
 MEMBERS = "class-balanced-members"
+MIX = "class-balanced-mix"
+MIX_PASSES = 16
 
 
 class SmallClasses(str, enum.Enum):
@@ -100,6 +102,34 @@ def class_quotas(sizes: np.ndarray, slots: int, cap: int, words: np.ndarray) -> 
     return quota
 
 
+def mix_rows(table_class: np.ndarray, table_use: np.ndarray, key: int, passes: int = MIX_PASSES) -> None:
+    """Randomise which classes share a batch, in place, keeping every row's classes distinct.
+
+    Each pass pairs the rows at random and, in one random column per pair, swaps the two cells
+    when neither class is already in the other row. Rows keep ``P`` distinct classes and every
+    class keeps its number of slots; only the company it keeps changes.
+
+    Args:
+        table_class, table_use: ``(B, P)`` int64, the class of each cell and its use number.
+        key: 64-bit key of the random choices (raw PCG64 words: stable across numpy releases).
+        passes: rounds of swaps.
+    """
+    rows, columns = table_class.shape
+    half = rows // 2
+    if half == 0 or columns < 2:
+        return
+    words = np.random.PCG64(key).random_raw(passes * (rows + half)).reshape(passes, rows + half)
+    for draw in words:
+        order = np.argsort(draw[:rows], kind="stable")
+        first, second = order[:half], order[half : 2 * half]
+        column = (draw[rows:] % np.uint64(columns)).astype(np.int64)
+        x, y = table_class[first, column], table_class[second, column]
+        clash = (table_class[second] == x[:, None]).any(axis=1) | (table_class[first] == y[:, None]).any(axis=1)
+        a, b, c = first[~clash], second[~clash], column[~clash]
+        for table in (table_class, table_use):
+            table[a, c], table[b, c] = table[b, c], table[a, c]
+
+
 def class_balanced_plan(
     members: np.ndarray,
     class_starts: np.ndarray,
@@ -134,8 +164,9 @@ def class_balanced_plan(
     run_starts = np.cumsum(runs) - runs
     slot_use = np.arange(len(slot_class), dtype=np.int64) - np.repeat(run_starts, runs)
     # Column-major: slot i goes to batch i % B, so one class's <= B consecutive slots hit distinct batches.
-    table_class = slot_class.reshape(classes_per_batch, num_batches).T
-    table_use = slot_use.reshape(classes_per_batch, num_batches).T
+    table_class = slot_class.reshape(classes_per_batch, num_batches).T.copy()
+    table_use = slot_use.reshape(classes_per_batch, num_batches).T.copy()
+    mix_rows(table_class, table_use, derive_seed(seed, epoch, MIX))
     batch_order = Permutation(num_batches, derive_seed(seed, epoch, BATCHES))(np.arange(num_batches, dtype=np.int64))
     # pick_*: (B, P, K) class, cycle and position in that cycle's shuffle of the class.
     pick_class = np.broadcast_to(table_class[batch_order][:, :, None], (num_batches, classes_per_batch, per_class))
