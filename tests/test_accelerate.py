@@ -57,3 +57,40 @@ def test_prepare_data_loader_refuses_a_loader_shardwise_does_not_distribute() ->
 
     with pytest.raises(TypeError, match=r"accelerator.prepare\(loader\)"):
         prepare_data_loader(Accelerator(cpu=True), DataLoader(range(8), sampler=RandomSampler(range(8)), batch_size=2))
+
+
+def test_batch_sampler_shard_around_a_shardwise_sampler_is_refused_before_any_batch() -> None:
+    """Accelerate's BatchSamplerShard around a shardwise (batch) sampler raises at iter, naming the fix."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    import shardwise
+
+    wrapped = [
+        shardwise.TwoStreamBatchSampler(range(8), range(8, 16), primary_batch_size=2, secondary_batch_size=2),
+        BatchSampler(shardwise.ShardedSampler(16), 2, False),
+    ]
+    for inner in wrapped:
+        shard = BatchSamplerShard(inner, num_processes=2, process_index=0)
+        with pytest.raises(RuntimeError, match=r"prepare_data_loader\(accelerator, loader\)"):
+            next(iter(shard))
+
+
+def test_prepare_data_loader_keeps_the_shardwise_batches_in_one_process() -> None:
+    """The prepared loader yields exactly the shardwise sampler's batches (index and batch samplers)."""
+    from accelerate import Accelerator
+
+    import shardwise
+    from shardwise.integrations.accelerate import prepare_data_loader
+
+    accelerator = Accelerator(cpu=True)
+    index = shardwise.ShardedSampler(16, num_replicas=2, rank=1, seed=3)
+    loader = prepare_data_loader(accelerator, DataLoader(list(range(16)), sampler=index, batch_size=4))
+    reference = list(shardwise.ShardedSampler(16, num_replicas=2, rank=1, seed=3))
+    assert [b.tolist() for b in loader] == [reference[i : i + 4] for i in range(0, 8, 4)]
+    batches = shardwise.BucketBatchSampler(list(range(1, 17)), batch_size=2, num_replicas=2, rank=0)
+    loader = prepare_data_loader(accelerator, DataLoader(list(range(16)), batch_sampler=batches))
+    expected = [list(map(int, b)) for b in shardwise.BucketBatchSampler(list(range(1, 17)), batch_size=2,
+                                                                         num_replicas=2, rank=0)]  # fmt: skip
+    assert [b.tolist() for b in loader] == expected
+    assert loader in accelerator._dataloaders  # registered: save_state includes it

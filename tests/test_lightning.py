@@ -124,7 +124,7 @@ def _module(loader_factory: Any, *, in_hook: bool) -> Any:
         def on_train_epoch_start(self) -> None:
             loader = self.trainer.train_dataloader
             sampler = loader.batch_sampler if isinstance(loader.batch_sampler, PlanSampler) else loader.sampler
-            self.sampler_epochs.append((self.current_epoch, sampler.epoch))
+            self.sampler_epochs.append((self.current_epoch, getattr(sampler, "epoch", -1)))
 
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
             self.seen.append((self.current_epoch, [int(i) for i in batch]))
@@ -256,3 +256,38 @@ def test_mid_epoch_resume_with_stateful_dataloader_sees_the_uninterrupted_batche
         run = ranks[rank]
         assert len(run["first"]) == 2
         assert run["first"] + run["second"] == run["whole"], rank
+
+
+class Filtered(torch.utils.data.Sampler[list[int]]):
+    """A user's wrapper that nests a shardwise batch sampler where Lightning does not look."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+
+    def __iter__(self) -> Any:
+        return iter(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+
+@pytest.mark.timeout(60)
+def test_epoch_callback_reaches_a_nested_shardwise_batch_sampler() -> None:
+    """ShardwiseEpochCallback sets the epoch on a shardwise sampler nested in a user's wrapper."""
+    import warnings
+
+    from shardwise.integrations.lightning import ShardwiseEpochCallback
+
+    inner = make("TwoStreamBatchSampler", num_replicas=1, rank=0)
+    epochs: list[int] = []
+
+    def loader() -> Any:
+        return DataLoader(Indices(TWO_STREAM_N), batch_sampler=Filtered(inner))
+
+    module = _module(loader, in_hook=True)
+    module.on_train_epoch_end = lambda: epochs.append(inner.epoch)  # type: ignore[method-assign]
+    inner.set_epoch(5)  # a stale epoch: only the callback can correct it at each epoch start
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
+        _trainer(devices=1, strategy="auto", limit_train_batches=1, callbacks=[ShardwiseEpochCallback()]).fit(module)
+    assert epochs == [0, 1]
