@@ -89,14 +89,33 @@ def test_lightning_rebuild_of_a_batch_sampler_returns_the_same_object(sampler: A
     assert isinstance(args[0], Keep)
 
 
+def composer_epoch_target(dataloader: DataLoader[Any]) -> Any:
+    """Composer's rule (trainer.py ``_get_distributed_sampler``), restated: what gets ``set_epoch``."""
+    if isinstance(dataloader.batch_sampler, DistributedSampler):
+        return dataloader.batch_sampler
+    if isinstance(dataloader.sampler, DistributedSampler):
+        return dataloader.sampler
+    return None
+
+
 @pytest.mark.parametrize("sampler", index_samplers(), ids=lambda s: type(s).__name__)
 def test_composer_contract_index_samplers_are_distributed_samplers(sampler: Any) -> None:
-    """Composer calls set_epoch on dataloader.sampler only if it is a DistributedSampler: shardwise's are."""
+    """Composer sets the epoch of a DataLoader's DistributedSampler: shardwise index samplers are ones."""
     loader = DataLoader(range(16), sampler=sampler, batch_size=2)
-    assert isinstance(loader.sampler, DistributedSampler)
-    loader.sampler.set_epoch(5)  # what Composer does at each epoch start
+    target = composer_epoch_target(loader)
+    assert target is sampler
+    target.set_epoch(5)  # what Composer does at each epoch start
     assert sampler.epoch == 5
     assert not hasattr(sampler, "__pl_saved_args")
+
+
+@pytest.mark.parametrize("sampler", batch_samplers(), ids=lambda s: type(s).__name__)
+def test_composer_contract_batch_samplers_need_shardwise_set_epoch(sampler: Any) -> None:
+    """Composer does not reach a batch sampler (not a DistributedSampler); shardwise.set_epoch does."""
+    loader = DataLoader(range(16), batch_sampler=sampler)
+    assert composer_epoch_target(loader) is None
+    shardwise.set_epoch(loader, 6)  # the line of the documented Composer callback
+    assert sampler.epoch == 6
 
 
 def test_every_exported_index_sampler_is_a_distributed_sampler() -> None:
