@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -646,6 +647,7 @@ def test_writer_memory_stays_bounded(tmp_path: Path) -> None:
     """Writing more data than the process may allocate streams it: RLIMIT_DATA at current + 48 MB, 200 MB written."""
     _run_limited("write", 48 << 20, 192 << 20, tmp_path / "w")
     assert RaggedArray(tmp_path / "w").nbytes > 192 << 20
+    shutil.rmtree(tmp_path / "w")  # 200 MB of real data: do not leave it in pytest's kept directories
 
 
 # -- the 4-rank example --------------------------------------------------------------------------
