@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Sampler
 
-from shardwise import BucketBatchSampler, Oversized, StateMismatchError, _batching
+from shardwise import BucketBatchSampler, Oversized, StateMismatchError
 from shardwise._batching import (
     BatchPlan,
     balanced_batch_order,
@@ -42,22 +42,28 @@ def cost(batch: list[int], lengths: np.ndarray = LENGTHS) -> int:
     return len(batch) * max(int(lengths[batch].max()), 1)
 
 
-def greedy(lengths: list[int], budget: int, multiple: int, starts: list[int]) -> list[int]:
-    """The token cut written the obvious way, one sample at a time."""
+def longest_first(lengths: list[int], budget: int, multiple: int, starts: list[int], phases=None, shorten=None):
+    """The token cut written the obvious way: each batch takes what its first, longest sample allows."""
     n = len(lengths)
-    ends = sorted({*starts[1:], n})
-    boundaries, i = [0], 0
-    while i < n:
-        end = min(e for e in ends if e > i)
-        k = 0
-        while i + k < end and (k + 1) * max(lengths[i + k], 1) <= budget:
-            k += 1
-        if k == 0:
-            k = 1
-        elif multiple > 1 and k >= multiple and i + k < end:
-            k -= k % multiple
-        i += k
-        boundaries.append(i)
+    ends = [*starts[1:], n]
+    unit = multiple if multiple > 1 else 1
+    boundaries = [0]
+    for segment, (first, end) in enumerate(zip(starts, ends, strict=True)):
+        i = first
+        while i < end:
+            fit = min(budget // max(lengths[i], 1), end - i)
+            inner = i + fit < end
+            if fit == 0:
+                fit = 1
+            elif phases is not None and i == first and fit > 1:
+                fit = 1 + phases[segment] % fit
+            else:
+                if multiple > 1 and fit >= multiple and inner:
+                    fit -= fit % multiple
+                if shorten is not None and shorten[i] and inner and fit >= 2 * unit:
+                    fit -= unit
+            i += fit
+            boundaries.append(i)
     return boundaries
 
 
@@ -130,29 +136,34 @@ def test_sized_offsets_refuse_bad_schedules(sizes: object, error: type, match: s
     st.integers(min_value=1, max_value=50),
     st.integers(min_value=1, max_value=4),
     st.integers(min_value=1, max_value=60),
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.booleans(),
 )
-def test_token_offsets_equal_the_one_sample_at_a_time_greedy_cut(
-    raw: list[int], budget: int, multiple: int, window: int
+def test_token_offsets_equal_the_one_batch_at_a_time_cut(
+    raw: list[int], budget: int, multiple: int, window: int, word: int, randomised: bool
 ) -> None:
-    """The vectorised cut, the per-budget table cut and the batch-by-batch cut all equal plain greedy."""
+    """The vectorised cut and the per-batch cut of a budget schedule both equal the plain loop."""
     n = len(raw)
     starts = window_starts(n, window)
-    stream = np.concatenate([np.sort(raw[s : s + window]) for s in starts])
-    expected = greedy(stream.tolist(), budget, multiple, starts.tolist())
-    options = {"multiple": multiple, "segment_starts": starts, "oversized_alone": True}
+    stream = np.concatenate([np.sort(raw[s : s + window])[::-1] for s in starts])
+    phases = shorten = None
+    if randomised:
+        phases = np.random.PCG64(word).random_raw(starts.size)
+        shorten = np.random.PCG64(word + 1 if word < 2**64 - 1 else 0).random_raw(n) % 3 == 0
+    expected = longest_first(
+        stream.tolist(), budget, multiple, starts.tolist(),
+        None if phases is None else phases.tolist(), None if shorten is None else shorten.tolist(),
+    )  # fmt: skip
+    options = {"multiple": multiple, "segment_starts": starts, "oversized_alone": True, "phases": phases,
+               "shorten": shorten}  # fmt: skip
     assert token_offsets(stream, budget, **options).tolist() == expected
-    assert token_offsets(stream, np.array([budget]), **options).tolist() == expected
-    saved = _batching._CACHED_BUDGETS
-    _batching._CACHED_BUDGETS = 0  # force the batch-by-batch path
-    try:
-        assert token_offsets(stream, lambda j: np.full(j.shape, budget), **options).tolist() == expected
-    finally:
-        _batching._CACHED_BUDGETS = saved
+    assert token_offsets(stream, np.array([budget, budget]), **options).tolist() == expected
+    assert token_offsets(stream, lambda j: np.full(j.shape, budget), **options).tolist() == expected
 
 
 def test_token_offsets_follow_a_varying_budget() -> None:
-    """Batch j respects the budget the schedule gives at j, with more distinct values than cached tables."""
-    stream = np.sort(np.arange(2000) % 50 + 1)
+    """Batch j respects the budget the schedule gives at j."""
+    stream = np.sort(np.arange(2000) % 50 + 1)[::-1]
     budgets = np.arange(20, dtype=np.int64) * 13 + 60
     offsets = token_offsets(stream, lambda j: budgets[j % 20])
     for j in range(len(offsets) - 1):
@@ -161,27 +172,33 @@ def test_token_offsets_follow_a_varying_budget() -> None:
     assert offsets[-1] == stream.size
 
 
-def test_token_offsets_phases_shorten_the_first_batch_of_each_segment() -> None:
-    """A phase gives a segment's first batch 1 + phase % k samples (k: the greedy size); the rest stays greedy."""
-    stream = np.array([1, 1, 1, 1, 1, 1, 2, 2, 2, 2], dtype=np.int64)
-    starts = np.array([0, 6])
-    assert token_offsets(stream, 4, segment_starts=starts).tolist() == [0, 4, 6, 8, 10]
-    phased = token_offsets(stream, 4, segment_starts=starts, phases=np.array([1, 0]))
-    assert phased.tolist() == [0, 2, 6, 7, 9, 10]
+def test_token_offsets_phases_and_shortening_move_boundaries() -> None:
+    """A phase sets a segment's first batch to 1 + phase % k samples; a marked batch takes one fewer."""
+    stream = np.array([2, 2, 2, 2, 1, 1, 1, 1, 1, 1], dtype=np.int64)
+    starts = np.array([0, 4])
+    assert token_offsets(stream, 4, segment_starts=starts).tolist() == [0, 2, 4, 8, 10]
+    assert token_offsets(stream, 4, segment_starts=starts, phases=np.array([0, 2])).tolist() == [0, 1, 3, 4, 7, 10]
+    marked = np.zeros(10, dtype=bool)
+    marked[4] = True
+    assert token_offsets(stream, 4, segment_starts=starts, shorten=marked).tolist() == [0, 2, 4, 7, 10]
     with pytest.raises(ValueError, match="phases should have one value per segment"):
         token_offsets(stream, 4, segment_starts=starts, phases=np.array([1]))
+    with pytest.raises(ValueError, match="shorten should have one flag per stream position"):
+        token_offsets(stream, 4, shorten=marked[:3])
 
 
 def test_token_offsets_refuse_oversized_and_unsorted_streams() -> None:
-    """A sample over budget names its position and length; a falling length inside a segment is refused."""
-    with pytest.raises(ValueError, match="length 9 at stream position 2, but max_tokens=8"):
-        token_offsets(np.array([1, 2, 9]), 8)
-    assert token_offsets(np.array([1, 2, 9]), 8, oversized_alone=True).tolist() == [0, 2, 3]
-    with pytest.raises(ValueError, match=r"ascend within each segment, but lengths\[0\]=3 > lengths\[1\]=1"):
-        token_offsets(np.array([3, 1]), 8)
-    assert token_offsets(np.array([3, 1]), 8, segment_starts=np.array([0, 1])).tolist() == [0, 1, 2]
+    """A sample over budget names its position and length; a rising length inside a segment is refused."""
+    with pytest.raises(ValueError, match="length 9 at stream position 0, but max_tokens=8"):
+        token_offsets(np.array([9, 2, 1]), 8)
+    with pytest.raises(ValueError, match="length 9 at stream position 0, but max_tokens=8"):
+        token_offsets(np.array([9, 2, 1]), lambda j: np.full(j.shape, 8))
+    assert token_offsets(np.array([9, 2, 1]), 8, oversized_alone=True).tolist() == [0, 1, 3]
+    with pytest.raises(ValueError, match=r"descend within each segment, but lengths\[0\]=1 < lengths\[1\]=3"):
+        token_offsets(np.array([1, 3]), 8)
+    assert token_offsets(np.array([1, 3]), 8, segment_starts=np.array([0, 1])).tolist() == [0, 1, 2]
     with pytest.raises(ValueError, match="segment_starts should rise strictly from 0"):
-        token_offsets(np.array([1, 2]), 8, segment_starts=np.array([1]))
+        token_offsets(np.array([2, 1]), 8, segment_starts=np.array([1]))
 
 
 def test_sort_in_windows_sorts_each_window_stably() -> None:
@@ -190,6 +207,7 @@ def test_sort_in_windows_sorts_each_window_stably() -> None:
     order = np.array([7, 6, 5, 4, 3, 2, 1, 0], dtype=np.int64)
     assert sort_in_windows(order, lengths, 4).tolist() == [7, 4, 6, 5, 1, 3, 2, 0]
     assert sort_in_windows(order, lengths, 100).tolist() == [7, 4, 1, 3, 6, 5, 2, 0]
+    assert sort_in_windows(order, lengths, 100, descending=True).tolist() == [2, 0, 6, 5, 3, 4, 1, 7]
     big = np.array([70000, 3, 70000, 1])  # keys past 16 bits take the general stable sort
     assert sort_in_windows(np.arange(4, dtype=np.int64), big, 4).tolist() == [3, 1, 0, 2]
 
@@ -320,19 +338,21 @@ def test_neighbouring_batches_have_similar_cost() -> None:
 
 def test_epochs_differ_in_order_and_in_batches() -> None:
     """Consecutive epochs plan different batch orders, and few batches repeat even where lengths are sparse."""
-    # max_tokens=600 fits two of the longest samples: a sample alone in its batch would repeat by necessity.
-    # LENGTHS holds 1..40 eight or seven times each: sorted whole, batches of 8 would be those runs every
-    # epoch, so that case sorts in windows (documented: a window trades padding for randomness).
+    # Where only a few of the longest samples fit in a batch, their sorted order leaves the cut
+    # few ways to differ (documented); max_tokens=2000 fits eight of the longest. LENGTHS holds
+    # 1..40 eight or seven times each: sorted whole, batches of 8 would be those runs every epoch,
+    # so the fixed-size case sorts in windows (documented: a window trades padding for randomness).
     for options in (
-        {"max_tokens": 600},
+        {"max_tokens": 2000},
         {"max_tokens": None, "batch_size": 8, "sort_window": 120},
-        {"max_tokens": 600, "batch_size_multiple": 4},
+        {"max_tokens": 2000, "batch_size_multiple": 4},
     ):
-        sampler = make(**options)
-        first, second = list(sampler), list(sampler)
-        assert first != second
-        repeated = {tuple(sorted(b)) for b in first} & {tuple(sorted(b)) for b in second}
-        assert len(repeated) < 0.2 * len(second)
+        for seed in range(3):
+            sampler = make(seed=seed, **options)
+            first, second = list(sampler), list(sampler)
+            assert first != second
+            repeated = {tuple(sorted(b)) for b in first} & {tuple(sorted(b)) for b in second}
+            assert len(repeated) < 0.2 * len(second)
 
 
 def test_plan_does_not_depend_on_world_size() -> None:

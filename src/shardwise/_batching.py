@@ -11,15 +11,17 @@ Cutting an ordered stream of samples into batches:
 - :func:`fixed_offsets`: one batch size, with the short batch (if any) at a chosen position;
 - :func:`sized_offsets`: a batch size that varies along the plan (an array, or a function of the
   batch position ``j``), the hook for batch-size schedules;
-- :func:`token_offsets`: a token budget ``len(batch) * max(length) <= max_tokens``, optionally
-  in multiples of ``batch_size_multiple``; the budget may also vary along the plan.
+- :func:`token_offsets`: a token budget ``len(batch) * max(length) <= max_tokens``, cut
+  longest first, optionally in multiples of ``batch_size_multiple``; the budget may also vary
+  along the plan.
 
 Ordering: :func:`sort_in_windows` (shuffle, then sort by length within windows of the stream)
 and :func:`balanced_batch_order` (batches sorted by cost, then shuffled in groups, so that
 neighbouring batches, hence the ranks of one global step, have similar cost).
+:func:`bucket_plan` chains them: ``BucketBatchSampler``'s epoch plan, as a pure function.
 
-Everything is numpy over whole arrays: no Python loop per sample. A loop per batch runs only
-where a budget varies from batch to batch.
+Everything is numpy over whole arrays: no Python loop per sample. The token cut follows its
+batches one by one (a few Python operations per batch, from a vectorised next-start table).
 """
 
 from __future__ import annotations
@@ -222,12 +224,13 @@ def sized_offsets(n: int, sizes: SizeSpec, *, drop_partial: bool = False, name: 
     return offsets
 
 
-def _check_ascending(lengths: np.ndarray, starts: np.ndarray) -> None:
-    falls = np.flatnonzero(lengths[1:] < lengths[:-1]) + 1
-    if falls.size and not np.all(np.isin(falls, starts)):
-        at = int(falls[~np.isin(falls, starts)][0])
+def _check_descending(lengths: np.ndarray, starts: np.ndarray) -> None:
+    rises = np.flatnonzero(lengths[1:] > lengths[:-1]) + 1
+    inside = rises[~np.isin(rises, starts)]
+    if inside.size:
+        at = int(inside[0])
         raise ValueError(
-            f"lengths should ascend within each segment, but lengths[{at - 1}]={lengths[at - 1]} > "
+            f"lengths should descend within each segment, but lengths[{at - 1}]={lengths[at - 1]} < "
             f"lengths[{at}]={lengths[at]}; sort each segment first (see sort_in_windows)"
         )
 
@@ -254,27 +257,35 @@ def token_offsets(
     multiple: int = 1,
     segment_starts: np.ndarray | None = None,
     phases: np.ndarray | None = None,
+    shorten: np.ndarray | None = None,
     oversized_alone: bool = False,
 ) -> np.ndarray:
-    """Boundaries of greedy token-budget batches: ``len(batch) * max(length) <= max_tokens``.
+    """Boundaries of token-budget batches cut longest first: ``len(batch) * max(length) <= max_tokens``.
 
-    Each batch takes as many samples as fit; with ``multiple > 1`` its size is rounded down to
-    a multiple of ``multiple``, unless fewer than ``multiple`` samples fit, the batch closes its
-    segment (the rest of a segment that fits is one batch), or it is a phased first batch (see
-    ``phases``). No batch spans two segments.
+    Within a segment lengths descend, so a batch's first sample is its longest and the batch
+    takes ``max_tokens // first_length`` samples (or the rest of the segment); with
+    ``multiple > 1`` that count is rounded down to a multiple of ``multiple`` unless fewer fit,
+    the batch closes its segment, or it is a phased batch (below). No batch spans two segments.
+
+    Cutting longest first (rather than filling each batch greedily from the shortest) keeps two
+    cuts of a segment that are at different positions from meeting again (a later start always
+    reaches further), so a random start moves every later boundary: batches of sparse lengths
+    (the longest samples, whose sorted order is the same every epoch) then differ between epochs.
 
     Args:
-        lengths: ``(n,)`` lengths in stream order, ascending within each segment (the longest
-            sample of a batch is then its last: that is what makes this vectorisable).
-        max_tokens: the budget; an int is cut fully vectorised, an array or function of the
-            batch position ``j`` (a budget schedule) is cut with one table per distinct value.
+        lengths: ``(n,)`` lengths in stream order, descending within each segment; a length of 0
+            counts as 1.
+        max_tokens: the budget: an int, or an array or function of the batch position ``j``
+            (a budget schedule). Either way the loop is per batch, O(1) each.
         multiple: preferred batch-size multiple (e.g. 8 for tensor cores).
         segment_starts: ``(segments,)`` stream positions where a segment (a sort window) starts.
         phases: ``(segments,)`` non-negative ints, e.g. random words: the first batch of segment
-            ``w`` holds ``1 + phases[w] % k`` samples, ``k`` being the greedy size (this batch
-            need not be a multiple of ``multiple``). Greedy cuts of sorted data repeat from epoch
-            to epoch where lengths are sparse; a random first batch shifts every later boundary
-            of its segment.
+            ``w`` holds ``1 + phases[w] % k`` samples, ``k`` being what fits (this batch need not
+            be a multiple of ``multiple``).
+        shorten: ``(n,)`` bool, e.g. random with a small probability: a batch that starts at a
+            marked position takes one sample (``multiple`` samples) fewer than fit, when at
+            least two (two multiples) fit and it does not close its segment. Two cuts that hold
+            the same boundaries (the same phase) part at the first marked batch.
         oversized_alone: give a sample longer than the budget a batch of its own instead of raising.
 
     Returns:
@@ -282,144 +293,109 @@ def token_offsets(
 
     Raises:
         ValueError: a sample longer than the budget (without ``oversized_alone``), or lengths
-            not ascending within a segment.
+            not descending within a segment.
 
     Example:
-        >>> token_offsets(np.array([1, 2, 2, 3, 4, 4]), 8).tolist()
-        [0, 3, 5, 6]
+        >>> token_offsets(np.array([4, 4, 3, 2, 2, 1]), 8).tolist()
+        [0, 2, 4, 6]
     """
     lengths = np.asarray(lengths)
     n = lengths.size
     if n == 0:
         return np.zeros(1, dtype=np.int64)
     starts = _segment_starts(n, segment_starts)
-    _check_ascending(lengths, starts)
+    _check_descending(lengths, starts)
     if phases is not None and np.shape(phases) != starts.shape:
         raise ValueError(f"phases should have one value per segment ({starts.size}), but got shape {np.shape(phases)}")
-    spans = np.diff(np.append(starts, n))
-    seg_start = np.repeat(starts, spans)
-    seg_end = np.repeat(starts + spans, spans)
-    cut = _Cut(lengths, multiple, seg_start, seg_end, oversized_alone)
-    budgets = max_tokens if isinstance(max_tokens, np.ndarray) or callable(max_tokens) else np.array([max_tokens])
-    return cut.chase(budgets, starts, phases)
+    if shorten is not None and np.shape(shorten) != (n,):
+        raise ValueError(f"shorten should have one flag per stream position ({n}), but got shape {np.shape(shorten)}")
+    ends = np.append(starts[1:], n)
+    if isinstance(max_tokens, np.ndarray) or callable(max_tokens):
+        return _cut_varying(lengths, max_tokens, multiple, starts, ends, phases, shorten, oversized_alone)
+    budget = int(max_tokens)
+    seg_end = np.repeat(ends, ends - starts)  # (n,) end of each position's segment
+    here = np.arange(n, dtype=np.int64)
+    room = budget // np.maximum(lengths.astype(np.int64), 1)  # what fits behind each position
+    fit = np.minimum(np.maximum(room, 1) if oversized_alone else room, seg_end - here)
+    inner = here + fit < seg_end  # the batch does not close its segment
+    if multiple > 1:
+        fit = np.where((fit >= multiple) & inner, fit - fit % multiple, fit)
+    if shorten is not None:
+        unit = multiple if multiple > 1 else 1
+        fit = np.where(shorten & inner & (fit >= 2 * unit), fit - unit, fit)
+    return _chase(here + fit, room, lengths, budget, starts.tolist(), ends.tolist(), phases)
 
 
-def _reach(lengths: np.ndarray, budget: int, seg_start: np.ndarray) -> np.ndarray:
-    """``(n,)`` for each start ``i`` the end (exclusive) of the largest batch from ``i`` that fits.
-
-    A batch ``[i, e)`` of an ascending segment fits iff ``(e - i) * lengths[e - 1] <= budget``,
-    that is iff ``i >= lowest[e]`` with ``lowest[e] = e - budget // lengths[e - 1]`` (clamped to
-    the segment start). ``lowest`` never decreases along the stream (lengths ascend within a
-    segment, and a later segment starts past every earlier position), so the largest fitting
-    end of start ``i`` is the number of ends ``e`` with ``lowest[e] <= i``: a histogram of
-    ``lowest`` and its running sum, O(n).
-    """
-    n = lengths.size
-    ends = np.arange(1, n + 1, dtype=np.int64)
-    capacity = budget // np.maximum(lengths.astype(np.int64), 1)
-    lowest = np.maximum(ends - capacity, seg_start)  # lowest[e - 1] is for end e; in [0, n]
-    return np.cumsum(np.bincount(lowest, minlength=n + 1)[:n])
-
-
-_CACHED_BUDGETS = 4  # distinct budgets a cut precomputes vectorised (n int64 each); more go batch by batch
-
-
-class _Cut:
-    """The greedy chase over one stream: a loop per batch, O(1) work each from a next-start table."""
-
-    def __init__(
-        self, lengths: np.ndarray, multiple: int, seg_start: np.ndarray, seg_end: np.ndarray, alone: bool
-    ) -> None:
-        self.lengths, self.multiple, self.alone = lengths, multiple, alone
-        self.seg_start, self.seg_end = seg_start, seg_end
-        self.tables: dict[int, np.ndarray] = {}
-
-    def table(self, budget: int) -> np.ndarray | None:
-        """``(n,)`` where the next batch starts after one starting at each position, or ``None``."""
-        table = self.tables.get(budget)
-        if table is None and len(self.tables) < _CACHED_BUDGETS:
-            reach = _reach(self.lengths, budget, self.seg_start)
-            here = np.arange(reach.size, dtype=np.int64)
-            fit = reach - here
-            if self.multiple > 1:
-                fit = np.where((fit >= self.multiple) & (reach < self.seg_end), fit - fit % self.multiple, fit)
-            if self.alone:
-                np.maximum(fit, 1, out=fit)
-            table = self.tables[budget] = here + fit
-        return table
-
-    def chase(self, budgets: SizeSpec, starts: np.ndarray, phases: np.ndarray | None) -> np.ndarray:
-        n = self.lengths.size
-        boundaries = [0]
-        position, j = 0, 0
-        values = np.empty(0, dtype=np.int64)
-        starts_list = [*starts.tolist(), n]
-        if isinstance(budgets, np.ndarray) and budgets.size == 1:
-            return self._chase_one_budget(int(budgets[0]), starts_list, phases)
-        segment = 0
-        while position < n:
-            if j >= values.size:
-                values = np.concatenate([values, _size_values(budgets, values.size, _SIZE_CHUNK, "max_tokens")])
-            budget = int(values[j])
-            table = self.table(budget)
-            if table is not None:
-                following = table.item(position)
-            else:
-                following = _one_batch(self.lengths, position, budget, self.multiple, int(self.seg_end[position]),
-                                       self.alone)  # fmt: skip
-            if following == position:
-                raise _oversized_error(position, int(self.lengths[position]), budget)
-            if position == starts_list[segment]:
-                if phases is not None:
-                    following = self._phased(position, following, int(phases[segment]))
-                segment += 1
-            position = following
-            boundaries.append(position)
-            j += 1
-        return np.asarray(boundaries, dtype=np.int64)
-
-    def _chase_one_budget(self, budget: int, starts_list: list[int], phases: np.ndarray | None) -> np.ndarray:
-        """:meth:`chase` for one budget: the hot loop, a few Python operations per batch."""
-        n = self.lengths.size
-        table = self.table(budget)
-        if table is None:
-            raise RuntimeError("a single budget always has a next-start table")
-        step = table.item
-        phase_list = phases.tolist() if phases is not None else None
-        boundaries = [0]
-        append = boundaries.append
-        position, segment, next_start = 0, 0, starts_list[0]
-        while position < n:
+def _chase(
+    nxt: np.ndarray,
+    room: np.ndarray,
+    lengths: np.ndarray,
+    budget: int,
+    starts: list[int],
+    ends: list[int],
+    phases: np.ndarray | None,
+) -> np.ndarray:
+    """Follow ``nxt`` through each segment (a loop per batch, a few Python operations each)."""
+    boundaries = [0]
+    append = boundaries.append
+    step, fits = nxt.item, room.item
+    for segment, (first, end) in enumerate(zip(starts, ends, strict=True)):
+        position = first
+        if phases is not None and position < end:
+            allowed = min(fits(position), end - position)
+            if allowed > 1:
+                position += 1 + int(phases[segment]) % allowed
+                append(position)
+        while position < end:
             following = step(position)
-            if position == next_start:
-                if phase_list is not None and following > position:
-                    following = position + 1 + phase_list[segment] % (following - position)
-                segment += 1
-                next_start = starts_list[segment]
             if following == position:
-                raise _oversized_error(position, int(self.lengths[position]), budget)
+                raise _oversized_error(position, int(lengths[position]), budget)
             append(following)
             position = following
-        return np.asarray(boundaries, dtype=np.int64)
-
-    def _phased(self, position: int, following: int, phase: int) -> int:
-        # Any size up to what fits, not only multiples: batches after it must not keep one
-        # alignment modulo ``multiple`` every epoch, or sparse lengths would cut alike.
-        return position + 1 + phase % (following - position)
+    return np.asarray(boundaries, dtype=np.int64)
 
 
-def _one_batch(lengths: np.ndarray, position: int, budget: int, multiple: int, end: int, alone: bool) -> int:
-    """Where the batch that starts at ``position`` ends, for one budget (no table)."""
-    first = int(lengths[position])
-    span = min(budget // max(first, 1), end - position)  # lengths ascend: no batch is longer
-    window = np.maximum(lengths[position : position + span].astype(np.int64), 1)
-    fits = np.arange(1, span + 1, dtype=np.int64) * window <= budget
-    fit = span if fits.all() else int(np.argmin(fits))
-    if fit == 0:
-        return position + 1 if alone else position
-    if multiple > 1 and fit >= multiple and position + fit < end:
-        fit -= fit % multiple
-    return position + fit
+def _cut_varying(
+    lengths: np.ndarray,
+    max_tokens: np.ndarray | Callable[[np.ndarray], np.ndarray],
+    multiple: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    phases: np.ndarray | None,
+    shorten: np.ndarray | None,
+    alone: bool,
+) -> np.ndarray:
+    """:func:`token_offsets` with a budget per batch position ``j``."""
+    boundaries = [0]
+    length_at = lengths.item
+    marked = None if shorten is None else shorten.item
+    unit = multiple if multiple > 1 else 1
+    budgets = np.empty(0, dtype=np.int64)
+    j = 0
+    for segment, (first, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        position = first
+        while position < end:
+            if j >= budgets.size:
+                budgets = np.concatenate([budgets, _size_values(max_tokens, budgets.size, _SIZE_CHUNK, "max_tokens")])
+            budget = int(budgets[j])
+            longest = max(int(length_at(position)), 1)
+            fit = min(budget // longest, end - position)
+            if fit == 0:
+                if not alone:
+                    raise _oversized_error(position, longest, budget)
+                fit = 1
+            inner = position + fit < end
+            if phases is not None and position == first and fit > 1:
+                fit = 1 + int(phases[segment]) % fit
+            else:
+                if multiple > 1 and fit >= multiple and inner:
+                    fit -= fit % multiple
+                if marked is not None and inner and fit >= 2 * unit and marked(position):
+                    fit -= unit
+            position += fit
+            boundaries.append(position)
+            j += 1
+    return np.asarray(boundaries, dtype=np.int64)
 
 
 # -- ordering -------------------------------------------------------------------------------------
@@ -441,19 +417,27 @@ def shuffled(n: int, key: int | None) -> np.ndarray:
     return order.astype(np.int64, copy=False)
 
 
-def sort_in_windows(order: np.ndarray, lengths: np.ndarray, window: int) -> np.ndarray:
+def sort_in_windows(order: np.ndarray, lengths: np.ndarray, window: int, *, descending: bool = False) -> np.ndarray:
     """``order`` sorted by length within consecutive windows of ``window`` samples (stable).
 
     Equal lengths keep their order in ``order``, so a shuffled ``order`` breaks ties at random.
-    A window at least as long as the stream sorts it whole.
+    A window at least as long as the stream sorts it whole. ``descending`` puts the longest
+    first in each window (what :func:`token_offsets` cuts).
     """
     n = order.size
-    keyed = lengths[order]
+    if n == 0:
+        return order
+    keyed = lengths[order].astype(np.int64)
+    longest = int(keyed.max()) + 1
+    if descending:
+        keyed = longest - 1 - keyed
     if window < n:
-        longest = int(keyed.max()) + 1 if n else 1
-        window_of = np.arange(n, dtype=np.int64) // window
-        keyed = window_of * longest + keyed.astype(np.int64)
-    if keyed.dtype.itemsize > 2 and int(keyed.max(initial=0)) < 2**16:
+        windows = (n - 1) // window + 1
+        if windows * longest < 2**62:
+            keyed += (np.arange(n, dtype=np.int64) // window) * longest
+        else:  # keys would overflow int64: sort by (window, length) pairs instead
+            return order[np.lexsort((keyed, np.arange(n, dtype=np.int64) // window))]
+    if int(keyed.max()) < 2**16:
         keyed = keyed.astype(np.uint16)  # numpy's stable sort of 16-bit keys is a radix sort
     return order[np.argsort(keyed, kind="stable")]
 
@@ -496,3 +480,95 @@ def balanced_batch_order(costs: np.ndarray, group: int, key: int | None) -> np.n
     tail = np.arange(short * group, short * group + rest, dtype=np.int64)
     result: np.ndarray = by_cost[np.concatenate([picks, tail])]
     return result
+
+
+# -- the bucketing recipe --------------------------------------------------------------------------
+SHORTEN_ONE_IN = 8
+"""With a key, about one token batch in this many takes one sample (one multiple) less than fits."""
+
+
+def bucket_plan(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    multiple: int = 1,
+    window: int | None = None,
+    group: int = 64,
+    key: int | None = None,
+    drop_short: bool = False,
+    oversized_alone: bool = False,
+) -> BatchPlan:
+    """Length-bucketed batches of one (already shuffled) stream: sort in windows, cut, balance.
+
+    This is ``BucketBatchSampler``'s plan for one epoch, as a pure function, so that a caller
+    can build a plan piece by piece (e.g. one piece per stretch of constant batch size of a
+    schedule, joined with :meth:`BatchPlan.concat`): batches never leave their piece, and the
+    balancing reorder stays inside it.
+
+    Args:
+        order: ``(m,)`` int64 sample indices, shuffled (their order breaks length ties).
+        lengths: lengths of every sample, indexed by ``order``'s values.
+        batch_size: samples per batch (exactly one of ``batch_size`` and ``max_tokens``).
+        max_tokens: padded-token budget per batch.
+        multiple: with ``max_tokens``, the preferred batch-size multiple.
+        window: samples sorted together (``None``: all); rounded up to a multiple of
+            ``batch_size`` so that only the last window has a short batch.
+        group: batches shuffled as one unit by :func:`balanced_batch_order`.
+        key: a 64-bit key for every random choice here (the short batch's place, each window's
+            first-batch phase, the group shuffle); ``None``: none of them (cost order).
+        drop_short: leave out the short batch of ``batch_size`` mode.
+        oversized_alone: with ``max_tokens``, a sample over budget is a batch of its own.
+
+    Returns:
+        The plan, batches in balanced order.
+    """
+    if (batch_size is None) == (max_tokens is None):
+        raise ValueError("bucket_plan needs exactly one of batch_size and max_tokens")
+    count = order.size
+    if count == 0:
+        return BatchPlan.empty()
+    span = count if window is None else max(min(window, count), 1)
+    if batch_size is not None:
+        span = -(-span // batch_size) * batch_size  # no window ends inside a batch
+        order = sort_in_windows(order, lengths, span)
+        plan = _fixed_plan(order, batch_size, span, key, drop_short)
+    else:
+        if max_tokens is None:  # narrowed above; restated for the type checker
+            raise ValueError("bucket_plan needs max_tokens")
+        order = sort_in_windows(order, lengths, span, descending=True)
+        starts = window_starts(count, span)
+        phases = shorten = None
+        if key is not None:
+            # A random first batch per window and a few batches one sample short, so that the
+            # longest samples (sorted alike every epoch) are not cut alike every epoch.
+            phases = np.random.PCG64(derive_seed(key, "phase")).random_raw(starts.size)
+            shorten = np.random.PCG64(derive_seed(key, "shorten")).random_raw(count) % SHORTEN_ONE_IN == 0
+        offsets = token_offsets(
+            lengths[order],
+            max_tokens,
+            multiple=multiple,
+            segment_starts=starts,
+            phases=phases,
+            shorten=shorten,
+            oversized_alone=oversized_alone,
+        )
+        plan = BatchPlan(order, offsets)
+    groups_key = None if key is None else derive_seed(key, "groups")
+    return plan.take(balanced_batch_order(plan.costs(lengths), group, groups_key))
+
+
+def _fixed_plan(order: np.ndarray, size: int, window: int, key: int | None, drop_short: bool) -> BatchPlan:
+    """Fixed-size batches; the short one lands at a random batch of the last window (last without a key)."""
+    count = order.size
+    short = None
+    if count % size:
+        last_window = (count - 1) // window * window
+        in_last = -(-(count - last_window) // size)
+        draw = in_last - 1 if key is None else derive_seed(key, "short-batch") % in_last
+        short = last_window // size + draw
+    plan = BatchPlan(order, fixed_offsets(count, size, partial_at=short))
+    if short is not None and drop_short:
+        plan = plan.take(np.delete(np.arange(len(plan), dtype=np.int64), short))
+    return plan

@@ -4,9 +4,11 @@ Each epoch's global plan is built in four vectorised steps (``_batching``):
 
 1. shuffle every sample (keyed by ``(seed, epoch)``);
 2. sort by length within windows of ``sort_window`` consecutive samples of that shuffle;
-3. cut each window into batches: a fixed ``batch_size``, or greedily up to ``max_tokens``
-   padded tokens (``len(batch) * max(length) <= max_tokens``), the first batch of a window
-   taking a random share of what fits so that sparse lengths do not cut alike every epoch;
+3. cut each window into batches: a fixed ``batch_size``, or, longest first, as many samples as
+   the batch's longest allows under ``max_tokens`` padded tokens (``len(batch) * max(length) <=
+   max_tokens``); with ``shuffle``, the first batch of a window takes a random share of what
+   fits and about one batch in eight one sample less, so that the longest samples (whose
+   sorted order is the same every epoch) are not cut alike every epoch;
 4. sort the batches by cost and shuffle them in groups of ``balance_group`` consecutive batches,
    so that neighbouring batches in the plan, hence the W batches of one global step, have
    similar cost whatever W is, while the order still changes from epoch to epoch.
@@ -26,15 +28,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ._base import PlanSampler, UnitSource
-from ._batching import (
-    BatchPlan,
-    balanced_batch_order,
-    fixed_offsets,
-    shuffled,
-    sort_in_windows,
-    token_offsets,
-    window_starts,
-)
+from ._batching import BatchPlan, bucket_plan, shuffled
 from ._errors import check_bool, check_choice, check_int
 from ._plan import Even
 from ._seeds import derive_seed
@@ -43,7 +37,7 @@ from ._world import World
 
 logger = logging.getLogger("shardwise")
 
-SHUFFLE, SHORT_BATCH, GROUPS, PHASE = "bucket-shuffle", "bucket-short-batch", "bucket-groups", "bucket-phase"
+SHUFFLE, BUCKET = "bucket-shuffle", "bucket"
 
 
 class Oversized(str, enum.Enum):
@@ -241,54 +235,22 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return plan
 
     def _build(self, epoch: int, seed: int) -> BatchPlan:
-        lengths = self._lengths
-        count = lengths.size if self._pool is None else self._pool.size
+        count = self._lengths.size if self._pool is None else self._pool.size
         order = shuffled(count, derive_seed(seed, epoch, SHUFFLE) if self.shuffle else None)
         if self._pool is not None:
             order = self._pool[order]
-        window = count if self.sort_window is None else min(self.sort_window, count)
-        if self._batch_size is not None:
-            size = self._batch_size
-            window = -(-window // size) * size  # no window ends inside a batch
-            order = sort_in_windows(order, lengths, window)
-            plan = self._fixed_plan(order, size, window, epoch, seed)
-        else:
-            order = sort_in_windows(order, lengths, window)
-            stream = lengths[order]
-            starts = window_starts(count, window)
-            # A random first batch per window, so that sparse lengths do not cut alike every epoch.
-            phases = np.random.PCG64(derive_seed(seed, epoch, PHASE)).random_raw(starts.size) if self.shuffle else None
-            offsets = token_offsets(
-                stream,
-                self._budget(),
-                multiple=self.batch_size_multiple,
-                segment_starts=starts,
-                phases=phases,
-                oversized_alone=self.oversized is Oversized.SINGLE,
-            )
-            plan = BatchPlan(order, offsets)
-        key = derive_seed(seed, epoch, GROUPS) if self.shuffle else None
-        return plan.take(balanced_batch_order(plan.costs(lengths), self.balance_group, key))
-
-    def _budget(self) -> int:
-        if self.max_tokens is None:
-            raise RuntimeError("a token-budget plan was asked of a fixed batch_size sampler")
-        return self.max_tokens
-
-    def _fixed_plan(self, order: np.ndarray, size: int, window: int, epoch: int, seed: int) -> BatchPlan:
-        """Fixed-size batches; the short one lands at a random batch of the last window."""
-        count = order.size
-        short = None
-        if count % size:
-            last_window = (count - 1) // window * window
-            in_last = -(-(count - last_window) // size)
-            draw = derive_seed(seed, epoch, SHORT_BATCH) % in_last if self.shuffle else in_last - 1
-            short = last_window // size + draw
-        plan = BatchPlan(order, fixed_offsets(count, size, partial_at=short))
-        if short is not None and self.drop_last:
-            keep = np.delete(np.arange(len(plan), dtype=np.int64), short)
-            plan = plan.take(keep)
-        return plan
+        return bucket_plan(
+            order,
+            self._lengths,
+            batch_size=self._batch_size,
+            max_tokens=self.max_tokens,
+            multiple=self.batch_size_multiple,
+            window=self.sort_window,
+            group=self.balance_group,
+            key=derive_seed(seed, epoch, BUCKET) if self.shuffle else None,
+            drop_short=self.drop_last,
+            oversized_alone=self.oversized is Oversized.SINGLE,
+        )
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
