@@ -115,11 +115,7 @@ def _module(loader_factory: Any, *, in_hook: bool) -> Any:
             super().__init__()
             self.layer = torch.nn.Linear(1, 1)
             self.seen: list[tuple[int, list[int]]] = []
-
             self.sampler_epochs: list[tuple[int, int]] = []
-
-        def train_dataloader(self) -> Any:
-            return loader_factory()
 
         def on_train_epoch_start(self) -> None:
             loader = self.trainer.train_dataloader
@@ -133,11 +129,12 @@ def _module(loader_factory: Any, *, in_hook: bool) -> Any:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
-    module = Recorder()
-    if not in_hook:
-        module.train_dataloader = None  # type: ignore[assignment]
-        del module.train_dataloader
-    return module
+    class HookRecorder(Recorder):
+        def train_dataloader(self) -> Any:
+            return loader_factory()
+
+    # Without the hook, the loader is built outside Lightning's hook (passed to fit).
+    return HookRecorder() if in_hook else Recorder()
 
 
 def _trainer(**overrides: Any) -> Any:
@@ -176,6 +173,10 @@ def _fit_every_sampler(rank: int, world_size: int, names: list[str]) -> dict[str
     _trainer(limit_train_batches=2).fit(module)
     results["limited"] = _by_epoch(module.seen)
     results["epochs_seen_by_sampler"] = module.sampler_epochs
+    # A torchdata StatefulDataLoader passed to fit is rebuilt by Lightning too: the sampler survives.
+    module = _module(None, in_hook=False)
+    _trainer().fit(module, train_dataloaders=loader_for("TwoStreamBatchSampler", stateful=True))
+    results["stateful/fit"] = _by_epoch(module.seen)
     return results
 
 
@@ -228,6 +229,7 @@ def test_every_sampler_with_default_settings_and_without_distributed_sampler() -
         limited = results[rank]["limited"]
         assert limited == {e: expected("TwoStreamBatchSampler", rank, e)[:2] for e in (0, 1)}
         assert results[rank]["epochs_seen_by_sampler"] == [(0, 0), (1, 1)]
+        assert results[rank]["stateful/fit"] == {e: expected("TwoStreamBatchSampler", rank, e) for e in (0, 1)}
 
 
 def test_two_stream_scenario_with_and_without_seed_everything() -> None:

@@ -24,8 +24,6 @@ def _loader(kind: str, num_workers: int) -> Any:
 
     world = {"num_replicas": 2, "rank": 1, "seed": 5}
     extra: dict[str, Any] = {"num_workers": num_workers}
-    if num_workers:
-        extra["multiprocessing_context"] = "spawn"
     data = list(range(N))
     if kind == "index":
         return StatefulDataLoader(data, sampler=shardwise.ShardedSampler(N, **world), batch_size=4, **extra)
