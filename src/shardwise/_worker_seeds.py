@@ -87,10 +87,13 @@ def worker_seeds() -> list[dict[str, Any]]:
 def seed_worker(worker_id: int, *, seed: int | None = None) -> None:
     """A ready ``worker_init_fn``: seeds ``random``, numpy and torch in each worker from :func:`worker_seed`.
 
-    The base seed is the DataLoader's own per-iteration base seed (``torch.initial_seed()`` in the
-    worker is ``base_seed + worker_id``) unless ``seed`` is given, e.g. via
-    ``functools.partial(seed_worker, seed=1234)`` for a run that must replay exactly. Each call
-    logs one line on the ``shardwise`` logger and is kept in :func:`worker_seeds`.
+    With ``seed=None`` the base is the DataLoader's own per-iteration base seed (in a worker,
+    ``torch.initial_seed()`` is ``base_seed + worker_id``): new every epoch, and the same on every
+    rank and on a rerun when the loader has ``generator=torch.Generator().manual_seed(s)``; the
+    global rank and the worker id are hashed in, so no two (rank, worker) pairs share a stream.
+    With ``seed`` given (``functools.partial(seed_worker, seed=1234)``) each (rank, worker) pair
+    gets one fixed stream, the same every epoch. Each call logs one line on the ``shardwise``
+    logger (INFO) and is kept in :func:`worker_seeds`.
 
     Example:
         >>> from torch.utils.data import DataLoader
