@@ -42,7 +42,8 @@ def _samplers_main(rank: int, world_size: int) -> dict:
     # Rank and world size come from the initialised process group: no arguments.
     plain = ShardedSampler(dataset, seed=17)
     out["resolved"] = (plain.rank, plain.num_replicas)
-    out["sharded"] = _step_all(DataLoader(dataset, batch_size=16, sampler=plain))
+    # Ranks are ordinary processes: they can start DataLoader workers, as torchrun ranks do.
+    out["sharded"] = _step_all(DataLoader(dataset, batch_size=16, sampler=plain, num_workers=2))
     wrapped = shard(RandomSampler(dataset), seed=17)
     out["shard"] = _step_all(DataLoader(dataset, batch_size=16, sampler=wrapped))
     batches = shard_batches(BatchSampler(RandomSampler(dataset), 16, drop_last=False), seed=17)

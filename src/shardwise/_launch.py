@@ -80,7 +80,9 @@ def run_distributed(
             ctx.Process(
                 target=_child,
                 args=(fn, rank, world_size, init_file, collective_timeout, args, results),
-                daemon=True,
+                # Not daemonic: a rank, like a torchrun rank, may start DataLoader workers. The
+                # finally block below kills any rank still alive, so none outlives the call.
+                daemon=False,
             )
             for rank in range(world_size)
         ]
