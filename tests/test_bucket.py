@@ -18,6 +18,7 @@ from shardwise import BucketBatchSampler, Oversized, StateMismatchError
 from shardwise._batching import (
     BatchPlan,
     balanced_batch_order,
+    bucket_plan,
     fixed_offsets,
     shuffled,
     sized_offsets,
@@ -232,6 +233,27 @@ def test_balanced_order_keeps_groups_of_similar_cost_together() -> None:
     assert balanced_batch_order(costs, 4, key=None).tolist() == np.argsort(costs, kind="stable").tolist()
     orders = {tuple(balanced_batch_order(np.arange(40), 4, key=k).tolist()) for k in range(6)}
     assert len(orders) > 1
+
+
+def test_bucket_plan_builds_a_plan_piece_by_piece() -> None:
+    """bucket_plan over pieces of a shuffled stream, joined, keeps each piece's batches inside it."""
+    order = shuffled(LENGTHS.size, 5)
+    pieces = [order[:150], order[150:]]
+    plans = [
+        bucket_plan(pieces[0], LENGTHS, batch_size=4, key=1),
+        bucket_plan(pieces[1], LENGTHS, max_tokens=300, multiple=2, window=64, key=2),
+    ]
+    joined = BatchPlan.concat(plans)
+    batches = joined.batches(np.arange(len(joined)))
+    assert sorted(i for b in batches for i in b) == list(range(LENGTHS.size))
+    first = set(pieces[0].tolist())
+    assert all(set(b) <= first for b in batches[: len(plans[0])])
+    assert all(not set(b) & first for b in batches[len(plans[0]) :])
+    assert all(len(b) == 4 for b in batches[: len(plans[0])] if len(b) != 150 % 4)
+    assert all(cost(b) <= 300 for b in batches[len(plans[0]) :])
+    assert len(bucket_plan(order[:0], LENGTHS, batch_size=4)) == 0
+    with pytest.raises(ValueError, match="exactly one of batch_size and max_tokens"):
+        bucket_plan(order, LENGTHS, batch_size=4, max_tokens=10)
 
 
 # -- BucketBatchSampler -----------------------------------------------------------------------------
