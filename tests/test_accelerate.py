@@ -67,13 +67,19 @@ def test_batch_sampler_shard_around_a_shardwise_sampler_is_refused_before_any_ba
     import shardwise
 
     wrapped = [
-        shardwise.TwoStreamBatchSampler(range(8), range(8, 16), primary_batch_size=2, secondary_batch_size=2),
-        BatchSampler(shardwise.ShardedSampler(16), 2, False),
+        shardwise.TwoStreamBatchSampler(range(8), range(8, 16), primary_batch_size=2, secondary_batch_size=2,
+                                        num_replicas=2, rank=0),
+        BatchSampler(shardwise.ShardedSampler(16, num_replicas=2, rank=0), 2, False),
     ]
     for inner in wrapped:
         shard = BatchSamplerShard(inner, num_processes=2, process_index=0)
         with pytest.raises(RuntimeError, match=r"prepare_data_loader\(accelerator, loader\)"):
             next(iter(shard))
+    # A sampler pinned to one replica is the whole plan: Accelerate may deal it out itself.
+    whole = shardwise.ShardedSampler(16, num_replicas=1, rank=0, shuffle=False)
+    assert list(BatchSamplerShard(BatchSampler(whole, 2, False), num_processes=2, process_index=1)) == [
+        [2, 3], [6, 7], [10, 11], [14, 15]
+    ]
 
 
 def test_prepare_data_loader_keeps_the_shardwise_batches_in_one_process() -> None:

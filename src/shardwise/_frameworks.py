@@ -124,14 +124,17 @@ def refuse_resharding(sampler: object) -> None:
     """Raise if ``sampler`` is being iterated from inside a framework's own sharding wrapper.
 
     Looks at the few frames that called ``__iter__`` (only once per epoch). A shardwise sampler
-    dealt out a second time would silently hand each rank ``1/W`` of its share.
+    dealt out a second time would silently hand each rank ``1/W`` of its share. A sampler built
+    with ``num_replicas=1`` yields the whole plan, which the framework may deal out itself.
     """
     frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the sampler's __iter__
     for _ in range(_FRAME_DEPTH):
         if frame is None:
             return
         caller = frame.f_locals.get("self")
-        if caller is not None and (type(caller).__module__, type(caller).__name__) in _RESHARDERS:
+        resharder = caller is not None and (type(caller).__module__, type(caller).__name__) in _RESHARDERS
+        # A sampler pinned to one replica yields the whole plan: dealing it out once is correct.
+        if resharder and getattr(getattr(sampler, "world", None), "world_size", 2) > 1:
             raise RuntimeError(
                 f"accelerator.prepare() wrapped this {type(sampler).__name__} in Accelerate's "
                 f"{type(caller).__name__}, which would shard an already distributed sampler a second time "
