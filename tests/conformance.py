@@ -71,6 +71,8 @@ CASES: list[Case] = [
          replacement=False, drop_last=True, **kw)),
     Case("Bucket-tokens", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 7 % 13 + 1, max_tokens=24,
          batch_size_multiple=2, sort_window=7, balance_group=4, shuffle=False, **kw), min_n=1, shuffles=False),
+    Case("Bucket-tokens-shuffled", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 7 % 13 + 1,
+         max_tokens=24, batch_size_multiple=2, sort_window=7, balance_group=4, **kw), min_n=1),
     Case("Bucket-tokens-single", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) % 5 + 12, max_tokens=15,
          oversized="single", **kw), min_n=1),
     Case("Bucket-batch", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 5 % 11, batch_size=3,
