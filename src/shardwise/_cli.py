@@ -11,6 +11,10 @@ from typing import Any
 INSTALL_HINT = "the shardwise command needs 'typer' and 'rich'; install them with: pip install 'shardwise[cli]'"
 
 
+def _cell(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
+
+
 def _app() -> Any:
     import typer
     from rich.console import Console
@@ -33,13 +37,14 @@ def _app() -> Any:
 
         console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers; {size} samples; {epochs} epochs")
         rows, reports = run_demo(world_size=world_size, size=size, epochs=epochs, timeout=timeout)
-        table = Table(title="What every rank drew (overlap must not exceed padding; coverage must be 100%)")
+        table = Table(title="What every rank drew (overlap must not exceed padding; coverage must be 100%; n/a: draws)")
         for column in ("sampler", "epoch", "rank", "batches", "samples", "overlap", "padding", "coverage", "seed", ""):
             table.add_column(column, justify="left" if column in ("sampler", "") else "right")
         for row in rows:
             table.add_row(
-                row.scenario, str(row.epoch), str(row.rank), str(row.batches), str(row.samples), str(row.overlap),
-                str(row.padding), f"{row.coverage:.1%}", str(row.seed), "ok" if row.ok else "FAIL",
+                row.scenario, str(row.epoch), str(row.rank), str(row.batches), str(row.samples), _cell(row.overlap),
+                _cell(row.padding), "n/a" if row.coverage is None else f"{row.coverage:.1%}", str(row.seed),
+                "ok" if row.ok else "FAIL",
             )
         console.print(table)
         differ = epochs_differ(reports)

@@ -21,8 +21,14 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
+from ._bucket import BucketBatchSampler
+from ._class_balanced import ClassBalancedBatchSampler
 from ._launch import run_distributed
+from ._schedule import BatchSizeSchedule
+from ._scheduled import ScheduledBatchSampler
 from ._sharded import ShardedSampler
+from ._two_stream import TwoStreamBatchSampler
+from ._weighted import WeightedSampler
 from ._wrappers import shard_batches
 
 DEMO_SEED = 2026
@@ -41,13 +47,22 @@ class IndexDataset(Dataset[int]):
         return index
 
 
+def _everything(size: int) -> set[int] | None:
+    return set(range(size))
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """A sampler to demonstrate: ``build(size)`` returns the DataLoader and the shardwise sampler."""
+    """A sampler to demonstrate: ``build(size)`` returns the DataLoader and the shardwise sampler.
+
+    ``tracked(size)`` is the set of indices that one epoch must cover with no index on two ranks
+    (beyond the documented padding); ``None`` for samplers that draw with replacement.
+    """
 
     name: str
     build: Callable[[int], tuple[DataLoader[Any], Any]]
     summary: str
+    tracked: Callable[[int], set[int] | None] = _everything
 
 
 def _sharded(size: int) -> tuple[DataLoader[Any], Any]:
@@ -63,9 +78,53 @@ def _any_batch_sampler(size: int) -> tuple[DataLoader[Any], Any]:
     return DataLoader(dataset, batch_sampler=batches), batches
 
 
+def _bucket(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    lengths = np.arange(size) * 7919 % 500 + 1  # a spread of lengths from 1 to 500 tokens
+    sampler = BucketBatchSampler(lengths, max_tokens=4096, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _two_stream(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    labelled, unlabelled = range(size // 4, size), range(size // 4)
+    sampler = TwoStreamBatchSampler(
+        labelled, unlabelled, primary_batch_size=24, secondary_batch_size=8, drop_last=False, seed=DEMO_SEED
+    )
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _class_balanced(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    sampler = ClassBalancedBatchSampler(np.arange(size) % 20, classes_per_batch=4, samples_per_class=8, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _weighted(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    sampler = WeightedSampler(np.arange(size) % 5, num_samples=size, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_size=32, sampler=sampler), sampler
+
+
+def _scheduled(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    # Batch size 32, then 16 from the middle of the first epoch on: every rank switches at the same step.
+    schedule = BatchSizeSchedule.by_samples({0: 32, size // 2: 16})
+    sampler = ScheduledBatchSampler(size, batch_size=schedule, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("ShardedSampler", _sharded, "drop-in DistributedSampler, O(1) memory shuffle"),
     Scenario("shard_batches(BatchSampler)", _any_batch_sampler, "any batch sampler, dealt by position"),
+    Scenario("BucketBatchSampler", _bucket, "length-aware batches under a 4096-token budget"),
+    Scenario(
+        "TwoStreamBatchSampler", _two_stream, "labelled pass + unlabelled stream",
+        tracked=lambda size: set(range(size // 4, size)),
+    ),
+    Scenario("ClassBalancedBatchSampler", _class_balanced, "4 classes x 8 samples", tracked=lambda size: None),
+    Scenario("WeightedSampler", _weighted, "weighted draws with replacement", tracked=lambda size: None),
+    Scenario("ScheduledBatchSampler", _scheduled, "batch size 32 -> 16 mid-epoch, in lockstep"),
 ]
 
 
@@ -108,30 +167,38 @@ class Row:
     rank: int
     batches: int
     samples: int
-    overlap: int
-    padding: int
-    coverage: float
+    overlap: int | None
+    padding: int | None
+    coverage: float | None
     seed: int
 
     @property
     def ok(self) -> bool:
+        if self.overlap is None or self.padding is None or self.coverage is None:
+            return True  # draws with replacement: only equal steps are required
         return self.overlap <= self.padding and self.coverage >= 1.0
 
 
 def summarise(reports: list[dict[str, Any]], size: int) -> list[Row]:
     """Turn every rank's report into table rows, checking overlap and coverage per epoch."""
+    scenarios = {s.name: s for s in SCENARIOS}
     rows = []
     for name in reports[0]:
-        epochs = len(reports[0][name]["seen"])
-        for epoch in range(epochs):
+        tracked = scenarios[name].tracked(size)
+        for epoch in range(len(reports[0][name]["seen"])):
             per_rank = [Counter(report[name]["seen"][epoch]) for report in reports]
-            union: Counter[int] = Counter()
-            for counts in per_rank:
-                union.update(counts)
-            covered = len(union) / size if size else 1.0
-            padding = max(sum(union.values()) - size, 0)
+            covered = padding = None
+            if tracked is not None:
+                union: Counter[int] = Counter()
+                for counts in per_rank:
+                    union.update({i: c for i, c in counts.items() if i in tracked})
+                covered = len(union) / len(tracked) if tracked else 1.0
+                padding = max(sum(union.values()) - len(tracked), 0)
             for rank, counts in enumerate(per_rank):
-                others = set().union(*(set(c) for r, c in enumerate(per_rank) if r != rank))
+                overlap = None
+                if tracked is not None:
+                    others = set().union(*(set(c) for r, c in enumerate(per_rank) if r != rank))
+                    overlap = len(set(counts) & others & tracked)
                 rows.append(
                     Row(
                         scenario=name,
@@ -139,7 +206,7 @@ def summarise(reports: list[dict[str, Any]], size: int) -> list[Row]:
                         rank=rank,
                         batches=reports[rank][name]["steps"][epoch],
                         samples=sum(counts.values()),
-                        overlap=len(set(counts) & others),
+                        overlap=overlap,
                         padding=padding,
                         coverage=covered,
                         seed=reports[rank][name]["describe"]["seed"],
