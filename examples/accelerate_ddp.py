@@ -1,8 +1,9 @@
 """HF Accelerate with shardwise samplers, on CPU with 2 processes; save mid-epoch, resume in a new run.
 
-Run (any of):
-    accelerate launch --cpu --num_processes 2 examples/accelerate_ddp.py --out /tmp/acc
+Run (2 CPU processes; on GPUs ``accelerate launch --num_processes 2 examples/accelerate_ddp.py ...``)::
+
     python -m torch.distributed.run --nproc-per-node 2 --standalone examples/accelerate_ddp.py --out /tmp/acc
+
 then resume from the state saved mid-epoch 0:
     python -m torch.distributed.run --nproc-per-node 2 --standalone examples/accelerate_ddp.py --out /tmp/acc --resume
 
