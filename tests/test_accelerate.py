@@ -100,3 +100,5 @@ def test_prepare_data_loader_keeps_the_shardwise_batches_in_one_process() -> Non
                                                                          num_replicas=2, rank=0)]  # fmt: skip
     assert [b.tolist() for b in loader] == expected
     assert loader in accelerator._dataloaders  # registered: save_state includes it
+    shardwise.set_epoch(loader, 3)  # Accelerate's own counter first, then the sampler
+    assert loader.iteration == 3 and batches.epoch == 3
