@@ -72,7 +72,10 @@ def main() -> None:
     phase = "resume" if args.resume else "run"
     with open(os.path.join(args.out, f"{phase}-rank{accelerator.process_index}.json"), "w") as file:
         json.dump({"seen": seen, "forgot": forgot, "world": accelerator.num_processes}, file)
+    accelerator.wait_for_everyone()
     accelerator.end_training()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a clean exit: no gloo thread left running
 
 
 if __name__ == "__main__":
