@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from torch.utils.data import BatchSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
 from shardwise import MalformedStateError, ShardedSampler, StateMismatchError, shard, shard_batches
 
@@ -113,8 +113,14 @@ def test_shard_points_batch_samplers_to_shard_batches() -> None:
 
 
 def test_shard_refuses_an_already_distributed_sampler() -> None:
-    """Wrapping a shardwise sampler would deal twice."""
+    """Wrapping a distributed sampler, directly or nested in a batch sampler, would deal twice."""
     with pytest.raises(TypeError, match=r"which deals by rank itself"):
         shard(ShardedSampler(10))
     with pytest.raises(TypeError, match=r"which deals by rank itself"):
         shard_batches(shard_batches(BatchSampler(SequentialSampler(range(4)), 2, False)))
+    with pytest.raises(TypeError, match=r"got ShardedSampler inside BatchSampler, which deals by rank itself"):
+        shard_batches(BatchSampler(ShardedSampler(16), 4, False))
+    with pytest.raises(TypeError, match=r"got DistributedSampler inside BatchSampler"):
+        shard_batches(BatchSampler(DistributedSampler(range(16), num_replicas=2, rank=0), 4, False))
+    # Pinned to a single replica, the inner sampler is the whole plan: wrapping it is fine.
+    assert len(shard_batches(BatchSampler(ShardedSampler(16, num_replicas=1, rank=0), 4, False), num_replicas=2, rank=0)) == 2

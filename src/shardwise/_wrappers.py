@@ -72,9 +72,8 @@ def _is_generator(value: object) -> bool:
     return isinstance(value, (np.random.Generator, np.random.RandomState, random.Random))
 
 
-def owned_generators(sampler: object, depth: int = _SEARCH_DEPTH) -> list[object]:
-    """Generators held in the attributes of ``sampler`` and of samplers it holds (breadth-first)."""
-    found: list[object] = []
+def _attribute_values(sampler: object, depth: int = _SEARCH_DEPTH) -> Iterator[object]:
+    """Attribute values of ``sampler`` and of the samplers it holds, breadth-first, each once."""
     seen: set[int] = set()
     level: list[object] = [sampler]
     for _ in range(depth):
@@ -84,12 +83,29 @@ def owned_generators(sampler: object, depth: int = _SEARCH_DEPTH) -> list[object
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                if _is_generator(value):
-                    found.append(value)
-                elif isinstance(value, Sampler):
+                yield value
+                if isinstance(value, Sampler):
                     nested.append(value)
         level = nested
-    return found
+
+
+def owned_generators(sampler: object, depth: int = _SEARCH_DEPTH) -> list[object]:
+    """Generators held in the attributes of ``sampler`` and of samplers it holds."""
+    return [value for value in _attribute_values(sampler, depth) if _is_generator(value)]
+
+
+def _already_distributed(sampler: object) -> object | None:
+    """``sampler`` itself or a sampler inside it that already deals by rank (pinned to one rank is fine)."""
+    for candidate in (sampler, *_attribute_values(sampler)):
+        if isinstance(candidate, PlanSampler) and candidate._num_replicas_arg != 1:
+            return candidate
+        if (
+            isinstance(candidate, DistributedSampler)
+            and not isinstance(candidate, PlanSampler)
+            and candidate.num_replicas != 1
+        ):
+            return candidate
+    return None
 
 
 class _GlobalRng:
@@ -223,10 +239,13 @@ class _Shard(PlanSampler[Any]):
     _wrapped: Any
 
     def _wrap(self, sampler: object, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
-        if isinstance(sampler, PlanSampler):
+        inner = _already_distributed(sampler)
+        if inner is not None:
+            where = "" if inner is sampler else f" inside {type(sampler).__name__}"
             raise TypeError(
-                f"sampler should be a sampler that is not already distributed, but got {type(sampler).__name__}, "
-                "which deals by rank itself; use it directly"
+                f"sampler should be a sampler that is not already distributed, but got {type(inner).__name__}{where}, "
+                "which deals by rank itself: wrapping it would shard twice (each rank would get 1/W of its share); "
+                "use the inner sampler undistributed (num_replicas=1), or use it directly"
             )
         if isinstance(sampler, (str, bytes)) or not (isinstance(sampler, Iterable) and isinstance(sampler, Sized)):
             raise TypeError(
