@@ -34,7 +34,7 @@ _C2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, in place on a uint64 array: a bijective 64-bit hash."""
     x ^= x >> _S30
     x *= _C1
@@ -58,9 +58,9 @@ def feistel(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
     right = x & low_mask
     for i, key in enumerate(keys):
         if i % 2 == 0:
-            left ^= _mix(right ^ key) & high_mask
+            left ^= mix64(right ^ key) & high_mask
         else:
-            right ^= _mix(left ^ key) & low_mask
+            right ^= mix64(left ^ key) & low_mask
     merged: np.ndarray = (left << shift) | right
     return merged
 

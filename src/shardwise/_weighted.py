@@ -36,6 +36,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ._arrays import digest
 from ._base import PlanSampler, UnitSource
 from ._errors import check_bool, check_int
+from ._permutation import mix64
 from ._plan import Even
 from ._seeds import derive_words
 from ._state import Fingerprint
@@ -47,29 +48,17 @@ WITHOUT_REPLACEMENT = "weighted-distinct"
 _BLOCK = 1 << 22  # weights converted / summed per step while building: bounds temporary memory
 _BITS = 62
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
-_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, in place on a uint64 array."""
-    x ^= x >> _S30
-    x *= _C1
-    x ^= x >> _S27
-    x *= _C2
-    x ^= x >> _S31
-    return x
 
 
 def counter_hash(positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """64 random bits per position: a pure function of ``(keys, position)`` (uint64 array)."""
     x = positions.astype(np.uint64) * _GOLDEN
     x ^= keys[0]
-    x = _mix(x)
+    x = mix64(x)
     x ^= keys[1]
-    return _mix(x)
+    return mix64(x)
 
 
 def mul_wide(a: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +83,7 @@ def uniform_below(bound: int, positions: np.ndarray, keys: np.ndarray) -> np.nda
     threshold = np.uint64((2**64 - bound) % bound)
     redraw = np.flatnonzero(low < threshold)
     while redraw.size:
-        words[redraw] = _mix(words[redraw] + _GOLDEN)
+        words[redraw] = mix64(words[redraw] + _GOLDEN)
         again_high, again_low = mul_wide(words[redraw], bound)
         high[redraw] = again_high
         redraw = redraw[again_low < threshold]
