@@ -9,7 +9,6 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Sampler
@@ -28,6 +27,7 @@ from shardwise._batching import (
 )
 from shardwise._launch import run_distributed
 from shardwise._permutation import table_permutation
+from tests.lockstep import lockstep_epochs
 
 # A heavy-tailed length mix: many short samples, a sparse tail of long ones.
 LENGTHS = np.concatenate([np.arange(300) % 40 + 1, np.arange(60) * 7 % 200 + 40, [230, 240, 250]])
@@ -488,20 +488,7 @@ def test_bad_input_is_refused_naming_the_parameter(kwargs: dict, error: type, ma
 def _bucket_main(rank: int, world_size: int, options: dict) -> list[list[list[int]]]:
     sampler = BucketBatchSampler(LENGTHS, seed=21, **options)
     loader = DataLoader(torch.arange(LENGTHS.size), batch_sampler=sampler)
-    epochs = []
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        steps = torch.tensor([len(sampler)])
-        dist.all_reduce(steps, op=dist.ReduceOp.MAX)
-        if int(steps) != len(sampler):
-            raise RuntimeError(f"rank {rank} plans {len(sampler)} steps, another plans {int(steps)}")
-        drawn = []
-        for batch in loader:
-            flag = torch.ones(1)
-            dist.all_reduce(flag)  # a rank with an extra step would block here and time out
-            drawn.append(batch.tolist())
-        epochs.append(drawn)
-    return epochs
+    return lockstep_epochs(loader, sampler)
 
 
 @pytest.mark.multiprocess

@@ -8,7 +8,6 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader
 from shardwise import ClassBalancedBatchSampler, SmallClasses, StateMismatchError
 from shardwise._class_balanced import class_quotas
 from shardwise._launch import run_distributed
+from tests.lockstep import lockstep_epochs
 
 RNG = np.random.default_rng(2024)
 LABELS = RNG.integers(0, 20, 2_000)  # 20 classes of about 100
@@ -224,16 +224,7 @@ def test_bad_input_is_refused_naming_the_parameter(labels: list, kwargs: dict, e
 def _class_balanced_main(rank: int, world_size: int) -> list[list[list[int]]]:
     sampler = ClassBalancedBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=3)
     loader = DataLoader(torch.arange(2_000), batch_sampler=sampler)
-    epochs = []
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        drawn = []
-        for batch in loader:
-            flag = torch.ones(1)
-            dist.all_reduce(flag)  # a rank with an extra step would block here and time out
-            drawn.append(batch.tolist())
-        epochs.append(drawn)
-    return epochs
+    return lockstep_epochs(loader, sampler)
 
 
 @pytest.mark.multiprocess

@@ -13,6 +13,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 from shardwise import ShardedSampler, shard, shard_batches
 from shardwise._launch import run_distributed
 from tests.classic import TwoStreamBatchSampler
+from tests.lockstep import lockstep_epochs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -20,20 +21,10 @@ N = 1_003
 
 
 def _step_all(loader, epochs: int = 2) -> tuple[list[list], list[int]]:
-    """Iterate like DDP: every step all_reduces, so a rank with an extra step would block (and time out)."""
-    seen, steps = [], []
-    for epoch in range(epochs):
-        sampler = loader.sampler if hasattr(loader.sampler, "set_epoch") else loader.batch_sampler
-        sampler.set_epoch(epoch)
-        drawn, step = [], 0
-        for batch in loader:
-            flag = torch.ones(1)
-            dist.all_reduce(flag)
-            drawn.append(batch.tolist())
-            step += 1
-        seen.append(drawn)
-        steps.append(step)
-    return seen, steps
+    """Each epoch's batches and step count, iterated in lockstep with the other ranks."""
+    sampler = loader.sampler if hasattr(loader.sampler, "set_epoch") else loader.batch_sampler
+    seen = lockstep_epochs(loader, sampler, epochs)
+    return seen, [len(batches) for batches in seen]
 
 
 def _samplers_main(rank: int, world_size: int) -> dict:

@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
 from shardwise import StateMismatchError, TwoStreamBatchSampler
 from shardwise._launch import run_distributed
 from shardwise._two_stream import SMALL_STREAM
+from tests.lockstep import lockstep_epochs
 
 PRIMARY = np.arange(100, 130)  # 30 labelled
 SECONDARY = np.arange(0, 7)  # 7 unlabelled: small, so a pass spans many secondary cycles
@@ -199,16 +199,7 @@ def test_bad_input_is_refused_naming_the_parameter(kwargs: dict, error: type, ma
 def _two_stream_main(rank: int, world_size: int) -> list[list[list[int]]]:
     sampler = TwoStreamBatchSampler(PRIMARY, SECONDARY, primary_batch_size=3, secondary_batch_size=2, seed=11)
     loader = DataLoader(torch.arange(200), batch_sampler=sampler)
-    epochs = []
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        drawn = []
-        for batch in loader:
-            flag = torch.ones(1)
-            dist.all_reduce(flag)  # a rank with an extra step would block here and time out
-            drawn.append(batch.tolist())
-        epochs.append(drawn)
-    return epochs
+    return lockstep_epochs(loader, sampler)
 
 
 @pytest.mark.multiprocess

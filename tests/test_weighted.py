@@ -9,13 +9,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from shardwise import StateMismatchError, WeightedSampler
 from shardwise._launch import run_distributed
 from shardwise._weighted import WeightTable, counter_hash, mul_wide, quantise, uniform_below
+from tests.lockstep import lockstep_epochs
 
 WEIGHTS = [1.0, 2.0, 3.0, 4.0, 0.0, 10.0]
 
@@ -220,16 +220,7 @@ WORLD_WEIGHTS = np.arange(1_000) % 7  # zeros at every 7th index
 def _weighted_main(rank: int, world_size: int) -> list[list[int]]:
     sampler = WeightedSampler(WORLD_WEIGHTS, num_samples=999, seed=13)
     loader = DataLoader(torch.arange(1_000), batch_size=16, sampler=sampler)
-    epochs = []
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        drawn: list[int] = []
-        for batch in loader:
-            flag = torch.ones(1)
-            dist.all_reduce(flag)  # a rank with an extra step would block here and time out
-            drawn += batch.tolist()
-        epochs.append(drawn)
-    return epochs
+    return [[i for batch in batches for i in batch] for batches in lockstep_epochs(loader, sampler)]
 
 
 @pytest.mark.multiprocess
