@@ -21,7 +21,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from ._errors import check_int
 
@@ -46,6 +46,8 @@ class Run:
         """The plan position just past this run's last step."""
         return self.first + self.steps * world_size * self.batch_size
 
+
+_Default = TypeVar("_Default", bound=int | None)
 
 _CONSTANT, _EPOCH, _SAMPLES, _RAMP, _CALLABLE = "constant", "by_epoch", "by_samples", "ramp", "callable"
 _NO_PAYLOAD = object()
@@ -419,7 +421,7 @@ class EpochSizes:
         schedule = self._schedules.get(name)
         return value if schedule is None else epoch_value(schedule, 0, self._epoch_size).batch_size
 
-    def at(self, name: str, epoch: int, default: int) -> int:
+    def at(self, name: str, epoch: int, default: _Default) -> int | _Default:
         """The size ``name`` takes in ``epoch``; ``default`` when it is not scheduled."""
         schedule = self._schedules.get(name)
         return default if schedule is None else epoch_value(schedule, epoch, self._epoch_size).batch_size
