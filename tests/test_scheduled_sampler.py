@@ -402,6 +402,10 @@ def _epochs_in_lockstep(rank: int, world_size: int, state: dict[str, Any] | None
     for epoch, steps in plan:
         sampler.set_epoch(epoch)
         length = len(sampler)
+        planned = torch.tensor([length])
+        dist.all_reduce(planned, op=dist.ReduceOp.MAX)  # len() is equal on every rank before the first batch
+        if int(planned) != length:
+            raise RuntimeError(f"rank {rank} plans {length} steps, another plans {int(planned)}")
         batches = list(itertools.islice(iter(sampler), steps))
         for batch in batches:
             check = torch.tensor([1, len(batch)])
