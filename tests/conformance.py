@@ -79,6 +79,13 @@ CASES: list[Case] = [
          sort_window=5, **kw), min_n=1),
     Case("Bucket-batch-drop", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) % 9 + 1, batch_size=2,
          balance_group=3, drop_last=True, **kw), min_n=1),
+    Case("TwoStream-by_epoch", lambda n, **kw: shardwise.TwoStreamBatchSampler(range(n // 2, n), range(n // 2),
+         primary_batch_size=BatchSizeSchedule.by_epoch({0: 2, 2: 3}),
+         secondary_batch_size=BatchSizeSchedule.by_epoch({0: 1, 3: 2}), **kw), min_n=6),
+    Case("Bucket-tokens-by_epoch", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 7 % 13 + 1,
+         max_tokens=BatchSizeSchedule.by_epoch({0: 24, 1: 40}), sort_window=7, balance_group=4, **kw), min_n=1),
+    Case("Bucket-batch-by_epoch", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 5 % 11,
+         batch_size=BatchSizeSchedule.by_epoch({0: 3, 2: 2}), sort_window=5, **kw), min_n=1),
 ]
 
 

@@ -440,3 +440,78 @@ def test_real_ranks_stay_in_lockstep_and_resume_elastically_across_a_size_change
     epoch2 = Counter(i for result in three for b in result[0][1]["batches"] for i in b)
     assert set(epoch2) == set(range(101)) and sum(epoch2.values()) - 101 < 3
     assert {result[0][1]["len"] for result in three} == {len(three[0][0][1]["batches"])}
+
+
+# -- schedules in batch samplers with their own plan (per-epoch sizes) ----------------------------------
+def test_two_stream_sizes_follow_a_per_epoch_schedule() -> None:
+    """TwoStream: by_epoch sizes set each epoch's len and batch sizes, equal on ranks; primaries disjoint."""
+    from shardwise import TwoStreamBatchSampler
+
+    samplers = [
+        TwoStreamBatchSampler(range(24), range(100, 130), primary_batch_size=BatchSizeSchedule.by_epoch({0: 4, 1: 2}),
+                              secondary_batch_size=BatchSizeSchedule.by_epoch({0: 1, 2: 3}), num_replicas=2, rank=r)
+        for r in range(2)
+    ]  # fmt: skip
+    for primary, secondary in [(4, 1), (2, 1), (2, 3)]:
+        assert {len(s) for s in samplers} == {24 // primary // 2}
+        assert {s.batch_size for s in samplers} == {primary + secondary}
+        batches = [list(s) for s in samplers]
+        assert {len(b) for rank in batches for b in rank} == {primary + secondary}
+        assert sorted(i for rank in batches for b in rank for i in b[:primary]) == list(range(24))
+
+
+def test_bucket_budget_or_size_follows_a_per_epoch_schedule() -> None:
+    """Bucket: a by_epoch max_tokens or batch_size applies from its epoch on, on every rank alike."""
+    import numpy as np
+
+    from shardwise import BucketBatchSampler
+
+    lengths = np.arange(200) * 7 % 49 + 1
+    budget = BatchSizeSchedule.by_epoch({0: 400, 1: 200})
+    samplers = [BucketBatchSampler(lengths, max_tokens=budget, num_replicas=2, rank=r) for r in range(2)]
+    for limit in (400, 200):
+        lens = {len(s) for s in samplers}
+        batches = [list(s) for s in samplers]
+        assert lens == {len(b) for b in batches}
+        costs = [len(b) * int(lengths[b].max()) for rank in batches for b in rank]
+        assert max(costs) <= limit < 2 * max(costs)
+    sized = BucketBatchSampler(lengths, batch_size=BatchSizeSchedule.by_epoch({0: 8, 2: 4}), num_replicas=2, rank=0)
+    assert (sized.batch_size, len(sized)) == (8, 13)
+    sized.set_epoch(2)
+    assert (sized.batch_size, len(sized)) == (4, 25)
+
+
+def test_batch_samplers_refuse_mid_epoch_and_payload_schedules() -> None:
+    """A schedule that changes inside an epoch, or carries payloads, is refused naming the argument."""
+    import numpy as np
+
+    from shardwise import BucketBatchSampler, TwoStreamBatchSampler
+
+    with pytest.raises(ValueError, match="TwoStreamBatchSampler changes primary_batch_size at epoch starts only"):
+        TwoStreamBatchSampler(range(24), range(30, 40), primary_batch_size=BatchSizeSchedule.by_samples({0: 4, 10: 2}),
+                              secondary_batch_size=1)  # fmt: skip
+    with pytest.raises(ValueError, match="BucketBatchSampler changes max_tokens at epoch starts only"):
+        BucketBatchSampler(np.ones(20, dtype=int), max_tokens=BatchSizeSchedule(lambda epoch, samples: 8))
+    with pytest.raises(ValueError, match="BucketBatchSampler takes no payloads"):
+        BucketBatchSampler(np.ones(20, dtype=int), batch_size=BatchSizeSchedule.by_epoch({0: (4, "p")}))
+    aligned = BatchSizeSchedule.by_samples({0: 4, 48: 2})  # sample 48 starts epoch 2 of 24 primaries
+    assert TwoStreamBatchSampler(range(24), range(30, 40), primary_batch_size=aligned, secondary_batch_size=1)
+    with pytest.raises(ValueError, match="its schedule gives 30 at epoch 3"):
+        TwoStreamBatchSampler(range(24), range(30, 40), primary_batch_size=BatchSizeSchedule.by_epoch({0: 4, 3: 30}),
+                              secondary_batch_size=1)  # fmt: skip
+    with pytest.raises(ValueError, match="longer than max_tokens=5"):  # the smallest budget of any epoch
+        BucketBatchSampler(np.arange(1, 9), max_tokens=BatchSizeSchedule.by_epoch({0: 64, 4: 5}))
+
+
+def test_a_batch_sampler_state_names_its_schedule() -> None:
+    """A state saved under one schedule is refused under another (its batch plan differs), naming it."""
+    import numpy as np
+
+    from shardwise import BucketBatchSampler
+
+    lengths = np.arange(1, 60)
+    saved = BucketBatchSampler(lengths, batch_size=BatchSizeSchedule.by_epoch({0: 8, 2: 4})).state_dict()
+    with pytest.raises(StateMismatchError, match="batch_size_schedule"):
+        BucketBatchSampler(lengths, batch_size=BatchSizeSchedule.by_epoch({0: 8, 3: 4})).load_state_dict(saved)
+    same = BucketBatchSampler(lengths, batch_size=BatchSizeSchedule.by_epoch({0: 8, 2: 4}))
+    same.load_state_dict(saved)

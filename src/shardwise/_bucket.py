@@ -31,6 +31,7 @@ from ._base import PlanSampler, UnitSource
 from ._batching import BatchPlan, bucket_plan, shuffled
 from ._errors import check_bool, check_choice, check_int
 from ._plan import Even
+from ._schedule import BatchSizeSchedule, EpochSizes
 from ._seeds import derive_seed
 from ._state import Fingerprint
 from ._world import World
@@ -142,8 +143,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self,
         lengths: Any,
         *,
-        max_tokens: int | None = None,
-        batch_size: int | None = None,
+        max_tokens: int | BatchSizeSchedule | None = None,
+        batch_size: int | BatchSizeSchedule | None = None,
         batch_size_multiple: int = 1,
         sort_window: int | None = None,
         balance_group: int = 64,
@@ -160,6 +161,11 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 "pass exactly one of max_tokens (a padded-token budget) and batch_size (samples per batch), "
                 f"but got max_tokens={max_tokens!r}, batch_size={batch_size!r}"
             )
+        # Either may be a per-epoch BatchSizeSchedule; the attributes hold epoch 0's value.
+        self._schedules = EpochSizes("BucketBatchSampler", self._lengths.size, max_tokens=max_tokens,
+                                     batch_size=batch_size)  # fmt: skip
+        max_tokens = self._schedules.initial("max_tokens", max_tokens)  # type: ignore[assignment]
+        batch_size = self._schedules.initial("batch_size", batch_size)  # type: ignore[assignment]
         self.max_tokens = None if max_tokens is None else check_int("max_tokens", max_tokens, minimum=1)
         self._batch_size = None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
         self.batch_size_multiple = check_int("batch_size_multiple", batch_size_multiple, minimum=1)
@@ -182,7 +188,10 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.skipped = np.empty(0, dtype=np.int64)
         self._pool: np.ndarray | None = None  # indices in the plan when some are skipped
         if self.max_tokens is not None:
-            self._check_oversized(self.max_tokens)
+            # the smallest budget of any epoch: one set of samples is planned in every epoch
+            self._check_oversized(
+                min(self._schedules.at("max_tokens", e, self.max_tokens) for e in self._schedules.epochs())
+            )
         self._digest = lengths_digest(self._lengths)
         self._cache: tuple[int, int, BatchPlan] | None = None
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
@@ -215,7 +224,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     @property
     def batch_size(self) -> int | None:
         """Samples per batch, or ``None`` with ``max_tokens`` (the size varies from batch to batch)."""
-        return self._batch_size
+        return self._schedules.at("batch_size", self.epoch, self._batch_size)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -242,8 +251,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return bucket_plan(
             order,
             self._lengths,
-            batch_size=self._batch_size,
-            max_tokens=self.max_tokens,
+            batch_size=self._schedules.at("batch_size", epoch, self._batch_size),
+            max_tokens=self._schedules.at("max_tokens", epoch, self.max_tokens),
             multiple=self.batch_size_multiple,
             window=self.sort_window,
             group=self.balance_group,
@@ -271,6 +280,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             "oversized": self.oversized.value,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            **self._schedules.fingerprint(),
         }
 
     def _config(self) -> dict[str, Any]:

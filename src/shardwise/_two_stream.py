@@ -29,6 +29,7 @@ from ._base import PlanSampler, UnitSource
 from ._errors import check_bool, check_int
 from ._permutation import Permutation
 from ._plan import Even
+from ._schedule import BatchSizeSchedule, EpochSizes
 from ._seeds import derive_seed, derive_words
 from ._state import Fingerprint
 from ._weighted import counter_hash
@@ -139,8 +140,8 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         primary_indices: Any,
         secondary_indices: Any,
         *,
-        primary_batch_size: int,
-        secondary_batch_size: int,
+        primary_batch_size: int | BatchSizeSchedule,
+        secondary_batch_size: int | BatchSizeSchedule,
         seed: int | None = 0,
         num_replicas: int | None = None,
         rank: int | None = None,
@@ -148,6 +149,12 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     ) -> None:
         self.primary_indices = as_index_array("primary_indices", primary_indices)
         self.secondary_indices = as_index_array("secondary_indices", secondary_indices, allow_empty=True)
+        # Either size may be a per-epoch BatchSizeSchedule; the attributes hold epoch 0's value.
+        self._schedules = EpochSizes("TwoStreamBatchSampler", len(self.primary_indices),
+                                     primary_batch_size=primary_batch_size,
+                                     secondary_batch_size=secondary_batch_size)  # fmt: skip
+        primary_batch_size = self._schedules.initial("primary_batch_size", primary_batch_size)  # type: ignore[assignment]
+        secondary_batch_size = self._schedules.initial("secondary_batch_size", secondary_batch_size)  # type: ignore[assignment]
         self.primary_batch_size = check_int("primary_batch_size", primary_batch_size, minimum=1)
         self.secondary_batch_size = check_int("secondary_batch_size", secondary_batch_size, minimum=0)
         self.drop_last = check_bool("drop_last", drop_last)
@@ -162,6 +169,13 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 f"drop_last=True (no batch would be formed), but got primary_batch_size={self.primary_batch_size}; "
                 "pass drop_last=False to keep a short batch"
             )
+        for epoch in self._schedules.epochs():
+            whole = self._schedules.at("primary_batch_size", epoch, self.primary_batch_size)
+            if self.drop_last and len(self.primary_indices) < whole:
+                raise ValueError(
+                    f"primary_batch_size should be at most the {len(self.primary_indices)} primary indices with "
+                    f"drop_last=True, but its schedule gives {whole} at epoch {epoch} (no batch would be formed)"
+                )
         shared = np.intersect1d(self.primary_indices, self.secondary_indices)
         if shared.size:
             warnings.warn(
@@ -185,7 +199,10 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def _batch_sizes(self, epoch: int) -> tuple[int, int]:
         """``(primary_batch_size, secondary_batch_size)`` of ``epoch``: the one place that reads them."""
-        return self.primary_batch_size, self.secondary_batch_size
+        return (
+            self._schedules.at("primary_batch_size", epoch, self.primary_batch_size),
+            self._schedules.at("secondary_batch_size", epoch, self.secondary_batch_size),
+        )
 
     def _bounds(self, batches: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Where each batch position of ``epoch`` reads its primary part and its secondary part.
@@ -248,6 +265,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             "drop_last": self.drop_last,
             "primary_digest": self._digests[0],
             "secondary_digest": self._digests[1],
+            **self._schedules.fingerprint(),
         }
 
     def _config(self) -> dict[str, Any]:
