@@ -86,6 +86,8 @@ CASES: list[Case] = [
          max_tokens=BatchSizeSchedule.by_epoch({0: 24, 1: 40}), sort_window=7, balance_group=4, **kw), min_n=1),
     Case("Bucket-batch-by_epoch", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 5 % 11,
          batch_size=BatchSizeSchedule.by_epoch({0: 3, 2: 2}), sort_window=5, **kw), min_n=1),
+    Case("ClassBalanced-by_epoch", lambda n, **kw: shardwise.ClassBalancedBatchSampler(np.arange(n) % 3,
+         classes_per_batch=BatchSizeSchedule.by_epoch({0: 2, 2: 3}), samples_per_class=2, **kw), min_n=3),
 ]
 
 

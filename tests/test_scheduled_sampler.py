@@ -515,3 +515,26 @@ def test_a_batch_sampler_state_names_its_schedule() -> None:
         BucketBatchSampler(lengths, batch_size=BatchSizeSchedule.by_epoch({0: 8, 3: 4})).load_state_dict(saved)
     same = BucketBatchSampler(lengths, batch_size=BatchSizeSchedule.by_epoch({0: 8, 2: 4}))
     same.load_state_dict(saved)
+
+
+def test_class_balanced_classes_per_batch_follows_a_per_epoch_schedule() -> None:
+    """ClassBalanced: a by_epoch classes_per_batch sets each epoch's P; too many classes are refused."""
+    import numpy as np
+
+    from shardwise import ClassBalancedBatchSampler
+
+    labels = np.arange(120) % 6
+    schedule = BatchSizeSchedule.by_epoch({0: 2, 1: 4})
+    samplers = [
+        ClassBalancedBatchSampler(labels, classes_per_batch=schedule, samples_per_class=3, num_replicas=2, rank=r)
+        for r in range(2)
+    ]
+    for classes in (2, 4):
+        assert {s.batch_size for s in samplers} == {classes * 3}
+        batches = [list(s) for s in samplers]
+        assert len(batches[0]) == len(batches[1]) == 120 // (classes * 3) // 2
+        assert {len(set(labels[b].tolist())) for rank in batches for b in rank} == {classes}
+    with pytest.raises(ValueError, match="its schedule gives 7 at epoch 2"):
+        ClassBalancedBatchSampler(
+            labels, classes_per_batch=BatchSizeSchedule.by_epoch({0: 2, 2: 7}), samples_per_class=3
+        )

@@ -39,6 +39,7 @@ from ._base import PlanSampler, UnitSource
 from ._errors import check_bool, check_choice, check_int
 from ._permutation import Permutation
 from ._plan import Even
+from ._schedule import BatchSizeSchedule, EpochSizes
 from ._seeds import derive_seed
 from ._state import Fingerprint
 from ._world import World
@@ -274,7 +275,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self,
         labels: Any,
         *,
-        classes_per_batch: int,
+        classes_per_batch: int | BatchSizeSchedule,
         samples_per_class: int,
         small_classes: SmallClasses | str = SmallClasses.REPLACE,
         seed: int | None = 0,
@@ -283,6 +284,9 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         drop_last: bool = False,
     ) -> None:
         self.labels = _labels_array(labels)
+        # classes_per_batch may be a per-epoch BatchSizeSchedule; the attribute holds epoch 0's value.
+        self._schedules = EpochSizes("ClassBalancedBatchSampler", len(self.labels), classes_per_batch=classes_per_batch)
+        classes_per_batch = self._schedules.initial("classes_per_batch", classes_per_batch)  # type: ignore[assignment]
         self.classes_per_batch = check_int("classes_per_batch", classes_per_batch, minimum=1)
         self.samples_per_class = check_int("samples_per_class", samples_per_class, minimum=1)
         self.small_classes = check_choice("small_classes", small_classes, SmallClasses)
@@ -308,6 +312,13 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 f"classes_per_batch should be at most the number of usable {which} in labels "
                 f"({int(usable.sum())}), but got classes_per_batch={self.classes_per_batch}"
             )
+        for epoch in self._schedules.epochs():
+            wanted = self._schedules.at("classes_per_batch", epoch, self.classes_per_batch)
+            if int(usable.sum()) < wanted:
+                raise ValueError(
+                    f"classes_per_batch should be at most the number of usable classes in labels "
+                    f"({int(usable.sum())}), but its schedule gives {wanted} at epoch {epoch}"
+                )
         # members: sample indices grouped by class, usable classes only, in label order.
         members = np.argsort(inverse, kind="stable")
         keep = usable[inverse[members]]
@@ -332,7 +343,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def _batch_shape(self, epoch: int) -> tuple[int, int]:
         """``(classes_per_batch, samples_per_class)`` of ``epoch``: the one place that reads them."""
-        return self.classes_per_batch, self.samples_per_class
+        return self._schedules.at("classes_per_batch", epoch, self.classes_per_batch), self.samples_per_class
 
     def epoch_plan(self, epoch: int) -> np.ndarray:
         """The global plan of ``epoch``: ``(num_batches, P * K)`` int64 sample indices (cached per epoch)."""
@@ -369,6 +380,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             "samples_per_class": self.samples_per_class,
             "small_classes": self.small_classes.value,
             "labels_digest": self._digest,
+            **self._schedules.fingerprint(),
         }
 
     def _config(self) -> dict[str, Any]:
