@@ -16,10 +16,10 @@ Two settings matter:
 
 - ``use_distributed_sampler=False``: shardwise shards by itself (rank and world size are resolved
   lazily, inside each spawned process), so Lightning must not wrap the batch sampler.
-- :class:`FollowScheduleLength`: Lightning reads the number of training batches once, at the first
-  epoch, and ends any later epoch at that count. When the schedule changes the number of steps per
-  epoch, the callback re-reads ``len(train_dataloader)`` (exact, the same on every rank) at each
-  epoch start.
+- :class:`shardwise.integrations.lightning.FollowEpochLength`: Lightning reads the number of
+  training batches once, at the first epoch, and ends any later epoch at that count. When the
+  schedule changes the number of steps per epoch, the callback re-reads ``len(train_dataloader)``
+  (exact, the same on every rank) at each epoch start.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from shardwise import BatchSizeSchedule, ScheduledBatchSampler
+from shardwise.integrations.lightning import FollowEpochLength
 
 SAMPLES = 96
 EPOCHS = 3
@@ -74,26 +75,6 @@ class ResizingImages(Dataset[tuple[torch.Tensor, int, int]]):
         side = payload["size"]
         resized = F.interpolate(image[None], size=(side, side), mode="bilinear", align_corners=False)[0]
         return resized, index % 10, index
-
-
-class FollowScheduleLength(Callback):
-    """Re-read the number of training batches at every epoch start (the schedule changes it).
-
-    Lightning caps every epoch at the batch count it read when the train loader was set up (the
-    combined loader's ``limits`` and ``fit_loop.max_batches``). ``set_epoch`` has already reached
-    the sampler when ``on_train_epoch_start`` runs, and the epoch's iterator is made after it, so
-    the exact ``len()`` of this epoch, equal on every rank, can replace both.
-    """
-
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        loop = trainer.fit_loop
-        combined = loop._combined_loader
-        if combined is None or trainer.limit_train_batches != 1.0:
-            return
-        lengths = [len(loader) for loader in combined.flattened]
-        combined.limits = lengths
-        loop.max_batches = max(lengths)
-        trainer.val_check_batch = max(lengths)
 
 
 class TinyNet(LightningModule):
@@ -165,7 +146,7 @@ def main() -> None:
         strategy="ddp_spawn",
         max_epochs=EPOCHS,
         use_distributed_sampler=False,  # shardwise deals the plan to ranks itself
-        callbacks=[FollowScheduleLength()],
+        callbacks=[FollowEpochLength()],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

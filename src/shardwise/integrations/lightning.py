@@ -15,6 +15,11 @@ What Lightning does, and why nothing is needed (Lightning 2.x, ``use_distributed
 For mid-epoch resume use a torchdata ``StatefulDataLoader``: Lightning saves rank 0's loader state
 and loads it on every rank, which is right for shardwise because its state is global.
 
+:class:`FollowEpochLength` is needed when the number of batches changes from one epoch to the
+next (a :class:`shardwise.BatchSizeSchedule`, or ``BucketBatchSampler(max_tokens=...)``, whose
+batch count varies a little between epochs): Lightning reads the count once, when the loader is
+set up, and would cut a longer later epoch short on every rank alike, skipping its last batches.
+
 :class:`ShardwiseEpochCallback` is only for a shardwise sampler nested where Lightning does not
 look (inside your own batch sampler or loader wrapper).
 """
@@ -28,7 +33,7 @@ from . import require
 
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")
 
-__all__ = ["ShardwiseEpochCallback"]
+__all__ = ["FollowEpochLength", "ShardwiseEpochCallback"]
 
 _Callback: Any = _lightning.Callback
 
@@ -46,3 +51,31 @@ class ShardwiseEpochCallback(_Callback):  # type: ignore[misc]
         flattened = getattr(loaders, "flattened", None)
         for loader in flattened if flattened is not None else [loaders]:
             _set_epoch.set_epoch(loader, trainer.current_epoch)
+
+
+class FollowEpochLength(_Callback):  # type: ignore[misc]
+    """Re-reads the number of training batches at the start of every epoch.
+
+    Lightning caps every epoch at the batch count it read when the training loader was set up
+    (the combined loader's ``limits`` and ``fit_loop.max_batches``, and the validation step derived
+    from them). When ``on_train_epoch_start`` runs, ``set_epoch`` has reached the sampler and the
+    epoch's iterator is not made yet, so the exact ``len()`` of this epoch, equal on every rank,
+    replaces those figures. It acts only with ``limit_train_batches=1.0`` (the default): a limit
+    you set is kept. Uses Lightning's loop attributes (tested with the pinned Lightning 2.6).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[FollowEpochLength()], logger=False)  # doctest: +SKIP
+    """
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        loop = trainer.fit_loop
+        combined = getattr(loop, "_combined_loader", None)
+        if combined is None or trainer.limit_train_batches != 1.0:
+            return
+        lengths = [len(loader) for loader in combined.flattened]
+        combined.limits = lengths
+        loop.max_batches = max(lengths)
+        interval = trainer.val_check_interval
+        if isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
+            trainer.val_check_batch = max(1, int(loop.max_batches * interval))
