@@ -214,8 +214,8 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         total = self._plan_size(self._progress.upcoming_epoch())
         return rank_count(total, 0, self.world.world_size, self._even)
 
-    def __iter__(self) -> Iterator[T]:
-        refuse_resharding(self)
+    def _begin_pass(self) -> tuple[World, int, int, int, int]:
+        """Open the next pass: ``(world, seed, epoch, start, total)``, advancing a completed epoch."""
         self._sync()
         world = self.world
         seed = self.seed
@@ -223,7 +223,11 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         epoch, start = self._progress.begin()
         if advancing:
             self._on_epoch(epoch)
-        total = self._plan_size(epoch)
+        return world, seed, epoch, start, self._plan_size(epoch)
+
+    def __iter__(self) -> Iterator[T]:
+        refuse_resharding(self)  # here, not in _begin_pass: it inspects the frames that called __iter__
+        world, seed, epoch, start, total = self._begin_pass()
         count = rank_count(total, start, world.world_size, self._even)
         live = _Pass(start, count, total, world.world_size)
         self._pass = live

@@ -221,15 +221,8 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         return sum(run.steps for run in self._runs(epoch, total, 0, world_size))
 
     def __iter__(self) -> Iterator[list[Any]]:
-        self._sync()
         refuse_resharding(self)
-        world = self.world
-        seed = self.seed
-        advancing = self._progress.completed
-        epoch, start = self._progress.begin()
-        if advancing:
-            self._on_epoch(epoch)
-        total = self._plan_size(epoch)
+        world, seed, epoch, start, total = self._begin_pass()
         self._check_not_empty(epoch, total, world.world_size)
         live = _StepPass(start, self._runs(epoch, total, start, world.world_size), total, world.world_size)
         self._pass = live
