@@ -13,8 +13,22 @@ import numpy as np
 _INDEX_MAX = 2**62
 
 
-def _shape_error(name: str, array: np.ndarray, wanted: str) -> ValueError:
-    return ValueError(f"{name} should be {wanted}, but got {name} with shape {array.shape}")
+def one_dimensional(name: str, values: object, *, sequence_of: str, one: str, allow_empty: bool = False) -> np.ndarray:
+    """``values`` as a 1-D numpy array (no copy when it already is one), or raise naming ``name``.
+
+    Args:
+        name: the parameter, for messages.
+        values: what the caller passed.
+        sequence_of: what the sequence holds, e.g. ``"weights"`` (``"a 1-D sequence of weights"``).
+        one: one element, e.g. ``"weight"`` (``"should hold at least one weight"``).
+        allow_empty: accept an empty sequence.
+    """
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} should be a 1-D sequence of {sequence_of}, but got {name} with shape {array.shape}")
+    if array.size == 0 and not allow_empty:
+        raise ValueError(f"{name} should hold at least one {one}, but got an empty {name}")
+    return array
 
 
 def as_index_array(name: str, values: object, *, allow_empty: bool = False) -> np.ndarray:
@@ -23,12 +37,8 @@ def as_index_array(name: str, values: object, *, allow_empty: bool = False) -> n
     Accepts any 1-D integer sequence, numpy array or CPU tensor; rejects floats and bools (a
     float index is a bug, and a bool array is a mask, not indices).
     """
-    array = np.asarray(values)
-    if array.ndim != 1:
-        raise _shape_error(name, array, "a 1-D sequence of indices")
+    array = one_dimensional(name, values, sequence_of="indices", one="index", allow_empty=allow_empty)
     if array.size == 0:
-        if not allow_empty:
-            raise ValueError(f"{name} should hold at least one index, but got an empty {name}")
         return np.empty(0, dtype=np.int64)
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} should hold integer indices, but got {name} of dtype {array.dtype}")

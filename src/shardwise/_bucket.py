@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from ._arrays import one_dimensional
 from ._base import PlanSampler, UnitSource
 from ._batching import BatchPlan, bucket_plan, shuffled
 from ._errors import check_bool, check_choice, check_int
@@ -64,10 +65,7 @@ def as_lengths(values: object) -> np.ndarray:
         array = np.asarray(values)
     except (TypeError, ValueError) as error:  # ragged nested sequences
         raise TypeError(f"lengths should be a 1-D sequence of integers, but it could not be read: {error}") from None
-    if array.ndim != 1:
-        raise ValueError(f"lengths should be a 1-D sequence of integers, but got lengths with shape {array.shape}")
-    if array.size == 0:
-        raise ValueError("lengths should hold at least one length, but got an empty lengths")
+    array = one_dimensional("lengths", array, sequence_of="integers", one="length")
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")
     low, high = int(array.min()), int(array.max())

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from ._arrays import digest
+from ._arrays import digest, one_dimensional
 from ._base import PlanSampler, UnitSource
 from ._errors import check_bool, check_choice, check_int
 from ._permutation import Permutation
@@ -209,11 +209,7 @@ def _cycle_shuffles(
 
 
 def _labels_array(labels: object) -> np.ndarray:
-    array = np.asarray(labels)
-    if array.ndim != 1:
-        raise ValueError(f"labels should be a 1-D sequence of class labels, but got labels with shape {array.shape}")
-    if array.size == 0:
-        raise ValueError("labels should hold at least one label, but got an empty labels")
+    array = one_dimensional("labels", labels, sequence_of="class labels", one="label")
     kind = array.dtype.kind
     if kind == "O":
         items = array.tolist()

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from ._arrays import digest
+from ._arrays import digest, one_dimensional
 from ._base import PlanSampler, UnitSource
 from ._errors import check_bool, check_int
 from ._permutation import mix64
@@ -212,11 +212,7 @@ def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.
 
 
 def _weights_array(weights: object) -> np.ndarray:
-    array = np.asarray(weights)
-    if array.ndim != 1:
-        raise ValueError(f"weights should be a 1-D sequence of weights, but got weights with shape {array.shape}")
-    if array.size == 0:
-        raise ValueError("weights should hold at least one weight, but got an empty weights")
+    array = one_dimensional("weights", weights, sequence_of="weights", one="weight")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
         raise TypeError(f"weights should hold real numbers, but got weights of dtype {array.dtype}")
     return array
