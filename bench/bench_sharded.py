@@ -64,19 +64,6 @@ class Clock:
         return {f"{name}_s": time.perf_counter() - self.wall, f"{name}_cpu_s": time.process_time() - self.cpu}
 
 
-class IndexDataset:
-    """A trivial map-style dataset: item ``i`` is ``i``."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
 # -- arms (each runs in its own subprocess) -----------------------------------------------------
 
 
@@ -118,6 +105,7 @@ def arm_resume_shardwise(n: int, fractions: list[float]) -> dict[str, Any]:
     from torch.utils.data import BatchSampler, DataLoader
 
     from shardwise import ShardedSampler
+    from shardwise._demo import IndexDataset
 
     dataset = IndexDataset(n)
 
@@ -162,6 +150,8 @@ def arm_resume_torchdata(n: int, fractions: list[float]) -> dict[str, Any]:
 
     from torch.utils.data import DistributedSampler
     from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from shardwise._demo import IndexDataset
 
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
     dataset = IndexDataset(n)

@@ -16,29 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 import shardwise
 from shardwise._base import PlanSampler
+from shardwise._demo import IndexDataset as Indices
 from shardwise._launch import run_distributed
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 N = 40
 TWO_STREAM_N, PRIMARY = 120, 24
-
-
-class Indices(Dataset[int]):
-    """Sample ``i`` is the integer ``i``: a batch shows exactly which indices a rank drew."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 def make(name: str, **world: Any) -> Any:
