@@ -31,6 +31,30 @@ def one_dimensional(name: str, values: object, *, sequence_of: str, one: str, al
     return array
 
 
+def check_non_negative_integers(name: str, array: np.ndarray, *, holds: str, noun: str) -> tuple[int, int]:
+    """Raise unless ``array`` (1-D, non-empty) is integer-typed with every value in ``[0, 2**62)``.
+
+    Args:
+        name: the parameter, for messages.
+        array: the values to check.
+        holds: what the dtype message says it should hold, e.g. ``"integer indices"``.
+        noun: the values' plural in range messages, e.g. ``"indices"``.
+
+    Returns:
+        The smallest and largest value.
+    """
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} should hold {holds}, but got {name} of dtype {array.dtype}")
+    low, high = int(array.min()), int(array.max())
+    if low < 0:
+        at = int(np.argmin(array))
+        raise ValueError(f"{name} should hold non-negative {noun}, but got {name}[{at}]={low}")
+    if high >= _INDEX_MAX:
+        at = int(np.argmax(array))
+        raise ValueError(f"{name} should hold {noun} below 2**62, but got {name}[{at}]={high}")
+    return low, high
+
+
 def as_index_array(name: str, values: object, *, allow_empty: bool = False) -> np.ndarray:
     """``values`` as a 1-D int64 array of non-negative indices, or raise naming ``name``.
 
@@ -40,15 +64,7 @@ def as_index_array(name: str, values: object, *, allow_empty: bool = False) -> n
     array = one_dimensional(name, values, sequence_of="indices", one="index", allow_empty=allow_empty)
     if array.size == 0:
         return np.empty(0, dtype=np.int64)
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name} should hold integer indices, but got {name} of dtype {array.dtype}")
-    low, high = int(array.min()), int(array.max())
-    if low < 0:
-        at = int(np.argmin(array))
-        raise ValueError(f"{name} should hold non-negative indices, but got {name}[{at}]={low}")
-    if high >= _INDEX_MAX:
-        at = int(np.argmax(array))
-        raise ValueError(f"{name} should hold indices below 2**62, but got {name}[{at}]={high}")
+    check_non_negative_integers(name, array, holds="integer indices", noun="indices")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 

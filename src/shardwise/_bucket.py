@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from ._arrays import one_dimensional
+from ._arrays import check_non_negative_integers, one_dimensional
 from ._base import PlanSampler, UnitSource
 from ._batching import BatchPlan, bucket_plan, shuffled
 from ._errors import check_bool, check_choice, check_int
@@ -66,15 +66,7 @@ def as_lengths(values: object) -> np.ndarray:
     except (TypeError, ValueError) as error:  # ragged nested sequences
         raise TypeError(f"lengths should be a 1-D sequence of integers, but it could not be read: {error}") from None
     array = one_dimensional("lengths", array, sequence_of="integers", one="length")
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")
-    low, high = int(array.min()), int(array.max())
-    if low < 0:
-        at = int(np.argmin(array))
-        raise ValueError(f"lengths should hold non-negative integers, but got lengths[{at}]={low}")
-    if high >= 2**62:
-        at = int(np.argmax(array))
-        raise ValueError(f"lengths should hold integers below 2**62, but got lengths[{at}]={high}")
+    _, high = check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
     dtype = np.uint16 if high < 2**16 else np.uint32 if high < 2**32 else np.int64
     return np.array(array, dtype=dtype)
 
