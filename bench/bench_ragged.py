@@ -48,8 +48,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from shardwise import BucketBatchSampler, RaggedArray, pad_collate
-from shardwise._launch import run_distributed
-from shardwise._ragged import MANIFEST, OFFSETS, VALUES
+from shardwise.data.ragged import MANIFEST, OFFSETS, VALUES
+from shardwise.tools.launch import run_distributed
 
 GIB = 1 << 30
 FEATURES = 80

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from shardwise import BucketBatchSampler, PadCollate, RaggedArray
-from shardwise._launch import run_distributed
+from shardwise.tools.launch import run_distributed
 
 FEATURES = 16
 MAX_TOKENS = 2048

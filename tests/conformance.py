@@ -86,8 +86,24 @@ CASES: list[Case] = [
          max_tokens=BatchSizeSchedule.by_epoch({0: 24, 1: 40}), sort_window=7, balance_group=4, **kw), min_n=1),
     Case("Bucket-batch-by_epoch", lambda n, **kw: shardwise.BucketBatchSampler(np.arange(n) * 5 % 11,
          batch_size=BatchSizeSchedule.by_epoch({0: 3, 2: 2}), sort_window=5, **kw), min_n=1),
+    Case("Mixture", lambda n, **kw: shardwise.MixtureSampler([n // 2 + 1, n // 3 + 1, 3], [0.5, 0.3, 0.2],
+         num_samples=n, **kw)),
+    Case("Mixture-drop-noshuffle", lambda n, **kw: shardwise.MixtureSampler([n + 1, 4], [3, 1], num_samples=n,
+         shuffle=False, even="drop", **kw), shuffles=False),
+    Case("Mixture-interleave", lambda n, **kw: shardwise.MixtureSampler([n + 3, 5, 2], [0.6, 0.3, 0.1], num_samples=n,
+         interleave=True, **kw)),
+    Case("Mixture-all_exhausted", lambda n, **kw: shardwise.MixtureSampler([n // 2 + 1, n // 4 + 2, 3],
+         [0.6, 0.2, 0.2], stop="all_exhausted", **kw)),
+    Case("Mixture-by_samples", lambda n, **kw: shardwise.MixtureSampler([n + 1, 7], shardwise.WeightSchedule.by_samples(
+         {0: [0.9, 0.1], n // 2: [0.5, 0.5], 3 * n: [0.2, 0.8]}), num_samples=n, block=10, **kw)),
     Case("ClassBalanced-by_epoch", lambda n, **kw: shardwise.ClassBalancedBatchSampler(np.arange(n) % 3,
          classes_per_batch=BatchSizeSchedule.by_epoch({0: 2, 2: 3}), samples_per_class=2, **kw), min_n=3),
+    Case("Packed-rows", lambda n, **kw: shardwise.PackedBatchSampler(np.arange(n) * 7 % 13 + 1, max_len=16,
+         rows_per_batch=2, window=8, **kw), min_n=1),
+    Case("Packed-tokens-attention-split", lambda n, **kw: shardwise.PackedBatchSampler(np.arange(n) * 5 % 23,
+         max_len=10, tokens_per_batch=25, balance="attention", window=16, **kw), min_n=1),
+    Case("Packed-drop", lambda n, **kw: shardwise.PackedBatchSampler(np.arange(n) % 9 + 1, max_len=12,
+         rows_per_batch=3, drop_last=True, **kw), min_n=12),
 ]
 
 

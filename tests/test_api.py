@@ -31,7 +31,9 @@ def test_docstring_examples_run() -> None:
     """The Example sections of the foundation's modules run as written."""
     import doctest
 
-    from shardwise import _permutation, _sharded, _wrappers
+    from shardwise._core import permutation as _permutation
+    from shardwise.samplers import sharded as _sharded
+    from shardwise.samplers import wrappers as _wrappers
 
     for module in (_permutation, _sharded, _wrappers):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

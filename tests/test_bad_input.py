@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
-from shardwise import MalformedStateError, ShardedSampler, StateMismatchError, shard, shard_batches
+from shardwise import (
+    MalformedStateError,
+    ShardedSampler,
+    StateMismatchError,
+    TwoStreamBatchSampler,
+    WeightedSampler,
+    pad_collate,
+    shard,
+    shard_batches,
+)
 
 
 @pytest.mark.parametrize(
@@ -124,3 +136,20 @@ def test_shard_refuses_an_already_distributed_sampler() -> None:
         shard_batches(BatchSampler(DistributedSampler(range(16), num_replicas=2, rank=0), 4, False))
     # Pinned to a single replica, the inner sampler is the whole plan: wrapping it is fine.
     assert len(shard_batches(BatchSampler(ShardedSampler(16, num_replicas=1, rank=0), 4, False), num_replicas=2, rank=0)) == 2
+
+
+def test_tensors_that_require_grad_are_read_without_their_graph() -> None:
+    """A CPU tensor with requires_grad=True is valid data (weights, lengths, indices, labels): read through detach()."""
+    weights = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    assert len(WeightedSampler(weights, num_samples=6, num_replicas=1, rank=0)) == 6
+    assert len(TwoStreamBatchSampler(torch.arange(4), torch.arange(4, 8), primary_batch_size=2, secondary_batch_size=1,
+                                     num_replicas=1, rank=0)) == 2  # fmt: skip
+
+
+def test_padding_value_is_never_wrapped_into_the_dtype() -> None:
+    """-1 on uint8 is refused (it would pad with 255); a value the dtype holds pads exactly."""
+    with pytest.raises(ValueError, match=r"padding_value should be a value that the batch's dtype torch.uint8 can hold \(a whole number in \[0, 255\]\), but got padding_value=-1"):
+        pad_collate([np.zeros(2, np.uint8), np.zeros(1, np.uint8)], padding_value=-1)
+    assert pad_collate([np.zeros(2, np.uint8), np.zeros(1, np.uint8)], padding_value=255).data[1, 1].item() == 255
+    assert pad_collate([np.zeros(2, np.int8), np.zeros(1, np.int8)], padding_value=-128.0).data[1, 1].item() == -128
+    assert math.isnan(pad_collate([np.zeros(2, np.float16), np.zeros(1, np.float16)], padding_value=math.nan).data[1, 1])

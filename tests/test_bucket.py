@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Sampler
 
 from shardwise import BucketBatchSampler, Oversized, StateMismatchError
-from shardwise._batching import (
+from shardwise._core.batching import (
     BatchPlan,
     balanced_batch_order,
     bucket_plan,
@@ -25,8 +25,8 @@ from shardwise._batching import (
     token_offsets,
     window_starts,
 )
-from shardwise._launch import run_distributed
-from shardwise._permutation import table_permutation
+from shardwise._core.permutation import table_permutation
+from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
 
 # A heavy-tailed length mix: many short samples, a sparse tail of long ones.
@@ -369,12 +369,15 @@ def test_epochs_differ_in_order_and_in_batches() -> None:
         {"max_tokens": None, "batch_size": 8, "sort_window": 120},
         {"max_tokens": 2000, "batch_size_multiple": 4},
     ):
-        for seed in range(3):
+        shares = []
+        for seed in range(10):
             sampler = make(seed=seed, **options)
             first, second = list(sampler), list(sampler)
             assert first != second
             repeated = {tuple(sorted(b)) for b in first} & {tuple(sorted(b)) for b in second}
-            assert len(repeated) < 0.2 * len(second)
+            shares.append(len(repeated) / len(second))
+        # a plan of about 11 batches: one seed may repeat a few; on average few repeat
+        assert np.mean(shares) < 0.12, shares
 
 
 def test_plan_does_not_depend_on_world_size() -> None:
@@ -422,16 +425,16 @@ def test_pickles_mid_epoch_without_its_cached_plan() -> None:
     assert [*copy] == [*iterator]
 
 
-def test_lengths_are_a_compact_private_copy() -> None:
-    """lengths become the narrowest unsigned dtype, copied, and read-only through the attribute."""
+def test_lengths_are_used_as_given_and_read_only() -> None:
+    """An array is used as is (no copy), read-only through the attribute; lists and tensors become arrays."""
     source = np.array([3, 1, 2], dtype=np.int64)
     sampler = make(lengths=source, max_tokens=6)
-    source[0] = 1000
-    assert sampler.lengths.dtype == np.uint16 and sampler.lengths.tolist() == [3, 1, 2]
-    assert make(lengths=[2**20], max_tokens=2**21).lengths.dtype == np.uint32
+    assert np.shares_memory(sampler.lengths, source) and sampler.lengths.tolist() == [3, 1, 2]
     assert make(lengths=torch.tensor([4, 5]), max_tokens=10).lengths.tolist() == [4, 5]
     with pytest.raises(ValueError, match="read-only"):
         sampler.lengths[0] = 7
+    windowed = make(lengths=source, max_tokens=6, sort_window=2)  # the windowed plan keeps a compact copy
+    assert windowed.lengths.dtype == np.uint16 and not np.shares_memory(windowed.lengths, source)
 
 
 def test_repr_and_describe_show_the_configuration() -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from shardwise import ShardedSampler
-from shardwise._permutation import Permutation
-from shardwise._seeds import derive_seed
+from shardwise._core.permutation import Permutation
+from shardwise._core.seeds import derive_seed
 
 N = 250_003  # Feistel path; rank 1 of 3 yields 83_335 indices: chunks end at 1024, 3072, ..., 64512, 83335
 

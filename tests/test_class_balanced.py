@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardwise import ClassBalancedBatchSampler, SmallClasses, StateMismatchError
-from shardwise._class_balanced import class_quotas
-from shardwise._launch import run_distributed
+from shardwise._core.classes import EpochLayout, count_classes, group_by_class, keyed_shuffle
+from shardwise.samplers.class_balanced import class_quotas
+from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
+from tests.memcap import first_units_under_cap
 
 RNG = np.random.default_rng(2024)
 LABELS = RNG.integers(0, 20, 2_000)  # 20 classes of about 100
@@ -194,6 +196,61 @@ def test_quotas_sum_up_are_capped_and_proportional(sizes: list[int], per_batch: 
         assert np.all(np.abs(quota - share) < 1)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=400), min_size=2, max_size=25),
+    st.integers(min_value=2, max_value=25),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=0, max_value=2**32),
+)
+def test_layout_rows_hold_distinct_classes_and_each_slot_once(sizes: list[int], per_batch: int, k: int, seed: int) -> None:
+    """Every batch of the computed layout holds P distinct classes; together the cells are each class's quota of uses."""
+    array = np.array(sizes, dtype=np.int64)
+    per_batch = min(per_batch, len(sizes))
+    batches = max(1, int(array.sum()) // (per_batch * k))
+    layout = EpochLayout(array, classes_per_batch=per_batch, num_batches=batches, seed=seed, epoch=1)
+    cls, use = layout.cells(np.arange(batches))
+    assert cls.shape == (batches, per_batch)
+    assert all(len(set(row)) == per_batch for row in cls.tolist())
+    uses: dict[int, list[int]] = {}
+    for c, u in zip(cls.ravel().tolist(), use.ravel().tolist(), strict=True):
+        uses.setdefault(c, []).append(u)
+    assert all(sorted(found) == list(range(len(found))) for found in uses.values())
+    assert max(len(found) for found in uses.values()) <= batches
+
+
+def test_keyed_shuffle_is_a_bijection_of_each_domain() -> None:
+    """Many permutations of different sizes and keys in one call: each maps [0, n) onto itself."""
+    sizes = np.repeat(np.arange(1, 200), np.arange(1, 200))
+    positions = np.concatenate([np.arange(n) for n in range(1, 200)])
+    tweaks = (sizes * 7919).astype(np.uint64)
+    out = keyed_shuffle(positions, sizes, tweaks, np.arange(6, dtype=np.uint64) + 99)
+    for n in (1, 2, 3, 50, 199):
+        part = out[sizes == n]
+        assert sorted(part.tolist()) == list(range(n))
+    assert not np.array_equal(out, positions)
+
+
+def test_class_index_groups_samples_in_chunks() -> None:
+    """The chunked counting sort groups every index by class, in dataset order, for dense, sparse and string labels."""
+    import shardwise._core.classes as core
+
+    rng = np.random.default_rng(5)
+    for labels in (rng.integers(0, 30, 5_000), rng.integers(0, 40, 5_000) * 2**33, rng.choice(["x", "yy", "z"], 999)):
+        old = core.CHUNK
+        core.CHUNK = 1 << 10  # several chunks
+        try:
+            classes, counts = count_classes(labels)
+            members = np.empty(len(labels), dtype=np.int64)
+            group_by_class(labels, classes, counts, members)
+        finally:
+            core.CHUNK = old
+        expected_classes, inverse = np.unique(labels, return_inverse=True)
+        assert classes.tolist() == expected_classes.tolist()
+        assert np.array_equal(members, np.argsort(inverse, kind="stable"))
+        assert counts.tolist() == np.bincount(inverse).tolist()
+
+
 @pytest.mark.parametrize(
     ("labels", "kwargs", "error", "match"),
     [
@@ -243,10 +300,38 @@ def test_real_ranks_step_together_on_one_plan(world_size: int) -> None:
             assert report[epoch] == expected
 
 
+def test_builds_and_iterates_over_a_memmap_under_a_memory_cap(tmp_path) -> None:
+    """1e7 memory-mapped labels: a process capped at 64 MiB of private memory builds the shared index and iterates."""
+    n = 10**7
+    labels = np.lib.format.open_memmap(tmp_path / "labels.npy", mode="w+", dtype=np.int32, shape=(n,))
+    labels[:] = np.random.default_rng(0).integers(0, 5_000, n, dtype=np.int32)
+    labels.flush()
+    options = {"classes_per_batch": 16, "samples_per_class": 4, "num_replicas": 8, "rank": 3, "seed": 1}
+    first = first_units_under_cap(
+        f"labels = np.load({str(tmp_path / 'labels.npy')!r}, mmap_mode='r')",
+        f"shardwise.ClassBalancedBatchSampler(labels, cache_dir={str(tmp_path / 'cache')!r}, **{options!r})",
+        n=n, first=3, skip=2000,
+    )
+    with pytest.warns(RuntimeWarning, match="private memory"):
+        uncached = ClassBalancedBatchSampler(np.load(tmp_path / "labels.npy", mmap_mode="r"), cache_dir=False, **options)
+    batches = iter(uncached)
+    assert first == str([next(batches) for _ in range(3)])
+
+
+def test_pickles_memory_mapped_arrays_by_reference(tmp_path) -> None:
+    """A sampler over memory-mapped labels pickles as file names (a small blob) and yields the same batches."""
+    np.save(tmp_path / "labels.npy", np.arange(2**17) % 97)
+    labels = np.load(tmp_path / "labels.npy", mmap_mode="r")
+    sampler = make(labels, cache_dir=tmp_path / "cache")
+    blob = pickle.dumps(sampler)
+    assert len(blob) < 20_000
+    assert list(pickle.loads(blob)) == list(sampler)
+
+
 def test_docstring_example_runs() -> None:
     """The module's Example sections run as written."""
     import doctest
 
-    from shardwise import _class_balanced
+    from shardwise.samplers import class_balanced as _class_balanced
 
     assert doctest.testmod(_class_balanced, optionflags=doctest.ELLIPSIS).failed == 0

@@ -117,7 +117,8 @@ def test_dataloader_workers_collate_like_the_main_process() -> None:
          r"batch item 1 has dtype torch.float32, but item 0 has torch.float64"),
         ([np.zeros((1, 2)), np.zeros((1, 3))], {}, ValueError, r"batch item 1 has feature shape \(3,\), but item 0 has \(2,\)"),
         ([np.zeros((1, 2), np.int32)], {"padding_value": 0.5}, ValueError,
-         r"padding_value=0.5 cannot be stored in the batch's dtype torch.int32"),
+         r"padding_value should be a value that the batch's dtype torch.int32 can hold \(a whole number in "
+         r"\[-2147483648, 2147483647\]\), but got padding_value=0.5"),
         ([np.zeros((1, 2))], {"padding_value": "0"}, TypeError, r"padding_value should be a number, but got padding_value='0'"),
         ([np.zeros((1, 2))], {"pad_to_multiple_of": 0}, ValueError, r"pad_to_multiple_of should be a positive integer"),
         ([np.zeros((1, 2))], {"pad_to_multiple_of": True}, TypeError, r"pad_to_multiple_of should be an integer"),

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise._plan import Even, pass_end, rank_count, rank_positions
-from shardwise._seeds import derive_seed, resolve_seed
-from shardwise._state import Progress
-from shardwise._world import resolve_world
+from shardwise._core.plan import Even, pass_end, rank_count, rank_positions
+from shardwise._core.seeds import derive_seed, resolve_seed
+from shardwise._core.state import Progress
+from shardwise._core.world import resolve_world
 from tests.strategies import seeds, world_and_size
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from shardwise._demo import SCENARIOS, run_demo
+from shardwise.tools.demo import SCENARIOS, run_demo
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from shardwise import ShardedSampler, shard, shard_batches
-from shardwise._launch import run_distributed
+from shardwise.tools.launch import run_distributed
 from tests.classic import TwoStreamBatchSampler
 from tests.lockstep import lockstep_epochs
 

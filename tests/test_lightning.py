@@ -19,9 +19,9 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 import shardwise
-from shardwise._base import PlanSampler
-from shardwise._demo import IndexDataset as Indices
-from shardwise._launch import run_distributed
+from shardwise.samplers.base import PlanSampler
+from shardwise.tools.demo import IndexDataset as Indices
+from shardwise.tools.launch import run_distributed
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise._permutation import MAX_SIZE, TABLE_MAX, Permutation
+from shardwise._core.permutation import MAX_SIZE, TABLE_MAX, Permutation
 from tests.strategies import domain_sizes, seeds
 
 EDGE_SIZES = sorted(

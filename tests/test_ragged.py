@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +24,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from shardwise import BucketBatchSampler, PadCollate, RaggedArray, RaggedStoreError, RaggedWriter, ShardedSampler
-from shardwise._ragged import MANIFEST, OFFSETS, VALUES, _sampled_crc
+from shardwise.data.ragged import MANIFEST, OFFSETS, VALUES
+from shardwise.data.ragged.format import sampled_crc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,9 +74,10 @@ def test_module_examples_run() -> None:
     """The Example sections of RaggedArray, RaggedWriter and pad_collate run as written."""
     import doctest
 
-    from shardwise import _collate, _ragged
+    from shardwise.data import collate
+    from shardwise.data.ragged import reader, writer
 
-    for module in (_ragged, _collate):
+    for module in (reader, writer, collate):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0, module.__name__
 
@@ -405,11 +412,121 @@ def test_crash_mid_write_never_leaves_a_store_that_opens(tmp_path: Path) -> None
     result = subprocess.run([sys.executable, "-c", _CRASH, str(tmp_path / "s")], check=False)
     assert result.returncode == 3
     assert not (tmp_path / "s").exists()
-    (partial,) = tmp_path.iterdir()
+    (partial,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert partial.name.startswith(".s.") and partial.name.endswith(".partial")
     assert (partial / VALUES).stat().st_size > 0
     with pytest.raises(RaggedStoreError, match=r"is not a finished ragged store: manifest.json is missing"):
         RaggedArray(partial)
+
+
+def _write_until_killed(path: str, ready: Any) -> None:
+    writer = RaggedWriter(path, overwrite=True)
+    for i in range(50):
+        writer.append(np.full((i, 4), i, np.float32))
+    writer._values.flush()
+    ready.set()
+    time.sleep(60)  # killed long before
+
+
+def _partials(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.endswith(".partial"))
+
+
+def test_writer_killed_by_sigkill_leaves_a_partial_the_next_writer_removes(tmp_path: Path) -> None:
+    """A writer killed by SIGKILL leaves its .partial directory; the next writer to that path removes it."""
+    context = multiprocessing.get_context("fork")  # no re-import of torch: the child only writes
+    ready = context.Event()
+    child = context.Process(target=_write_until_killed, args=(str(tmp_path / "s"), ready))
+    child.start()
+    try:
+        assert ready.wait(60)
+        (stale,) = _partials(tmp_path)
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    finally:
+        child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    assert (tmp_path / stale / VALUES).stat().st_size > 0  # nearly the size of the store, and nobody owns it
+    with RaggedWriter(tmp_path / "s") as writer:
+        assert stale not in _partials(tmp_path)  # gone as soon as the next writer starts
+        writer.append(np.ones((2, 4), np.float32))
+    assert RaggedArray(tmp_path / "s").lengths.tolist() == [2]
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_live_writers_partial_is_never_removed(tmp_path: Path) -> None:
+    """A second writer to the same path leaves the first's directory alone; each publishes, the last one wins."""
+    first = RaggedWriter(tmp_path / "s", overwrite=True)
+    first.append(np.zeros((1, 2), np.float32))
+    second = RaggedWriter(tmp_path / "s", overwrite=True)
+    assert first._tmp.is_dir() and len(_partials(tmp_path)) == 2
+    second.append(np.zeros((3, 2), np.float32))
+    second.close()
+    first.close()
+    assert RaggedArray(tmp_path / "s").lengths.tolist() == [1]
+    assert _leftovers(tmp_path) == []
+
+
+def _race(path: str, start: Any, worker: int) -> None:
+    start.wait(60)
+    for round_ in range(3):
+        RaggedArray.write(path, [np.full((worker + 1, 2), round_, np.int16)] * 20, overwrite=True)
+
+
+def test_racing_writers_remove_stale_partials_once_and_both_publish(tmp_path: Path) -> None:
+    """Two writers racing over 30 dead writers' leftovers remove every one, never each other's, and both publish."""
+    for k in range(30):
+        stem = tmp_path / f".s.dead{k:02d}"
+        (tmp_path / f"{stem.name}.partial").mkdir()
+        (tmp_path / f"{stem.name}.partial" / VALUES).write_bytes(b"x" * 1000)
+        if k % 3:  # a dead writer's lock file, unlocked; every third has none, as an older release left them
+            (tmp_path / f"{stem.name}.partial.lock").touch()
+    (tmp_path / ".s.dead99.old").mkdir()  # a finished replace's copy of the previous store, owner gone
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    racers = [context.Process(target=_race, args=(str(tmp_path / "s"), start, w)) for w in range(2)]
+    for racer in racers:
+        racer.start()
+    start.set()
+    for racer in racers:
+        racer.join(120)
+    assert [racer.exitcode for racer in racers] == [0, 0]
+    store = RaggedArray(tmp_path / "s")
+    store.verify()
+    assert store.lengths.tolist() in ([1] * 20, [2] * 20)
+    assert _leftovers(tmp_path) == []
+
+
+def test_verify_detects_a_file_truncated_or_replaced_after_open(tmp_path: Path) -> None:
+    """verify() names a values file truncated, or an offsets file replaced, since open, without touching the mapping."""
+    store = RaggedArray.write(tmp_path / "s", [np.ones((4096, 4), np.float32)] * 4)
+    store.verify()
+    with open(tmp_path / "s" / VALUES, "r+b") as file:
+        file.truncate(4096)
+    with pytest.raises(RaggedStoreError, match=r"values.npy is 4096 bytes, but the manifest says \d+: the file was truncated "
+                       r"since this store was opened \(reading a mapped page past its new end kills the process"):  # fmt: skip
+        store.verify()
+    other = RaggedArray.write(tmp_path / "t", [np.ones((1, 4), np.float32)] * 4)
+    shutil.copy(tmp_path / "s" / OFFSETS, tmp_path / "t.offsets")
+    os.replace(tmp_path / "t.offsets", tmp_path / "t" / OFFSETS)  # same bytes, another file
+    with pytest.raises(RaggedStoreError, match=r"offsets.npy was replaced since this store was opened"):
+        other.verify()
+
+
+def _read_after_truncation(path: str) -> None:
+    faulthandler.disable()  # pytest's would print a stack dump for the expected SIGBUS
+    store = RaggedArray(path)
+    with open(Path(path) / VALUES, "r+b") as file:
+        file.truncate(4096)
+    os._exit(0 if float(store[3].sum()) >= 0 else 1)  # reads pages past the new end
+
+
+def test_reading_a_mapping_truncated_underneath_dies_with_sigbus(tmp_path: Path) -> None:
+    """What docs/ragged-store.md warns of: a mapped page past a truncated file's end is SIGBUS, not an exception."""
+    RaggedArray.write(tmp_path / "s", [np.ones((4096, 4), np.float32)] * 4)
+    child = multiprocessing.get_context("fork").Process(target=_read_after_truncation, args=(str(tmp_path / "s"),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGBUS
 
 
 # -- opening damaged or mismatched stores --------------------------------------------------------
@@ -514,10 +631,10 @@ def test_store_of_other_dtype_or_feature_shape_than_asked_is_refused(store: Ragg
 
 def test_missing_or_file_path_is_refused(tmp_path: Path) -> None:
     """A path that does not exist, or is a file, is named."""
-    with pytest.raises(FileNotFoundError, match=r"no ragged store at .*nowhere"):
+    with pytest.raises(FileNotFoundError, match=r"path should be a ragged store directory, but got path='.*nowhere', which does not exist"):
         RaggedArray(tmp_path / "nowhere")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(NotADirectoryError, match=r"is a file; a ragged store is a directory"):
+    with pytest.raises(NotADirectoryError, match=r"path should be a ragged store directory, but got path='.*file', which is a file"):
         RaggedArray(tmp_path / "file")
 
 
@@ -551,7 +668,7 @@ def _seal(path: Path) -> None:
             while chunk := file.read(1 << 24):
                 crc = zlib.crc32(chunk, crc)
         entries[name] = {"bytes": size, "header_bytes": header, "crc32": crc}
-    entries[VALUES]["sampled_crc32"] = _sampled_crc(
+    entries[VALUES]["sampled_crc32"] = sampled_crc(
         path / VALUES, entries[VALUES]["header_bytes"], entries[VALUES]["bytes"]
     )
     manifest = {

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise import BatchSizeSchedule
-from shardwise._schedule import EpochSizes, as_schedule, check_per_epoch, epoch_value, plan_steps
+from shardwise._core.schedule import EpochSizes, as_schedule, check_per_epoch, epoch_value, plan_steps
 
 
 def test_module_examples_run() -> None:
     """The Example sections of the schedule modules run as written."""
-    from shardwise import _schedule, _scheduled
+    from shardwise._core import schedule as _schedule
+    from shardwise.samplers import scheduled as _scheduled
 
     for module in (_schedule, _scheduled):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0, module.__name__

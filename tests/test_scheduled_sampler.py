@@ -28,7 +28,7 @@ from shardwise import (
     shard,
     shard_batches,
 )
-from shardwise._launch import run_distributed
+from shardwise.tools.launch import run_distributed
 
 MID_EPOCH = BatchSizeSchedule.by_samples({0: 4, 30: 6, 70: 3, 150: 5})
 """Changes at samples 30 and 70 (inside epoch 0 for n=101), and 150 (inside epoch 1)."""

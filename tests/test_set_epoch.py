@@ -10,8 +10,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 import shardwise
-from shardwise._base import PlanSampler
-from shardwise._frameworks import EpochRelay, Keep
+from shardwise.samplers.base import PlanSampler
+from shardwise.samplers.frameworks import EpochRelay, Keep
 
 
 class EpochDataset(Dataset[int]):
@@ -36,6 +36,7 @@ def index_samplers() -> list[Any]:
         shardwise.ShardedSampler(16, **world),
         shardwise.shard(RandomSampler(range(16)), **world),
         shardwise.WeightedSampler(np.ones(16), num_samples=16, **world),
+        shardwise.MixtureSampler([10, 6], [0.5, 0.5], num_samples=16, **world),
     ]
 
 
@@ -47,6 +48,7 @@ def batch_samplers() -> list[Any]:
         shardwise.BucketBatchSampler(np.arange(1, 17), batch_size=2, **world),
         shardwise.ClassBalancedBatchSampler(np.arange(16) % 4, classes_per_batch=2, samples_per_class=2, **world),
         shardwise.ScheduledBatchSampler(16, batch_size=2, **world),
+        shardwise.PackedBatchSampler(np.arange(1, 17), max_len=20, rows_per_batch=2, **world),
     ]
 
 

@@ -11,9 +11,10 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from shardwise import StateMismatchError, TwoStreamBatchSampler
-from shardwise._launch import run_distributed
-from shardwise._two_stream import SMALL_STREAM
+from shardwise.samplers.two_stream import SMALL_STREAM
+from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
+from tests.memcap import first_units_under_cap
 
 PRIMARY = np.arange(100, 130)  # 30 labelled
 SECONDARY = np.arange(0, 7)  # 7 unlabelled: small, so a pass spans many secondary cycles
@@ -222,10 +223,44 @@ def test_real_ranks_step_together_with_disjoint_primary(world_size: int) -> None
             assert report[epoch] == plan[rank::world_size][: len(report[epoch])]
 
 
+def test_builds_and_iterates_over_memmaps_under_a_memory_cap(tmp_path) -> None:
+    """1e7 memory-mapped indices: a process capped at 64 MiB of private memory checks the overlap and iterates."""
+    n = 10**7
+    values = np.arange(n, dtype=np.int64)
+    for name, part in (("primary", values[values % 10 == 3]), ("secondary", values[values % 10 != 3])):
+        np.save(tmp_path / f"{name}.npy", part)
+    del values, part
+    options = {"primary_batch_size": 16, "secondary_batch_size": 48, "num_replicas": 8, "rank": 3, "seed": 1}
+    load = f"""
+        import warnings
+        warnings.simplefilter("error")  # the lists are disjoint: no overlap warning
+        primary = np.load({str(tmp_path / "primary.npy")!r}, mmap_mode="r")
+        secondary = np.load({str(tmp_path / "secondary.npy")!r}, mmap_mode="r")
+    """
+    make = f"shardwise.TwoStreamBatchSampler(primary, secondary, cache_dir={str(tmp_path / 'cache')!r}, **{options!r})"
+    first = first_units_under_cap(load, make, n=n, first=3, skip=3_000)
+    lists = [np.load(tmp_path / f"{name}.npy", mmap_mode="r") for name in ("primary", "secondary")]
+    with pytest.warns(RuntimeWarning, match="private memory"):
+        uncached = TwoStreamBatchSampler(*lists, cache_dir=False, **options)
+    batches = iter(uncached)
+    assert first == str([next(batches) for _ in range(3)])
+
+
+def test_pickles_memory_mapped_lists_by_reference(tmp_path) -> None:
+    """A sampler over memory-mapped index lists pickles as file names (a small blob) and yields the same batches."""
+    np.save(tmp_path / "primary.npy", np.arange(0, 2**18, 2))
+    np.save(tmp_path / "secondary.npy", np.arange(1, 2**18, 2))
+    lists = [np.load(tmp_path / f"{name}.npy", mmap_mode="r") for name in ("primary", "secondary")]
+    sampler = TwoStreamBatchSampler(*lists, primary_batch_size=64, secondary_batch_size=64, cache_dir=tmp_path / "c")
+    blob = pickle.dumps(sampler)
+    assert len(blob) < 20_000
+    assert list(pickle.loads(blob)) == list(sampler)
+
+
 def test_docstring_example_runs() -> None:
     """The module's Example sections run as written."""
     import doctest
 
-    from shardwise import _two_stream
+    from shardwise.samplers import two_stream as _two_stream
 
     assert doctest.testmod(_two_stream, optionflags=doctest.ELLIPSIS).failed == 0

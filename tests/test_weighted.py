@@ -13,9 +13,10 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from shardwise import StateMismatchError, WeightedSampler
-from shardwise._launch import run_distributed
-from shardwise._weighted import WeightTable, counter_hash, mul_wide, quantise, uniform_below
+from shardwise.samplers.weighted import WeightTable, counter_hash, mul_wide, quantise, uniform_below
+from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
+from tests.memcap import first_units_under_cap
 
 WEIGHTS = [1.0, 2.0, 3.0, 4.0, 0.0, 10.0]
 
@@ -74,11 +75,11 @@ def test_is_a_distributed_sampler_with_torch_attributes() -> None:
     assert sum(len(batch) for batch in loader) == 4
 
 
-def test_more_than_two_to_the_24_weights() -> None:
+def test_more_than_two_to_the_24_weights(tmp_path) -> None:
     """Beyond torch.multinomial's 2**24 categories: the draws land where the weight is."""
     weights = np.zeros(2**24 + 3, dtype=np.float32)
     weights[-1], weights[5] = 3.0, 1.0
-    draws = Counter(make(weights, num_samples=4_000))
+    draws = Counter(make(weights, num_samples=4_000, cache_dir=tmp_path))
     assert set(draws) == {5, 2**24 + 2}
     assert abs(draws[2**24 + 2] / 4_000 - 0.75) < 0.04
 
@@ -239,10 +240,37 @@ def test_real_ranks_draw_the_single_process_plan(world_size: int) -> None:
         assert not {i for report in reports for i in report[epoch]} & set(range(0, 1_000, 7))
 
 
+def test_builds_and_iterates_over_a_memmap_under_a_memory_cap(tmp_path) -> None:
+    """1e7 memory-mapped weights: a process capped at 64 MiB of private memory builds the shared table and draws."""
+    n = 10**7
+    weights = np.lib.format.open_memmap(tmp_path / "weights.npy", mode="w+", dtype=np.float32, shape=(n,))
+    weights[:] = np.random.default_rng(0).exponential(size=n).astype(np.float32)
+    weights.flush()
+    options = {"num_samples": n, "num_replicas": 8, "rank": 3, "seed": 1}
+    first = first_units_under_cap(
+        f"weights = np.load({str(tmp_path / 'weights.npy')!r}, mmap_mode='r')",
+        f"shardwise.WeightedSampler(weights, cache_dir={str(tmp_path / 'cache')!r}, **{options!r})",
+        n=n, first=20, skip=300000,
+    )
+    with pytest.warns(RuntimeWarning, match="private memory"):
+        uncached = WeightedSampler(np.load(tmp_path / "weights.npy", mmap_mode="r"), cache_dir=False, **options)
+    draws = iter(uncached)
+    assert first == str([next(draws) for _ in range(20)])
+
+
+def test_pickles_memory_mapped_tables_by_reference(tmp_path) -> None:
+    """A sampler whose weight table is memory-mapped pickles as file names (a small blob) and draws the same."""
+    np.save(tmp_path / "weights.npy", np.arange(2**17, dtype=np.float32) % 13)
+    sampler = make(np.load(tmp_path / "weights.npy", mmap_mode="r"), num_samples=500, cache_dir=tmp_path / "cache")
+    blob = pickle.dumps(sampler)
+    assert len(blob) < 20_000
+    assert list(pickle.loads(blob)) == list(sampler)
+
+
 def test_docstring_example_runs() -> None:
     """The module's Example sections run as written."""
     import doctest
 
-    from shardwise import _weighted
+    from shardwise.samplers import weighted as _weighted
 
     assert doctest.testmod(_weighted, optionflags=doctest.ELLIPSIS).failed == 0

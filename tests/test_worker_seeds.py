@@ -19,7 +19,7 @@ NODES, RANKS_PER_NODE, WORKERS = 2, 2, 2
 
 
 def _stream(seed: int) -> tuple[float, float, float]:
-    shardwise._worker_seeds.seed_everything_in_worker(seed)
+    shardwise.samplers.worker_seeds.seed_everything_in_worker(seed)
     return random.random(), float(np.random.random()), float(torch.rand(1))
 
 

@@ -4,22 +4,42 @@ Every sampler is one global plan, the same on every rank and independent of the 
 dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume state.
 """
 
-from ._bucket import BucketBatchSampler, Oversized
-from ._class_balanced import ClassBalancedBatchSampler, SmallClasses
-from ._collate import PadCollate, PaddedBatch, pad_collate
-from ._errors import MalformedStateError, StateMismatchError
-from ._plan import Even
-from ._ragged import RaggedArray, RaggedStoreError, RaggedWriter
-from ._schedule import BatchSizeSchedule
-from ._scheduled import ScheduledBatchSampler
-from ._set_epoch import set_epoch
-from ._sharded import ShardedSampler
-from ._two_stream import TwoStreamBatchSampler
-from ._weighted import WeightedSampler
-from ._worker_seeds import seed_worker, worker_seed, worker_seeds
-from ._wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
+from typing import Any
+
+from ._core.errors import MalformedStateError, StateMismatchError
+from ._core.mixture import MixtureStop, WeightSchedule, temperature_weights
+from ._core.packing import PackedIndex, TooLong
+from ._core.plan import Even
+from ._core.schedule import BatchSizeSchedule
+from .data.collate import PadCollate, PaddedBatch, pad_collate
+from .data.mixture import Mixture
+from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate
+from .data.ragged import RaggedArray, RaggedStoreError, RaggedWriter
+from .samplers.bucket import BucketBatchSampler, Oversized
+from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
+from .samplers.mixture import MixtureSampler
+from .samplers.packed import PackedBatchSampler
+from .samplers.scheduled import ScheduledBatchSampler
+from .samplers.set_epoch import set_epoch
+from .samplers.sharded import ShardedSampler
+from .samplers.two_stream import TwoStreamBatchSampler
+from .samplers.weighted import WeightedSampler
+from .samplers.worker_seeds import seed_worker, worker_seed, worker_seeds
+from .samplers.wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
 
 __version__ = "0.1.0"
+
+_LAZY = {"verify": "verify", "VerifyReport": "VerifyReport"}
+"""Names served from shardwise.tools.verify on first use, so ``import shardwise`` stays light."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from .tools import verify as _verify
+
+        return getattr(_verify, _LAZY[name])
+    raise AttributeError(f"module 'shardwise' has no attribute {name!r}")
+
 
 __all__ = [
     "BatchSizeSchedule",
@@ -27,7 +47,16 @@ __all__ = [
     "ClassBalancedBatchSampler",
     "Even",
     "MalformedStateError",
+    "Mixture",
+    "MixtureSampler",
+    "MixtureStop",
     "Oversized",
+    "PackCollate",
+    "PackedBatch",
+    "PackedBatchSampler",
+    "PackedDataset",
+    "PackedIndex",
+    "PackedSample",
     "PadCollate",
     "PaddedBatch",
     "RaggedArray",
@@ -39,14 +68,20 @@ __all__ = [
     "ShardedWrapper",
     "SmallClasses",
     "StateMismatchError",
+    "TooLong",
     "TwoStreamBatchSampler",
+    "VerifyReport",
+    "WeightSchedule",
     "WeightedSampler",
     "__version__",
+    "pack_collate",
     "pad_collate",
     "seed_worker",
     "set_epoch",
     "shard",
     "shard_batches",
+    "temperature_weights",
+    "verify",
     "worker_seed",
     "worker_seeds",
 ]

@@ -1,6 +1,6 @@
 """``python -m shardwise``: the same as the ``shardwise`` command."""
 
-from ._cli import main
+from .tools.cli import main
 
 if __name__ == "__main__":
     main()

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import PlanSampler
-from .._frameworks import is_batch_plan
+from ..samplers.base import PlanSampler
+from ..samplers.frameworks import is_batch_plan
 from . import require
 
 _accelerate = require("accelerate", "accelerate", "accelerate", "accelerate")
@@ -32,7 +32,7 @@ __all__ = ["prepare_data_loader"]
 
 _SAME = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device",
+    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
 )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ What Lightning does, and why nothing is needed (Lightning 2.x, ``use_distributed
   ``DistributedSampler``, so Lightning leaves the DataLoader as it is and calls ``set_epoch``;
 - a loader built with ``batch_sampler=<shardwise batch sampler>`` is rebuilt by Lightning, which
   re-creates the batch sampler through the record shardwise exposes: the rebuild returns the same
-  object, already distributed (see ``shardwise._frameworks``);
+  object, already distributed (see ``shardwise.samplers.frameworks``);
 - Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``: on a shardwise batch sampler
   that attribute relays the epoch to it;
 - with ``use_distributed_sampler=False`` Lightning touches nothing and shardwise resolves rank and
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _set_epoch
+from ..samplers import set_epoch as _set_epoch
 from . import require
 
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")

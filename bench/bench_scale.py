@@ -1,0 +1,309 @@
+"""Every sampler at 1e6..1e8 (Bucket also 1e9) samples, inputs memory-mapped: start time, private memory, shared files.
+
+Run (serialised with the other benchmarks; the 1e8 rows need ~10 GB of disk under --dir)::
+
+    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e6 1e7 1e8
+    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e9 --samplers Bucket --no-node
+
+Inputs are ``.npy`` files opened with ``np.load(mmap_mode="r")`` (generated once under ``--dir``):
+lengths int32 (log-normal, 1..8192 tokens), labels int32 (100,000 classes), weights float32, the
+labelled / unlabelled index lists of TwoStream (10% / 90%, int64). Every measurement runs in a
+fresh process (``--one``), rank 3 of W=8, shardwise index cache in ``SHARDWISE_CACHE_DIR``:
+
+- cold: an empty index cache (the first rank or run builds the shared index);
+- warm: the next process on the same cache (what the 7 other ranks and every later run see);
+- first batch: seconds from the constructor to the first unit of the first epoch;
+- private growth: the highest RssAnon (private anonymous memory, /proc/PID/status, sampled every
+  5 ms by the parent process, so a busy child cannot skip a sample) minus RssAnon just before the
+  constructor, over construction and iteration;
+- rate: units (batches, or indices for index samplers) per second over the first ~2 s of iteration;
+- shared files: bytes of the index cache after the run;
+- node: 8 processes (ranks 0..7) at once on the warm cache, each builds and iterates ~1 s, then all
+  read /proc/self/smaps_rollup while all are alive: the sum of PSS over the 8, of which anonymous.
+
+Baseline, side by side: torch ``DistributedSampler(range(n)) + BatchSampler(batch_size=256)``.
+The numpy floor of a cold build: ``np.argsort(lengths, kind="stable")`` of the same lengths, in a
+fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SAMPLERS = ["torch", "Sharded", "Bucket", "ClassBalanced", "Weighted", "TwoStream", "Scheduled"]
+WORLD, RANK = 8, 3
+CLASSES = 100_000
+RATE_SECONDS = 2.0
+GEN_CHUNK = 1 << 22
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+def _generate(path: Path, n: int, dtype: Any, fill: Any) -> None:
+    if path.exists():
+        return
+    tmp = path.with_suffix(".tmp.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
+    rng = np.random.default_rng(n)
+    for first in range(0, n, GEN_CHUNK):
+        stop = min(first + GEN_CHUNK, n)
+        out[first:stop] = fill(rng, first, stop)
+    out.flush()
+    del out
+    os.rename(tmp, path)
+
+
+def _not_tenth(i: np.ndarray) -> np.ndarray:
+    """The i-th index that is not a multiple of 10 (the unlabelled ones)."""
+    return i + i // 9 + 1
+
+
+def make_inputs(directory: Path, n: int, names: set[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if names & {"Bucket"}:
+        _generate(directory / f"lengths-{n}.npy", n, np.int32,
+                  lambda rng, a, b: np.clip(rng.lognormal(5.5, 1.0, b - a), 1, 8192).astype(np.int32))  # fmt: skip
+    if names & {"ClassBalanced"}:
+        _generate(directory / f"labels-{n}.npy", n, np.int32, lambda rng, a, b: rng.integers(0, CLASSES, b - a))
+    if names & {"Weighted", "Scheduled"}:
+        _generate(directory / f"weights-{n}.npy", n, np.float32,
+                  lambda rng, a, b: rng.exponential(1.0, b - a).astype(np.float32))  # fmt: skip
+    if names & {"TwoStream"}:
+        labelled = n // 10
+        _generate(directory / f"labelled-{n}.npy", labelled, np.int64,
+                  lambda rng, a, b: np.arange(a, b, dtype=np.int64) * 10)  # fmt: skip
+        _generate(directory / f"unlabelled-{n}.npy", n - labelled, np.int64,
+                  lambda rng, a, b: _not_tenth(np.arange(a, b, dtype=np.int64)))  # fmt: skip
+
+
+# -- one measurement, in a fresh process --------------------------------------------------------------
+def build_sampler(name: str, n: int, directory: Path, rank: int) -> Any:  # noqa: PLR0911  (one per sampler)
+    import shardwise
+
+    mapped = lambda stem: np.load(directory / f"{stem}-{n}.npy", mmap_mode="r")  # noqa: E731
+    common = {"num_replicas": WORLD, "rank": rank, "seed": 0}
+    if name == "torch":
+        from torch.utils.data import BatchSampler, DistributedSampler
+
+        return BatchSampler(DistributedSampler(range(n), num_replicas=WORLD, rank=rank, seed=0), 256, False)
+    if name == "Sharded":
+        return shardwise.ShardedSampler(range(n), **common)
+    if name == "Bucket":
+        return shardwise.BucketBatchSampler(mapped("lengths"), max_tokens=65536, **common)
+    if name == "ClassBalanced":
+        return shardwise.ClassBalancedBatchSampler(mapped("labels"), classes_per_batch=32, samples_per_class=8,
+                                                   **common)  # fmt: skip
+    if name == "Weighted":
+        return shardwise.WeightedSampler(mapped("weights"), num_samples=n, **common)
+    if name == "TwoStream":
+        return shardwise.TwoStreamBatchSampler(mapped("labelled"), mapped("unlabelled"), primary_batch_size=32,
+                                               secondary_batch_size=96, **common)  # fmt: skip
+    if name == "Scheduled":
+        inner = shardwise.WeightedSampler(mapped("weights"), num_samples=n, **common)
+        schedule = shardwise.BatchSizeSchedule.by_samples({0: 64, n // 2: 128})
+        return shardwise.ScheduledBatchSampler(inner, batch_size=schedule, num_replicas=WORLD, rank=rank)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def _status(pid: int | str, field: str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rollup() -> dict[str, int]:
+    values = {}
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                values[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return values
+
+
+def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dict[str, Any]:
+    """Construct, take the first unit, iterate ~2 s; the parent samples RssAnon meanwhile."""
+    import torch  # noqa: F401  (imported before the baseline, as in a training script)
+
+    import shardwise  # noqa: F401
+
+    np.random.PCG64  # noqa: B018  (numpy.random loads lazily)
+    ready_anon = _status("self", "RssAnon")
+    ready = time.time()
+    start = time.perf_counter()
+    sampler = build_sampler(name, n, directory, rank)
+    constructed = time.perf_counter() - start
+    iterator = iter(sampler)
+    first = next(iterator)
+    first_batch = time.perf_counter() - start
+    units, samples = 1, len(first) if isinstance(first, list) else 1
+    began = time.perf_counter()
+    for unit in iterator:
+        units += 1
+        samples += len(unit) if isinstance(unit, list) else 1
+        if units % 256 == 0 and time.perf_counter() - began > RATE_SECONDS:
+            break
+    seconds = time.perf_counter() - began
+    result = {"name": name, "n": n, "rank": rank, "ready": ready, "ready_anon": ready_anon,
+              "construct_s": constructed, "first_batch_s": first_batch, "units_per_s": (units - 1) / seconds,
+              "samples_per_s": samples / (seconds + 1e-9), "end_anon": _status("self", "RssAnon")}  # fmt: skip
+    if sync is not None:  # node measurement: read PSS while all 8 processes still map what they use
+        (sync / f"iterated-{rank}").touch()
+        _wait_for(sync, "iterated-", WORLD)
+        result["rollup"] = _rollup()
+        (sync / f"read-{rank}").touch()
+        _wait_for(sync, "read-", WORLD)
+    return result
+
+
+def _wait_for(sync: Path, prefix: str, count: int, timeout: float = 900.0) -> None:
+    deadline = time.time() + timeout
+    while len(list(sync.glob(prefix + "*"))) < count:
+        if time.time() > deadline:
+            raise TimeoutError(f"waited {timeout} s for {count} {prefix} markers")
+        time.sleep(0.02)
+
+
+def run_one(name: str, n: int, directory: Path, cache: Path, rank: int = RANK) -> dict[str, Any]:
+    """A fresh process for one measurement; this process samples its RssAnon every 5 ms."""
+    env = {**os.environ, "SHARDWISE_CACHE_DIR": str(cache)}
+    command = [sys.executable, __file__, "--one", name, str(n), "--dir", str(directory), "--rank", str(rank)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    samples: list[tuple[float, int]] = []
+    while child.poll() is None:
+        with contextlib.suppress(OSError, ValueError):  # the child may exit between poll and read
+            samples.append((time.time(), _status(child.pid, "RssAnon")))
+        time.sleep(0.005)
+    out, err = child.communicate()
+    if child.returncode:
+        raise RuntimeError(f"{name} n={n} failed:\n{err[-3000:]}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    after = [anon for t, anon in samples if t >= result["ready"]]
+    result["peak_growth"] = max([*after, result["end_anon"]]) - result["ready_anon"]
+    result["shared_bytes"] = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    return result
+
+
+def run_node(name: str, n: int, directory: Path, cache: Path) -> dict[str, Any]:
+    """8 processes at once on a warm cache; the sum of their PSS while all are alive."""
+    sync = Path(tempfile.mkdtemp(prefix="shardwise-node-"))
+    env = {**os.environ, "SHARDWISE_CACHE_DIR": str(cache)}
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                name,
+                str(n),
+                "--dir",
+                str(directory),
+                "--rank",
+                str(r),
+                "--sync",
+                str(sync),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(WORLD)
+    ]
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=1800)
+        if child.returncode:
+            raise RuntimeError(f"node {name} n={n} failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    shutil.rmtree(sync, ignore_errors=True)
+    pss = sum(r["rollup"]["Pss"] for r in results)
+    anon = sum(r["rollup"].get("Pss_Anon", 0) for r in results)
+    return {"pss": pss, "pss_anon": anon, "pss_file": sum(r["rollup"].get("Pss_File", 0) for r in results),
+            "first_batch_max": max(r["first_batch_s"] for r in results)}  # fmt: skip
+
+
+def argsort_floor(n: int, directory: Path) -> float:
+    code = (
+        "import time, numpy as np, sys; a = np.load(sys.argv[1], mmap_mode='r'); a = np.asarray(a[:]); "
+        "t = time.perf_counter(); np.argsort(a, kind='stable'); print(time.perf_counter() - t)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(directory / f"lengths-{n}.npy")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return float(out.stdout.strip())
+
+
+# -- the table ---------------------------------------------------------------------------------------
+def mb(value: float) -> str:
+    return f"{value / 2**20:,.1f} MB" if value < 2**30 else f"{value / 2**30:,.2f} GB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["1e6", "1e7", "1e8"])
+    parser.add_argument("--samplers", nargs="+", default=SAMPLERS)
+    parser.add_argument("--dir", default="/tmp/shardwise-bench-scale", help="inputs (and caches) live here")
+    parser.add_argument("--no-node", action="store_true", help="skip the 8-process node totals")
+    parser.add_argument("--node-sizes", nargs="*", default=["1e8"], help="sizes that get the node totals")
+    parser.add_argument(
+        "--node-samplers",
+        nargs="*",
+        default=["Sharded", "Bucket"],
+        help="samplers that get the node totals (8 x an O(n) sampler's memory may not fit)",
+    )
+    parser.add_argument("--no-floor", action="store_true", help="skip the numpy argsort floor (needs 3x n x 4 B)")
+    parser.add_argument("--one", nargs=2, metavar=("SAMPLER", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=RANK, help=argparse.SUPPRESS)
+    parser.add_argument("--sync", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    directory = Path(args.dir)
+    if args.one:
+        result = one(args.one[0], int(args.one[1]), directory, args.rank, Path(args.sync) if args.sync else None)
+        print(json.dumps(result))
+        return
+    import torch
+
+    load = os.getloadavg()
+    print(f"bench_scale: W={WORLD}, rank {RANK}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {time.strftime('%H:%M UTC', time.gmtime())}\n")  # fmt: skip
+    print("| n | sampler | cold first batch | warm first batch | private growth cold / warm | shared files "
+          "| units/s (warm) | node: 8 ranks sum PSS (anon) |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for size in args.sizes:
+        n = int(float(size))
+        make_inputs(directory, n, set(args.samplers))
+        if "Bucket" in args.samplers and not args.no_floor:
+            floor = argsort_floor(n, directory)
+            print(f"| {n:.0e} | numpy argsort(lengths, kind='stable') | {floor:.2f} s | | | | | |")
+        for name in args.samplers:
+            cache = directory / f"cache-{name}-{n}"
+            shutil.rmtree(cache, ignore_errors=True)
+            cold = run_one(name, n, directory, cache)
+            warm = run_one(name, n, directory, cache)
+            node = ""
+            if not args.no_node and name in args.node_samplers and n in {int(float(s)) for s in args.node_sizes}:
+                totals = run_node(name, n, directory, cache)
+                node = f"{mb(totals['pss'])} ({mb(totals['pss_anon'])})"
+            print(f"| {n:.0e} | {name} | {cold['first_batch_s']:.3f} s | {warm['first_batch_s']:.3f} s "
+                  f"| {mb(cold['peak_growth'])} / {mb(warm['peak_growth'])} | {mb(warm['shared_bytes'])} "
+                  f"| {warm['units_per_s']:,.0f} | {node} |", flush=True)  # fmt: skip
+            shutil.rmtree(cache, ignore_errors=True)
+    load = os.getloadavg()
+    print(f"\nload at end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

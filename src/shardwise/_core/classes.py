@@ -1,0 +1,338 @@
+"""Class-balanced arithmetic: samples grouped by class, and an epoch's P x K layout computed batch by batch.
+
+Two parts, with the one O(n) structure built once per input and shared:
+
+- **The class index** (:func:`count_classes`, :func:`group_by_class`): the distinct labels, their
+  counts and every sample index grouped by class (a counting sort in chunks: private memory
+  O(classes + chunk), output written in place, so it can be a file every process memory-maps).
+  Within a class the samples keep their dataset order, so the index is the same on every
+  machine.
+- **The layout** (:class:`EpochLayout`): per epoch, O(classes + P) numbers say which class and
+  which use of it every cell of every batch holds, computed for any batch from its position.
+
+The layout. Class ``c`` gets ``q_c <= B`` slots (``class_quotas``); the slots are laid out by
+class, in a keyed class order, and cut into ``P`` columns of ``B`` slots. A batch takes one cell
+per column. Column 0 is read through a keyed permutation ``f_0`` of the ``B`` rows, and column
+``k + 1`` through ``f_(k+1) = G_(k+1)(f_k)``, where ``G`` is a keyed bijection of ``[0, B)``
+constrained only where a class straddles the boundary between the two columns (its ``B - a``
+cells at the end of column ``k`` and its ``b <= a`` cells at the start of column ``k + 1``):
+``G`` never sends a row holding that class in column ``k`` to its cells in column ``k + 1``. Every
+other class lies in one column, and columns are distinct, so a batch always holds ``P``
+distinct classes; and since every ``G`` is otherwise a random bijection, a class meets random
+classes, not the ones laid out beside it. Batch ``r`` of the plan is row ``r``: ``P`` evaluations
+of ``G`` (two keyed permutations each) and a binary search per cell, O(P log C).
+
+Within a class, its uses take ``K`` samples at a time from successive keyed shuffles of the
+class (cycles); the shuffle of (class, cycle) is a keyed Feistel permutation with per-element
+domain and key, vectorised over a whole chunk of batches at once (no per-class table).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .permutation import Permutation, feistel_rounds, mix64
+from .seeds import derive_seed
+
+CHUNK = 1 << 18
+"""Labels read per step while building the class index: bounds its private memory (a few MiB)."""
+
+DENSE_SPAN = 1 << 22
+"""Integer labels spanning at most this many values are counted with ``bincount`` (the fast path)."""
+
+LINK_TABLE_MAX = 1 << 10
+"""Links over more rows than this are Feistel permutations: 2P of them per epoch must start fast."""
+
+QUOTA = "class-balanced-quota"
+CLASSES = "class-balanced-classes"
+ROWS = "class-balanced-rows"
+LINK = "class-balanced-link"
+MEMBERS = "class-balanced-members"
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_ROUNDS = 6
+_LOCAL_BITS = 22  # CHUNK == 1 << _LOCAL_BITS: a chunk-local position fits below this bit
+
+
+# -- the class index ---------------------------------------------------------------------------
+def _integer_span(labels: np.ndarray) -> tuple[int, int] | None:
+    """``(low, span)`` of integer labels whose values span at most ``DENSE_SPAN``, else ``None``."""
+    if labels.dtype.kind not in "iu":
+        return None
+    low, high = int(labels.min()), int(labels.max())  # streaming reductions: no copy of a memmap
+    span = high - low + 1
+    return (low, span) if span <= DENSE_SPAN else None
+
+
+def count_classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct labels and how many samples each has (int64), read in chunks.
+
+    Private memory O(classes + chunk): integer labels within ``DENSE_SPAN`` values use one
+    ``bincount`` per chunk; others merge each chunk's ``np.unique`` into the running result.
+    """
+    size = len(labels)
+    dense = _integer_span(labels)
+    if dense is not None:
+        low, span = dense
+        counts = np.zeros(span, dtype=np.int64)
+        for start in range(0, size, CHUNK):
+            counts += np.bincount(np.asarray(labels[start : start + CHUNK], dtype=np.int64) - low, minlength=span)
+        present = np.flatnonzero(counts)
+        return (present + low).astype(labels.dtype), counts[present]
+    classes: np.ndarray = np.empty(0, dtype=labels.dtype)
+    totals = np.empty(0, dtype=np.int64)
+    pending: list[tuple[np.ndarray, np.ndarray]] = []
+    waiting = 0
+    for start in range(0, size, CHUNK):
+        found, found_counts = np.unique(np.asarray(labels[start : start + CHUNK]), return_counts=True)
+        pending.append((found, found_counts))
+        waiting += len(found)
+        # Merge once the chunks' distinct labels outnumber the classes so far (amortised O(n log n)).
+        if waiting >= max(len(classes), 16 * CHUNK) or start + CHUNK >= size:
+            merged, where = np.unique(np.concatenate([classes, *(f for f, _ in pending)]), return_inverse=True)
+            weights = np.concatenate([totals, *(c for _, c in pending)]).astype(np.float64)  # exact below 2**53
+            summed = np.bincount(where.reshape(-1), weights=weights, minlength=len(merged)).astype(np.int64)
+            classes, totals, pending, waiting = merged, summed, [], 0
+    return classes, totals
+
+
+def class_ids(chunk: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The position in ``classes`` (sorted, holding every value of ``chunk``) of each label, int64."""
+    if chunk.dtype.kind in "iu" and len(classes) and int(classes[-1]) - int(classes[0]) + 1 == len(classes):
+        return np.asarray(chunk, dtype=np.int64) - int(classes[0])  # labels 0..C-1 and the like: no search
+    found, where = np.unique(chunk, return_inverse=True)
+    ids: np.ndarray = np.searchsorted(classes, found)[where.reshape(-1)]
+    return ids.astype(np.int64)
+
+
+def index_dtype(size: int) -> np.dtype:
+    """The narrowest unsigned dtype holding sample indices below ``size`` (halves the index below 2**32)."""
+    return np.dtype(np.uint32) if size <= 2**32 else np.dtype(np.int64)
+
+
+def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+    """Write every sample index into ``out``, grouped by class in ``classes`` order, dataset order within.
+
+    A counting sort in chunks: each chunk is ordered by ``(class, position)`` with one sort of
+    composite integer keys (unique, so every platform gives the same order), then scattered to
+    the class's running cursor. Private memory O(classes + chunk).
+
+    Args:
+        labels: ``(n,)`` labels (any array, a memmap is read a chunk at a time).
+        classes, counts: from :func:`count_classes`.
+        out: ``(n,)`` integer output, e.g. a writable memmap.
+    """
+    cursor = np.cumsum(counts) - counts
+    for start in range(0, len(labels), CHUNK):
+        keys = class_ids(np.asarray(labels[start : start + CHUNK]), classes)
+        length = len(keys)
+        keys <<= _LOCAL_BITS
+        keys |= np.arange(length, dtype=np.int64)
+        keys.sort()
+        sorted_ids = keys >> _LOCAL_BITS
+        firsts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
+        runs = np.diff(np.append(firsts, length))
+        present = sorted_ids[firsts]
+        del sorted_ids
+        # destination of the j-th sorted label: its class's cursor + its rank within the chunk's run
+        destination = np.repeat(cursor[present] - firsts, runs)
+        destination += np.arange(length, dtype=np.int64)
+        keys &= (1 << _LOCAL_BITS) - 1
+        keys += start
+        out[destination] = keys
+        cursor[present] += runs
+
+
+# -- quotas ------------------------------------------------------------------------------------
+def class_quotas(sizes: np.ndarray, slots: int, cap: int, words: np.ndarray) -> np.ndarray:
+    """Slots per class in proportion to ``sizes``, summing to ``slots``, each at most ``cap``.
+
+    Integer arithmetic only. Exact shares ``slots * n_c / N`` are floored; the few missing slots go
+    out by systematic sampling: class ``c`` gets one more with probability equal to the fraction
+    of its share (so a class whose share is 0.2 slots takes part in about one epoch in five, where
+    rounding would leave it out of every epoch), and exactly as many slots as missing go out.
+    Classes whose share exceeds ``cap`` get ``cap`` and the rest is re-shared among the others.
+
+    Args:
+        sizes: ``(C,)`` positive int64 class sizes.
+        slots: total slots, at most ``cap * C``.
+        cap: most slots one class may get.
+        words: ``(C + 1,)`` random uint64: the order of the systematic pass and its offset.
+
+    Returns:
+        ``(C,)`` int64 quotas.
+    """
+    count = len(sizes)
+    capped = np.zeros(count, dtype=bool)
+    while True:
+        budget = slots - cap * int(capped.sum())
+        total = int(sizes[~capped].sum())
+        share = budget * sizes
+        quota, remainder = np.divmod(share, total)
+        over = ~capped & ((quota > cap) | ((quota == cap) & (remainder > 0)))
+        if not over.any():
+            break
+        capped |= over
+    quota[capped], remainder[capped] = cap, 0
+    # Systematic sampling: points offset + k * total on the line of the remainders laid end to
+    # end in a random class order; a class gets one more slot per point in its interval (< 1).
+    order = np.argsort(words[:count], kind="stable")
+    ends = np.cumsum(remainder[order])
+    offset = int(words[count] % np.uint64(total))
+    points_before_end = -((offset - ends) // total)  # ceil((end - offset) / total)
+    quota[order] += np.diff(points_before_end, prepend=0)
+    return quota
+
+
+# -- the layout --------------------------------------------------------------------------------
+class EpochLayout:
+    """Which class, and which use of it, each of the ``P`` cells of any batch of one epoch holds.
+
+    O(C + P) memory; see the module docstring for the construction.
+
+    Args:
+        sizes: ``(C,)`` int64 sizes of the usable classes.
+        classes_per_batch, num_batches: ``P`` and ``B``, with ``P <= C``.
+        seed, epoch: the keys of every random choice.
+    """
+
+    __slots__ = ("_ends", "_first", "_links", "_order", "_runs", "num_batches")
+
+    def __init__(self, sizes: np.ndarray, *, classes_per_batch: int, num_batches: int, seed: int, epoch: int) -> None:
+        count, rows = len(sizes), num_batches
+        self.num_batches = rows
+        words = np.random.PCG64(derive_seed(seed, epoch, QUOTA)).random_raw(count + 1)  # raw words: stable, fast
+        quota = class_quotas(sizes, rows * classes_per_batch, rows, words)
+        self._order = Permutation(count, derive_seed(seed, epoch, CLASSES))(np.arange(count, dtype=np.int64))
+        self._runs = quota[self._order]
+        self._ends = np.cumsum(self._runs)  # exclusive end slot of each class's run, in layout order
+        self._first = Permutation(rows, derive_seed(seed, epoch, ROWS))
+        # One link per column boundary: (a, b, g1 on [0, a), g2 on [0, B - b)).
+        self._links: list[tuple[int, int, Permutation, Permutation]] = []
+        for column in range(1, classes_per_batch):
+            boundary = column * rows
+            run = int(np.searchsorted(self._ends, boundary - 1, side="right"))  # the run holding slot boundary - 1
+            end = int(self._ends[run])
+            if end > boundary:  # straddles: cells [a, B) of the previous column, [0, b) of this one
+                a, b = int(end - self._runs[run]) - (column - 1) * rows, end - boundary
+            else:
+                a, b = rows, 0
+            self._links.append(
+                (
+                    a,
+                    b,
+                    Permutation(a, derive_seed(seed, epoch, LINK, column, 0), table_max=LINK_TABLE_MAX),
+                    Permutation(rows - b, derive_seed(seed, epoch, LINK, column, 1), table_max=LINK_TABLE_MAX),
+                )
+            )
+
+    def cells(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(class, use)`` of every cell of the given batches: two ``(m, P)`` int64 arrays.
+
+        ``class`` indexes the usable classes; ``use`` counts that class's earlier slots this epoch.
+        """
+        rows = self.num_batches
+        x = self._first(np.asarray(batches, dtype=np.int64))
+        slots = np.empty((len(x), len(self._links) + 1), dtype=np.int64)
+        slots[:, 0] = x
+        for column, (a, b, inner, outer) in enumerate(self._links, start=1):
+            x = _link(x, a, b, inner, outer)
+            slots[:, column] = column * rows + x
+        run = np.searchsorted(self._ends, slots, side="right")
+        use = slots - (self._ends[run] - self._runs[run])
+        found: np.ndarray = self._order[run]
+        return found, use
+
+
+def _link(x: np.ndarray, a: int, b: int, inner: Permutation, outer: Permutation) -> np.ndarray:
+    """``G(x)``: a keyed bijection of ``[0, B)`` that sends ``[a, B)`` into ``[b, B)`` (``b <= a``).
+
+    ``x < a`` goes through ``inner`` (on ``[0, a)``); a result below ``b`` is final. Every other
+    point, ``inner``'s results ``[b, a)`` and the inputs ``[a, B)``, is numbered ``t`` in
+    ``[0, B - b)`` and sent to ``b + outer(t)``. So only rows of ``[0, a)`` reach ``[0, b)``.
+    """
+    out = np.empty_like(x)
+    pooled = np.empty_like(x)
+    low = x < a
+    z = inner(x[low]) if low.any() else x[:0]
+    direct = z < b
+    low_at = np.flatnonzero(low)
+    out[low_at[direct]] = z[direct]
+    pooled[low_at] = z - b
+    high = ~low
+    pooled[high] = (a - b) + (x[high] - a)
+    rest = np.ones(len(x), dtype=bool)
+    rest[low_at[direct]] = False
+    if rest.any():
+        out[rest] = b + outer(pooled[rest])
+    return out
+
+
+# -- within a class ----------------------------------------------------------------------------
+def member_ranks(
+    pick_class: np.ndarray, use: np.ndarray, sizes: np.ndarray, samples_per_class: int, keys: np.ndarray
+) -> np.ndarray:
+    """Rank within its class of each of the ``K`` samples of every cell: ``(m, P, K)`` int64.
+
+    Use ``u`` of a class with ``n_c >= K`` samples takes positions ``[j K, (j + 1) K)`` of shuffle
+    ``u // (n_c // K)`` of the class (``j = u % (n_c // K)``); a smaller class reads an endless
+    stream of its shuffles. Shuffle ``t`` of class ``c`` is a keyed permutation of ``[0, n_c)``.
+    """
+    per_class = samples_per_class
+    within = np.arange(per_class, dtype=np.int64)
+    cls = np.broadcast_to(pick_class[:, :, None], (*pick_class.shape, per_class))
+    size = sizes[cls]
+    groups = size // per_class
+    whole = groups > 0
+    safe_groups = np.maximum(groups, 1)
+    uses = use[:, :, None]
+    stream = uses * per_class + within
+    cycle = np.where(whole, uses // safe_groups, stream // size)
+    offset = np.where(whole, (uses % safe_groups) * per_class + within, stream % size)
+    tweak = mix64(cls.astype(np.uint64) * _GOLDEN ^ mix64(cycle.astype(np.uint64) + _GOLDEN))
+    return keyed_shuffle(offset, size, tweak, keys)
+
+
+def keyed_shuffle(positions: np.ndarray, sizes: np.ndarray, tweaks: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``perm_e(position_e)`` for every element ``e``, where ``perm_e`` is a keyed bijection of ``[0, size_e)``.
+
+    A Feistel network over the smallest power-of-two domain of each element, keyed by
+    ``keys`` (the round keys) xor the element's ``tweak``, with cycle walking: many small
+    permutations with different domains and keys in one vectorised call, O(1) memory per element.
+    """
+    shape = positions.shape
+    x = positions.reshape(-1).astype(np.uint64)
+    limit = sizes.reshape(-1).astype(np.uint64)
+    tweak = tweaks.reshape(-1)
+    bits = np.maximum(1, _bit_length(limit - np.uint64(1)))
+    low = (bits >> np.uint64(1)).astype(np.uint64)
+    low_mask = (np.uint64(1) << low) - np.uint64(1)
+    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
+    out = feistel_rounds(x, low, low_mask, high_mask, [tweak ^ key for key in keys])
+    outside = np.flatnonzero(out >= limit)
+    while outside.size:
+        walked = feistel_rounds(
+            out[outside], low[outside], low_mask[outside], high_mask[outside], [tweak[outside] ^ key for key in keys]
+        )
+        out[outside] = walked
+        outside = outside[walked >= limit[outside]]
+    return out.astype(np.int64).reshape(shape)
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """Bits needed for each uint64 value (0 for 0), exactly, without floating point."""
+    bits = np.zeros(x.shape, dtype=np.uint64)
+    value = x.copy()
+    for shift in (32, 16, 8, 4, 2, 1):
+        step = np.uint64(shift)
+        big = value >= (np.uint64(1) << step)
+        bits[big] += step
+        value[big] >>= step
+    bits += value  # what remains is 0 or 1
+    return bits
+
+
+
+def member_keys(seed: int, epoch: int) -> np.ndarray:
+    """The Feistel round keys of an epoch's within-class shuffles."""
+    return np.random.SeedSequence(derive_seed(seed, epoch, MEMBERS)).generate_state(_ROUNDS, dtype=np.uint64)

@@ -1,0 +1,121 @@
+"""Argument checks with one message template, shared by every layer.
+
+Every bad argument fails at construction with a message that names the parameter, the value
+received and what would be accepted (DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import numbers
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+class StateMismatchError(ValueError):
+    """A saved state does not belong to this sampler (other data size, seed or kind)."""
+
+
+class MalformedStateError(ValueError):
+    """A saved state is not a shardwise state of a version this release can read."""
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return ``value`` as an ``int`` or raise naming ``name``.
+
+    ``bool`` is rejected although it subclasses ``int``: ``num_replicas=True`` is a bug, not 1.
+    numpy integers are accepted (``len(np.arange(3))`` style values reach us often).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} should be an integer, but got {name}={value!r} ({type(value).__name__})")
+    result = int(value)
+    if minimum is not None and result < minimum:
+        if minimum == 0:
+            wanted = "a non-negative integer"
+        elif minimum == 1:
+            wanted = "a positive integer"
+        else:
+            wanted = f"an integer >= {minimum}"
+        raise ValueError(f"{name} should be {wanted}, but got {name}={value!r}")
+    if maximum is not None and result > maximum:
+        raise ValueError(f"{name} should be an integer <= {maximum}, but got {name}={value!r}")
+    return result
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool`` or raise naming ``name`` (no truthy strings or ints)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
+    return value
+
+
+def check_choice(name: str, value: object, choices: type[E]) -> E:
+    """Return the member of ``choices`` that ``value`` names, or raise listing every option."""
+    if isinstance(value, choices):
+        return value
+    for member in choices:
+        if value == member.value:
+            return member
+    accepted = ", ".join(repr(member.value) for member in choices)
+    raise ValueError(f"{name} should be one of {accepted}, but got {name}={value!r}")
+
+
+def shown(name: str, value: object) -> str:
+    """``name=value`` for a parameter name, or just the value for a phrase such as ``sample 3``."""
+    return f"{name}={value!r}" if name.isidentifier() else repr(value)
+
+
+def check_number(name: str, value: object, *, allow_bool: bool = False) -> int | float | complex:
+    """Return ``value`` if it is a real or complex number, or raise naming ``name``; ``bool`` only if allowed."""
+    if (isinstance(value, bool) and not allow_bool) or not isinstance(value, numbers.Number):
+        raise TypeError(
+            f"{name} should be a number, but got {shown(name, value)} ({type(value).__name__})"
+        )
+    return value  # type: ignore[return-value]
+
+
+def check_path(name: str, value: object) -> str:
+    """``value`` as a ``str`` path (``str`` or ``os.PathLike``), or raise naming ``name``."""
+    path = value
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+    if not isinstance(path, str) or not path:
+        raise TypeError(
+            f"{name} should be a non-empty path (str or os.PathLike), but got {shown(name, value)} "
+            f"({type(value).__name__})"
+        )
+    return path
+
+
+def check_iterable(name: str, value: object, *, of: str) -> Iterable[Any]:
+    """Return ``value`` if it can be iterated (and is not a ``str``/``bytes``), or raise naming ``name``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} should be an iterable of {of}, but got {shown(name, value)} ({type(value).__name__})")
+    return value
+
+
+def check_callable(name: str, value: object, *, arguments: tuple[str, ...], returns: str) -> Callable[..., Any]:
+    """Return ``value`` if it is callable with ``len(arguments)`` positional arguments, or raise naming ``name``.
+
+    The signature is checked without calling; a callable whose signature Python cannot read
+    (some builtins) is accepted as is.
+    """
+    wanted = f"a callable ({', '.join(arguments)}) -> {returns}"
+    if not callable(value):
+        raise TypeError(f"{name} should be {wanted}, but got {shown(name, value)} ({type(value).__name__})")
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return value
+    try:
+        signature.bind(*arguments)
+    except TypeError as error:
+        raise TypeError(
+            f"{name} should be {wanted}, taking {len(arguments)} positional arguments, but got "
+            f"{shown(name, value)} with signature {signature} ({error})"
+        ) from None
+    return value

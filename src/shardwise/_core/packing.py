@@ -1,0 +1,567 @@
+"""Sequence-packing arithmetic: pieces grouped by length, stratified windows, best-fit rows, balanced batches.
+
+The plan of one epoch (``PackedBatchSampler``'s), in the terms used here:
+
+- an **item** is what a row holds: a whole sample, or (``too_long="split"``) one piece of a
+  sample longer than ``max_len`` (piece ``k`` holds its tokens ``[k * max_len, (k + 1) * max_len)``,
+  the last piece the rest). :func:`piece_index` groups the items by length once (a counting sort,
+  the O(n) work; it does not depend on the epoch);
+- the items are dealt into ``S`` **strata** of about ``window`` items each: stratum ``s`` takes a
+  fixed share of every length class (:func:`stratum_histogram`, a function of the class sizes
+  alone), so every stratum has about the same length distribution as the whole data set. *Which*
+  items of a class a stratum takes changes every epoch (a keyed permutation per class,
+  ``shardwise.index.permute_within``, O(1) memory), and so does the order in which strata are visited;
+- each stratum is packed on its own: best-fit decreasing into rows of ``max_len`` tokens,
+  computed on the length histogram (:func:`pack_histogram`: a few numpy operations per length
+  class, not per item), then the rows are dealt into batches so that every batch of the stratum
+  costs about the same, in tokens or in attention cost (the sum of squared lengths)
+  (:func:`deal_rows`).
+
+Because a stratum's histogram, hence its rows' *length pattern* and its number of batches, is a
+function of the class sizes only, the number of batches of every epoch is known before the first
+batch (:func:`stratum_batch_counts`, computed once), the same on every rank and in every epoch;
+a position of the plan maps to (stratum slot, batch within the stratum) in O(S), and only one
+stratum (O(window) memory) is ever materialised at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batching import balanced_batch_order
+from .errors import check_int
+from .permutation import mix64
+from .seeds import derive_seed, derive_words
+
+
+class TooLong(str, enum.Enum):
+    """What ``PackedBatchSampler`` does with a sample longer than ``max_len``."""
+
+    SPLIT = "split"
+    """Cut it into pieces of ``max_len`` tokens (the last piece holds the rest); each piece is packed alone."""
+    SKIP = "skip"
+    """Leave it out of every epoch; its index is in ``sampler.skipped``."""
+    ERROR = "error"
+    """Refuse at construction, naming the first such sample."""
+
+
+class Balance(str, enum.Enum):
+    """What ``PackedBatchSampler`` makes equal across the batches of a step."""
+
+    TOKENS = "tokens"
+    """Real tokens per batch (the cost of linear layers, and of attention when documents are short)."""
+    ATTENTION = "attention"
+    """The sum of squared document lengths per batch (the cost of per-document attention)."""
+
+
+class PackedIndex(int):
+    """A sample index that also says where its tokens go: ``row`` of the batch, tokens ``[start, stop)``.
+
+    It *is* the sample index (an ``int``), so any dataset indexes with it as usual; a
+    :class:`~shardwise.PackedDataset` reads ``row``, ``start`` and ``stop`` to hand
+    :func:`~shardwise.pack_collate` the piece and its row. Picklable (DataLoader workers).
+    """
+
+    row: int
+    start: int
+    stop: int
+
+    def __new__(cls, index: int, row: int = 0, start: int = 0, stop: int = -1) -> PackedIndex:
+        index = check_int("index", index, minimum=0)
+        row = check_int("row", row, minimum=0)
+        start = check_int("start", start, minimum=0)
+        stop = check_int("stop", stop, minimum=-1)
+        self = super().__new__(cls, index)
+        self.row, self.start, self.stop = row, start, stop
+        return self
+
+    def __getnewargs__(self) -> tuple[int, int, int, int]:  # type: ignore[override]
+        return int(self), self.row, self.start, self.stop
+
+    def __repr__(self) -> str:
+        return f"PackedIndex({int(self)}, row={self.row}, start={self.start}, stop={self.stop})"
+
+
+# -- the item index ---------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class PieceIndex:
+    """Every item (a sample, or a piece of one) grouped by length: class ``l`` is ``offsets[l]:offsets[l + 1]``.
+
+    Attributes:
+        sample: ``(m,)`` int64 sample index of each item, grouped by item length (ascending).
+        start: ``(m,)`` int64 first token of each item in its sample (0 unless split), or
+            ``None`` when no sample is split.
+        offsets: ``(max_len + 2,)`` int64 class boundaries.
+        skipped: int64 indices of samples left out (``too_long="skip"``).
+    """
+
+    sample: np.ndarray
+    start: np.ndarray | None
+    offsets: np.ndarray
+    skipped: np.ndarray
+
+    @property
+    def counts(self) -> np.ndarray:
+        """``(max_len + 1,)`` int64: items of each length."""
+        return np.diff(self.offsets)
+
+    @property
+    def num_items(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.offsets.size - 2)
+
+
+def group_by_key(keys: np.ndarray, num_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of ``keys`` grouped by key (stable) and the group offsets: a counting sort.
+
+    Returns:
+        ``order`` ``(keys.size,)`` int64 and ``offsets`` ``(num_keys + 1,)`` int64, group ``k``
+        being ``order[offsets[k]:offsets[k + 1]]``. (The switch point to the shared node index.)
+    """
+    counts = np.bincount(keys, minlength=num_keys)
+    offsets = np.zeros(num_keys + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    small = keys.astype(np.uint16) if num_keys <= 2**16 else keys
+    order = np.argsort(small, kind="stable").astype(np.int64)  # a radix sort for 16-bit keys
+    return order, offsets
+
+
+def long_samples(lengths: np.ndarray, max_len: int, too_long: TooLong) -> np.ndarray:
+    """Indices of samples longer than ``max_len``, or raise as ``too_long`` asks.
+
+    Raises:
+        ValueError: ``too_long="error"`` and a sample is longer than ``max_len``, or
+            ``too_long="skip"`` and every sample is.
+    """
+    long = np.flatnonzero(lengths > max_len)
+    if long.size and too_long is TooLong.ERROR:
+        first = int(long[0])
+        raise ValueError(
+            f"lengths[{first}]={int(lengths[first])} is longer than max_len={max_len} ({long.size} "
+            f"sample{'s are' if long.size > 1 else ' is'}); pass too_long='split' to cut such samples into "
+            "pieces of max_len, too_long='skip' to leave them out, or a larger max_len"
+        )
+    if too_long is TooLong.SKIP and long.size == lengths.size:
+        raise ValueError(f"every sample is longer than max_len={max_len}, so too_long='skip' would leave nothing")
+    return long
+
+
+def piece_index(lengths: np.ndarray, max_len: int, too_long: TooLong) -> PieceIndex:
+    """Group every item by length (see the module docstring); lengths over ``max_len`` per ``too_long``.
+
+    Raises:
+        ValueError: ``too_long="error"`` and a sample is longer than ``max_len``, or nothing is left.
+    """
+    lengths = np.asarray(lengths)
+    long = long_samples(lengths, max_len, too_long)
+    skipped = np.empty(0, dtype=np.int64)
+    if not long.size:
+        order, offsets = group_by_key(lengths.astype(np.int64, copy=False), max_len + 1)
+        return PieceIndex(order, None, offsets, skipped)
+    if too_long is TooLong.SKIP:
+        keep = np.flatnonzero(lengths <= max_len)
+        order, offsets = group_by_key(lengths[keep].astype(np.int64), max_len + 1)
+        return PieceIndex(keep[order], None, offsets, long.astype(np.int64))
+    # split: every long sample becomes its full pieces plus (if any) the rest.
+    long_lengths = lengths[long].astype(np.int64)
+    pieces: np.ndarray = -(-long_lengths // max_len)  # (k,) pieces per long sample
+    owner = np.repeat(long, pieces)
+    firsts = np.cumsum(pieces) - pieces
+    piece = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(firsts, pieces)
+    starts = piece * max_len
+    piece_len = np.minimum(np.repeat(long_lengths, pieces) - starts, max_len)
+    short = np.flatnonzero(lengths <= max_len)
+    sample = np.concatenate([short.astype(np.int64), owner])
+    start = np.concatenate([np.zeros(short.size, dtype=np.int64), starts])
+    keys = np.concatenate([lengths[short].astype(np.int64), piece_len])
+    order, offsets = group_by_key(keys, max_len + 1)
+    return PieceIndex(sample[order], start[order], offsets, skipped)
+
+
+# -- strata ---------------------------------------------------------------------------------------
+def class_phases(num_classes: int) -> np.ndarray:
+    """``(num_classes,)`` fixed phases, so that classes of one or two items spread over the strata."""
+    return mix64(np.arange(1, num_classes + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+
+
+def stratum_bounds(counts: np.ndarray, num_strata: int, stratum: int, phases: np.ndarray) -> np.ndarray:
+    """``(2, classes)`` int64: the class positions ``[lo, hi)`` that ``stratum`` takes from each class.
+
+    Position boundaries are ``floor((count * s + phase) / S)``: every stratum takes ``floor`` or
+    ``ceil`` of ``count / S`` items of each class, and over all strata each item exactly once.
+    """
+    counts = counts.astype(np.int64)
+    phase = (phases % np.uint64(num_strata)).astype(np.int64)
+    if num_strata == 1:
+        return np.stack([np.zeros_like(counts), counts])
+    # (count * s + phase) fits int64 for count < 2**62 / S; use Python ints where it would not.
+    bounds = np.empty((2, counts.size), dtype=np.int64)
+    for row, s in enumerate((stratum, stratum + 1)):
+        if int(counts.max(initial=0)) * (s + 1) < 2**62:
+            bounds[row] = (counts * s + phase) // num_strata - phase // num_strata
+        else:  # pragma: no cover - beyond 2**62 / S items of one length
+            bounds[row] = [(int(c) * s + int(p)) // num_strata for c, p in zip(counts, phase, strict=True)]
+    return bounds
+
+
+def stratum_histogram(counts: np.ndarray, num_strata: int, stratum: int, phases: np.ndarray) -> np.ndarray:
+    """``(classes,)`` int64 items of each length in ``stratum`` (see :func:`stratum_bounds`)."""
+    lo, hi = stratum_bounds(counts, num_strata, stratum, phases)
+    histogram: np.ndarray = hi - lo
+    return histogram
+
+
+def stratum_slots(
+    counts: np.ndarray, num_strata: int, stratum: int, phases: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The class and class-local position of every item slot of ``stratum``, by class ascending.
+
+    Returns:
+        ``classes`` and ``ranks``, ``(k,)`` int64 each: slot ``i`` is position ``ranks[i]`` of
+        length class ``classes[i]`` (before the epoch's permutation within the class; a caller
+        maps it through its keyed per-class permutation to an item). Slots are listed in the
+        order :func:`pack_histogram` assigns rows to.
+    """
+    lo, hi = stratum_bounds(counts, num_strata, stratum, phases)
+    taken = hi - lo
+    classes = np.flatnonzero(taken)
+    per = taken[classes]
+    firsts = np.cumsum(per) - per
+    # ranks: (k,) class-local positions lo..hi-1 of every class, class by class.
+    ranks = np.repeat(lo[classes] - firsts, per) + np.arange(int(per.sum()), dtype=np.int64)
+    return np.repeat(classes, per).astype(np.int64), ranks
+
+
+# -- packing one stratum ----------------------------------------------------------------------------
+class _Rooms:
+    """Rows grouped by the room they have left: ``take`` rows with a given room, ``put`` them back."""
+
+    def __init__(self, max_len: int) -> None:
+        self.stacks: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # room -> blocks of row ids
+        self.count = np.zeros(max_len + 1, dtype=np.int64)  # room -> rows with that room
+
+    def smallest_fitting(self, length: int) -> int:
+        """The least room that holds ``length`` tokens, or -1."""
+        found = np.flatnonzero(self.count[length:])
+        return length + int(found[0]) if found.size else -1
+
+    def take(self, room: int, count: int) -> np.ndarray:
+        pieces, got = [], 0
+        stack = self.stacks[room]
+        while got < count:
+            block = stack.pop()
+            if block.size > count - got:
+                stack.append(block[count - got :])
+                block = block[: count - got]
+            pieces.append(block)
+            got += block.size
+        self.count[room] -= count
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def put(self, room: int, rows: np.ndarray) -> None:
+        if rows.size:
+            self.stacks[room].append(rows)
+            self.count[room] += rows.size
+
+
+def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing into rows of ``max_len`` tokens, on a histogram of item lengths.
+
+    Items are placed longest first, each into the fullest row it still fits (a new row if none):
+    exactly what best-fit decreasing does item by item, computed per (length, row-room) pair:
+    a row that is the best fit for an item of length ``l`` stays the best fit for the next ones
+    until it has no room, so a whole run of equal items is placed in a few numpy operations.
+    Items of length 0 go round the rows.
+
+    Args:
+        histogram: ``(max_len + 1,)`` items of each length.
+        max_len: row capacity.
+
+    Returns:
+        ``item_rows`` ``(histogram.sum(),)`` int64, the row of each item, items ordered by length
+        ascending (class by class, as :func:`stratum_slots` lists them), and the number of rows.
+    """
+    histogram = np.asarray(histogram, dtype=np.int64)
+    rooms = _Rooms(max_len)
+    num_rows = 0
+    placed: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # length -> row of each item, in order
+    for length in range(max_len, 0, -1):
+        need = int(histogram[length])
+        while need:
+            room = rooms.smallest_fitting(length)
+            if room < 0:  # no row has room: open rows, each filled with as many as fit
+                per_row = max_len // length
+                opened = -(-need // per_row)
+                rows = np.arange(num_rows, num_rows + opened, dtype=np.int64)
+                num_rows += opened
+                placed[length].append(np.repeat(rows, per_row)[:need])
+                rooms.put(max_len - per_row * length, rows[:-1])
+                rooms.put(max_len - (need - (opened - 1) * per_row) * length, rows[-1:])
+                break
+            per_row = room // length
+            full = min(int(rooms.count[room]), need // per_row)
+            if full:  # rows of this room that the run fills to the brim, one after another
+                rows = rooms.take(room, full)
+                placed[length].append(np.repeat(rows, per_row))
+                rooms.put(room - per_row * length, rows)
+                need -= full * per_row
+            if need and rooms.count[room]:  # the rest of the run: fewer than fill one row
+                row = rooms.take(room, 1)
+                placed[length].append(np.repeat(row, need))
+                rooms.put(room - need * length, row)
+                need = 0
+    zeros = int(histogram[0])
+    if zeros:
+        num_rows = max(num_rows, 1)
+        placed[0].append(np.arange(zeros, dtype=np.int64) % num_rows)
+    item_rows = [np.concatenate(p) for p in placed if p]
+    flat = np.concatenate(item_rows) if item_rows else np.empty(0, dtype=np.int64)
+    return flat.astype(np.int64, copy=False), num_rows
+
+
+def row_loads(item_rows: np.ndarray, item_lengths: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(num_rows,)`` int64 tokens and ``(num_rows,)`` int64 sum of squared lengths of each row."""
+    lengths = item_lengths.astype(np.int64)
+    tokens = np.bincount(item_rows, weights=lengths, minlength=num_rows).astype(np.int64)
+    squares = np.bincount(item_rows, weights=(lengths * lengths).astype(np.float64), minlength=num_rows)
+    return tokens, np.rint(squares).astype(np.int64)
+
+
+def _deal(costs_sorted: np.ndarray, num_batches: int) -> np.ndarray:
+    """Batch of each row of a cost-descending list: round by round, the costliest go to the lightest batches.
+
+    Round ``k`` deals rows ``k * B .. (k + 1) * B - 1`` one per batch, matching the costliest row
+    of the round with the batch that is lightest so far (a longest-processing-time rule that
+    keeps every batch's row count within one of the others). ``R`` numpy sorts, no loop per row.
+    """
+    rows = costs_sorted.size
+    batch = np.empty(rows, dtype=np.int64)
+    loads = np.zeros(num_batches, dtype=np.float64)
+    for first in range(0, rows, num_batches):
+        chunk = slice(first, min(first + num_batches, rows))
+        size = chunk.stop - first
+        lightest = np.argsort(loads, kind="stable")[:size]
+        batch[chunk] = lightest
+        loads[lightest] += costs_sorted[chunk]
+    return batch
+
+
+def deal_rows(
+    tokens: np.ndarray,
+    costs: np.ndarray,
+    *,
+    rows_per_batch: int | None,
+    tokens_per_batch: int | None,
+    drop_short: bool = False,
+) -> tuple[np.ndarray, int]:
+    """Deal the rows of one stratum into batches whose costs are about equal.
+
+    Rows are sorted by cost (descending, stable) and dealt round by round, the costliest rows
+    of a round to the lightest batches so far, so the costliest rows are spread one per batch
+    and every batch ends with about the same cost. With
+    ``rows_per_batch`` there are ``ceil(rows / rows_per_batch)`` batches (fewer than
+    ``rows_per_batch`` of them hold one row less); with ``tokens_per_batch`` the fewest batches
+    that this deal keeps under the budget (one more at a time from ``ceil(tokens / budget)``).
+    Does not depend on any key: the count of batches is a function of the rows alone.
+
+    Args:
+        tokens: ``(r,)`` tokens per row.
+        costs: ``(r,)`` the cost to balance per row (tokens, or squared lengths).
+        drop_short: with ``rows_per_batch``, leave out the ``r % rows_per_batch`` rows with the
+            fewest tokens (marked -1) so that every batch is full.
+
+    Returns:
+        ``batch_of_row`` ``(r,)`` int64 (-1: dropped) and the number of batches.
+    """
+    rows = tokens.size
+    if rows == 0:
+        return np.empty(0, dtype=np.int64), 0
+    batch_of_row = np.full(rows, -1, dtype=np.int64)
+    keep = np.arange(rows, dtype=np.int64)
+    if rows_per_batch is not None:
+        if drop_short:
+            extra = rows % rows_per_batch
+            if extra:
+                fewest = np.argsort(tokens, kind="stable")[:extra]
+                keep = np.setdiff1d(keep, fewest)
+            if keep.size == 0:
+                return batch_of_row, 0
+        num_batches = -(-keep.size // rows_per_batch)
+        by_cost = keep[np.argsort(-costs[keep], kind="stable")]
+        batch_of_row[by_cost] = _deal(costs[by_cost], num_batches)
+        return batch_of_row, num_batches
+    if tokens_per_batch is None:
+        raise ValueError("deal_rows needs rows_per_batch or tokens_per_batch")
+    by_cost = np.argsort(-costs, kind="stable")
+    num_batches = max(1, -(-int(tokens.sum()) // tokens_per_batch))
+    while True:
+        dealt = _deal(costs[by_cost], num_batches)
+        loads = np.bincount(dealt, weights=tokens[by_cost], minlength=num_batches)
+        if loads.max() <= tokens_per_batch or num_batches >= rows:
+            break
+        num_batches += 1
+    batch_of_row[by_cost] = dealt
+    return batch_of_row, num_batches
+
+
+@dataclass(frozen=True, eq=False)
+class StratumPlan:
+    """One packed stratum: batch ``b`` is rows ``batch_offsets[b]:batch_offsets[b + 1]``, row ``r`` items
+    ``items[row_offsets[r]:row_offsets[r + 1]]``.
+
+    Attributes:
+        items: ``(k,)`` int64 item ids in plan order (batch by batch, row by row).
+        row_offsets: ``(rows + 1,)`` int64 boundaries of rows in ``items``.
+        batch_offsets: ``(batches + 1,)`` int64 boundaries of batches in rows.
+        lengths: ``(k,)`` int64 length of each item (its class), beside ``items``.
+    """
+
+    items: np.ndarray
+    row_offsets: np.ndarray
+    batch_offsets: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.batch_offsets.size - 1)
+
+
+def _sorted_by(major: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """Positions sorted by ``(major, noise)`` (non-negative ints, uint64 words): one stable sort of packed keys.
+
+    ``major`` takes the high bits it needs, ``noise`` the rest of a 64-bit key (ties of the
+    truncated noise keep position order: still one order on every platform).
+    """
+    if major.size == 0:
+        return np.empty(0, dtype=np.int64)
+    bits = max(int(major.max()).bit_length(), 1)
+    keys = (major.astype(np.uint64) << np.uint64(64 - bits)) | (noise >> np.uint64(bits))
+    order: np.ndarray = np.argsort(keys, kind="stable").astype(np.int64)
+    return order
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+@dataclass(frozen=True, eq=False)
+class StratumLayout:
+    """The epoch-independent shape of one stratum: which slot goes to which row, which row to which batch.
+
+    Attributes:
+        slot_rows: ``(k,)`` int64 row of each item slot (slots by class ascending, as
+            :func:`stratum_slots` lists them).
+        batch_of_row: ``(rows,)`` int64 batch of each row (-1: left out by ``drop_short``).
+        batch_costs: ``(batches,)`` int64 balance cost of each batch (tokens, or squared lengths).
+    """
+
+    slot_rows: np.ndarray
+    batch_of_row: np.ndarray
+    batch_costs: np.ndarray
+
+    @property
+    def num_batches(self) -> int:
+        return int(self.batch_costs.size)
+
+
+def layout_stratum(
+    histogram: np.ndarray,
+    max_len: int,
+    *,
+    rows_per_batch: int | None,
+    tokens_per_batch: int | None,
+    balance: Balance,
+    drop_short: bool = False,
+) -> StratumLayout:
+    """Pack a stratum's histogram into rows (:func:`pack_histogram`), deal the rows into batches (:func:`deal_rows`)."""
+    slot_rows, num_rows = pack_histogram(histogram, max_len)
+    slot_lengths = np.repeat(np.arange(histogram.size, dtype=np.int64), histogram)
+    tokens, squares = row_loads(slot_rows, slot_lengths, num_rows)
+    costs = squares if balance is Balance.ATTENTION else tokens
+    batch_of_row, num_batches = deal_rows(
+        tokens, costs, rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch, drop_short=drop_short
+    )
+    kept = batch_of_row >= 0
+    batch_costs = np.bincount(batch_of_row[kept], weights=costs[kept], minlength=num_batches)
+    return StratumLayout(slot_rows, batch_of_row, np.rint(batch_costs).astype(np.int64))
+
+
+def order_stratum(
+    items: np.ndarray, lengths: np.ndarray, layout: StratumLayout, *, group: int, key: int | None
+) -> StratumPlan:
+    """Lay one epoch's items (one per slot, with their ``lengths``) out as the stratum's batches, in plan order.
+
+    Batches are ordered by :func:`~shardwise._core.batching.balanced_batch_order` over their
+    costs: sorted by cost and shuffled in groups of ``group``, so that the W batches of a
+    global step (W dividing ``group``) cost about the same. ``key`` also shuffles rows within a
+    batch and items within a row; ``None`` keeps cost order and layout order.
+    """
+    slot_rows, batch_of_row = layout.slot_rows, layout.batch_of_row
+    num_rows, num_batches = batch_of_row.size, layout.num_batches
+    order = balanced_batch_order(layout.batch_costs, group, None if key is None else derive_seed(key, "batches"))
+    batch_rank = np.empty(num_batches, dtype=np.int64)
+    batch_rank[order] = np.arange(num_batches, dtype=np.int64)
+    if key is None:
+        row_noise = np.zeros(num_rows, dtype=np.uint64)
+        slot_noise = np.zeros(slot_rows.size, dtype=np.uint64)
+    else:
+        words = derive_words(key, "pack", count=2)
+        row_noise = np.random.PCG64(int(words[0])).random_raw(num_rows)
+        slot_noise = np.random.PCG64(int(words[1])).random_raw(slot_rows.size)
+    # rows sorted by (batch position, noise), slots by (row position, noise); dropped rows last, cut.
+    kept = np.flatnonzero(batch_of_row >= 0)
+    row_position = np.full(num_rows, -1, dtype=np.int64)
+    row_order = kept[_sorted_by(batch_rank[batch_of_row[kept]], row_noise[kept])]
+    row_position[row_order] = np.arange(row_order.size, dtype=np.int64)
+    slot_kept = np.flatnonzero(row_position[slot_rows] >= 0)
+    slot_order = slot_kept[_sorted_by(row_position[slot_rows[slot_kept]], slot_noise[slot_kept])]
+    rows_per = np.bincount(batch_rank[batch_of_row[kept]], minlength=num_batches)
+    items_per = np.bincount(row_position[slot_rows[slot_kept]], minlength=row_order.size)
+    return StratumPlan(items[slot_order], _offsets(items_per), _offsets(rows_per), lengths[slot_order])
+
+
+def stratum_layouts(
+    counts: np.ndarray,
+    num_strata: int,
+    max_len: int,
+    *,
+    rows_per_batch: int | None,
+    tokens_per_batch: int | None,
+    balance: Balance,
+    drop_short: bool = False,
+) -> list[StratumLayout]:
+    """Every stratum's layout (its number of batches is the plan's size: the same in every epoch)."""
+    phases = class_phases(counts.size)
+    return [
+        layout_stratum(stratum_histogram(counts, num_strata, stratum, phases), max_len, rows_per_batch=rows_per_batch,
+                       tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)
+        for stratum in range(num_strata)
+    ]  # fmt: skip
+
+
+def shuffle_within_classes(offsets: np.ndarray, key: int) -> np.ndarray:
+    """``(m,)`` int64: a keyed random order of every class's items, materialised (for small indexes).
+
+    Item at class-position ``p`` of class ``c`` is ``result[offsets[c] + p]``: the items of each
+    class sorted by raw PCG64 words (what large indexes do per item with a Feistel permutation).
+    """
+    total = int(offsets[-1])
+    classes = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
+    return _sorted_by(classes, np.random.PCG64(key).random_raw(total))
+
+
+def class_shuffle_key(seed: int, epoch: int) -> int:
+    """The key of one epoch's permutations within length classes."""
+    return derive_seed(seed, epoch, "pack-classes")
+
+
+def stratum_order_key(seed: int, epoch: int) -> int:
+    """The key of one epoch's order of strata."""
+    return derive_seed(seed, epoch, "pack-strata")

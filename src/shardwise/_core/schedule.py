@@ -1,0 +1,490 @@
+"""Batch-size schedules: the batch size (and an optional payload) as a pure function of plan position.
+
+A schedule answers one question: at epoch ``e``, with ``samples`` samples of the run already
+handed out by all ranks together, what is the per-rank batch size of the next global step (and
+its payload, e.g. an image size)? ``samples`` counts positions of the global sample plans,
+``e * n + p`` at position ``p`` of epoch ``e`` when every epoch plans ``n`` samples: a dropped or
+padded tail counts as the ``n`` samples the plan holds, so the value never depends on the world
+size, and a schedule is the same on every rank.
+
+:func:`plan_steps` turns a schedule into the global steps of one epoch for a world size ``W``:
+step ``s`` starts at plan position ``p_s``, has per-rank size ``b_s`` (the schedule's value at
+``p_s``) and covers the ``W * b_s`` plan positions ``[p_s, p_s + W * b_s)``; rank ``r`` takes the
+slice ``[p_s + r * b_s, p_s + (r + 1) * b_s)``. Every rank's batch of a step has the same size;
+a new size takes effect at the first step that starts at or after the position where the schedule
+changes. Steps are computed segment by segment (a segment is a stretch where the schedule is
+constant), so an epoch costs O(segments), except for arbitrary callables (O(steps)).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+from .errors import check_callable, check_int
+
+
+class Step(NamedTuple):
+    """The per-rank batch size of one global step and its payload (``None`` without payloads)."""
+
+    batch_size: int
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Run:
+    """``steps`` consecutive global steps of one size, the first starting at plan position ``first``."""
+
+    first: int
+    batch_size: int
+    steps: int
+    payload: Any
+
+    def end(self, world_size: int) -> int:
+        """The plan position just past this run's last step."""
+        return self.first + self.steps * world_size * self.batch_size
+
+
+_Default = TypeVar("_Default", bound=int | None)
+
+_CONSTANT, _EPOCH, _SAMPLES, _RAMP, _CALLABLE = "constant", "by_epoch", "by_samples", "ramp", "callable"
+_NO_PAYLOAD = object()
+
+
+def _split_value(name: str, value: object) -> tuple[int, Any]:
+    """``value`` as ``(size, payload)``; a bare size gets the ``_NO_PAYLOAD`` marker."""
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise TypeError(
+                f"{name} should be a positive int or a (batch_size, payload) pair, but got {name}={value!r}"
+            )
+        return check_int(name, value[0], minimum=1), value[1]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name} should be a positive int or a (batch_size, payload) pair, "
+            f"but got {name}={value!r} ({type(value).__name__})"
+        )
+    return check_int(name, value, minimum=1), _NO_PAYLOAD
+
+
+def _read_points(name: str, points: object, unit: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]:
+    """Validate ``{threshold: size or (size, payload)}``: thresholds from 0, strictly increasing."""
+    if not isinstance(points, Mapping) or not points:
+        raise TypeError(
+            f"{name} should be a non-empty mapping {{{unit}: batch_size}} starting at 0, but got {name}={points!r}"
+        )
+    thresholds: list[int] = []
+    sizes: list[int] = []
+    payloads: list[Any] = []
+    for key, value in points.items():
+        threshold = check_int(f"{name} key", key, minimum=0)
+        if thresholds and threshold <= thresholds[-1]:
+            raise ValueError(
+                f"{name} thresholds should be strictly increasing, but got {threshold} after {thresholds[-1]} "
+                f"in {name}={dict(points)!r}"
+            )
+        size, payload = _split_value(f"{name}[{threshold}]", value)
+        thresholds.append(threshold)
+        sizes.append(size)
+        payloads.append(payload)
+    if thresholds[0] != 0:
+        raise ValueError(
+            f"{name} should start at {unit} 0 (the size before the first change), but its first key is "
+            f"{thresholds[0]} in {name}={dict(points)!r}"
+        )
+    with_payload = [p is not _NO_PAYLOAD for p in payloads]
+    if any(with_payload) and not all(with_payload):
+        raise ValueError(f"{name} should give a payload for every entry or for none, but got {name}={dict(points)!r}")
+    return tuple(thresholds), tuple(sizes), tuple(None if p is _NO_PAYLOAD else p for p in payloads)
+
+
+def _last_at_or_below(thresholds: tuple[int, ...], value: int) -> int:
+    """Index of the last threshold <= ``value`` (thresholds[0] == 0 <= value)."""
+    low, high = 0, len(thresholds)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if thresholds[middle] <= value:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+class BatchSizeSchedule:
+    """The per-rank batch size, and optionally a payload, as a function of the plan position.
+
+    Build one with a constructor: :meth:`constant`, :meth:`by_epoch`, :meth:`by_samples`,
+    :meth:`ramp`, or ``BatchSizeSchedule(function)`` for any ``function(epoch, samples)``.
+    Sizes are **per rank** (what each rank's DataLoader yields per step); a global step holds
+    ``world_size`` times as many samples. ``samples`` is counted over all ranks together, in
+    positions of the global sample plans: epoch ``e`` starts at ``e * n`` for ``n`` samples per
+    epoch, whatever was padded or dropped, so a schedule never depends on the world size.
+
+    A payload travels with every step: give each entry as ``(batch_size, payload)``, for instance
+    ``{0: (256, {"size": 128}), 10: (128, {"size": 224})}``; a scheduled sampler then yields
+    ``(index, payload)`` pairs so that the dataset (in DataLoader workers) sees the payload.
+
+    Example:
+        >>> schedule = BatchSizeSchedule.by_samples({0: 32, 50_000: 64})
+        >>> schedule(0, 49_999), schedule(0, 50_000)
+        (Step(batch_size=32, payload=None), Step(batch_size=64, payload=None))
+        >>> BatchSizeSchedule.ramp(start=32, end=256, increment=32, over_samples=700)(0, 100).batch_size
+        64
+        >>> BatchSizeSchedule.by_epoch({0: (8, 128), 2: (4, 224)})(3, 0)
+        Step(batch_size=4, payload=224)
+    """
+
+    __slots__ = ("_function", "_has_payload", "_increment", "_kind", "_name", "_payloads", "_sizes", "_thresholds")
+
+    _kind: str
+    _thresholds: tuple[int, ...]
+    _sizes: tuple[int, ...]
+    _payloads: tuple[Any, ...]
+    _increment: int
+    _function: Callable[[int, int], object] | None
+    _has_payload: bool | None
+    _name: str
+
+    def __init__(self, function: Callable[[int, int], object]) -> None:
+        """A schedule given by ``function(epoch, samples)``, returning a size or ``(size, payload)``.
+
+        The function must be pure (the same value for the same arguments, on every rank). Its
+        return type is checked every time it is called; the first call decides whether the
+        schedule carries payloads, and later calls must agree.
+        """
+        self._init_function(function, "function")
+
+    def _init_function(self, function: object, name: str) -> None:
+        """Check ``function`` (named ``name`` in messages): two positional arguments, a good value at (0, 0).
+
+        A schedule is pure, so calling it once here costs nothing and turns a bad return value
+        into an error at construction instead of at the first batch.
+        """
+        if isinstance(function, BatchSizeSchedule):
+            raise TypeError(f"{name} should be a callable (epoch, samples) -> batch_size, but got {name}={function!r}")
+        self._setup(_CALLABLE, (0,), (1,), (None,), has_payload=None)
+        self._function = check_callable(name, function, arguments=("epoch", "samples"), returns="batch_size")
+        self._name = name
+        self._evaluate(0, 0)
+
+    def _setup(self, kind: str, thresholds: tuple[int, ...], sizes: tuple[int, ...], payloads: tuple[Any, ...],
+               *, has_payload: bool | None, increment: int = 0) -> None:  # fmt: skip
+        self._kind, self._thresholds, self._sizes, self._payloads = kind, thresholds, sizes, payloads
+        self._increment, self._function, self._has_payload = increment, None, has_payload
+        self._name = "batch_size"
+
+    @classmethod
+    def _build(cls, kind: str, thresholds: tuple[int, ...], sizes: tuple[int, ...], payloads: tuple[Any, ...],
+               *, has_payload: bool, increment: int = 0) -> BatchSizeSchedule:  # fmt: skip
+        schedule = cls.__new__(cls)
+        schedule._setup(kind, thresholds, sizes, payloads, has_payload=has_payload, increment=increment)
+        return schedule
+
+    # -- constructors --------------------------------------------------------------------------
+    @classmethod
+    def constant(cls, batch_size: int, payload: Any = None) -> BatchSizeSchedule:
+        """One size for the whole run (what a plain ``batch_size=int`` means); ``payload`` opts in."""
+        size = check_int("batch_size", batch_size, minimum=1)
+        return cls._build(_CONSTANT, (0,), (size,), (payload,), has_payload=payload is not None)
+
+    @classmethod
+    def by_epoch(cls, sizes: Mapping[int, int | tuple[int, Any]]) -> BatchSizeSchedule:
+        """``{first epoch: size}``, e.g. ``{0: 256, 10: 128, 20: 64}``; values may be ``(size, payload)``."""
+        thresholds, values, payloads = _read_points("sizes", sizes, "epoch")
+        has_payload = _has_payload(sizes)
+        return cls._build(_EPOCH, thresholds, values, payloads, has_payload=has_payload)
+
+    @classmethod
+    def by_samples(cls, sizes: Mapping[int, int | tuple[int, Any]]) -> BatchSizeSchedule:
+        """``{samples consumed (all ranks together, over the run): size}``, e.g. ``{0: 32, 50_000: 64}``.
+
+        A change takes effect at the first global step that starts at or after its threshold,
+        mid-epoch if the threshold falls there.
+        """
+        thresholds, values, payloads = _read_points("sizes", sizes, "sample")
+        return cls._build(_SAMPLES, thresholds, values, payloads, has_payload=_has_payload(sizes))
+
+    @classmethod
+    def ramp(cls, *, start: int, end: int, increment: int, over_samples: int) -> BatchSizeSchedule:
+        """Megatron-style ramp-up: ``start``, then ``+increment`` in equal steps, reaching ``end``.
+
+        With ``k = (end - start) // increment`` increments, the size after ``samples`` consumed
+        samples is ``start + increment * (samples * k // over_samples)``, and ``end`` from
+        ``over_samples`` on: each size is used for ``over_samples / k`` samples. As in Megatron-LM,
+        ``end - start`` must be a multiple of ``increment``. Sizes are per rank here.
+        """
+        start = check_int("start", start, minimum=1)
+        end = check_int("end", end, minimum=1)
+        increment = check_int("increment", increment, minimum=1)
+        over_samples = check_int("over_samples", over_samples, minimum=0)
+        if end < start:
+            raise ValueError(f"end should be >= start={start}, but got end={end}")
+        if (end - start) % increment:
+            raise ValueError(
+                f"end - start should be a multiple of increment={increment}, but got start={start}, end={end}"
+            )
+        count = (end - start) // increment
+        if count == 0 or over_samples == 0:
+            return cls._build(_CONSTANT, (0,), (end,), (None,), has_payload=False)
+        # Threshold of level j: the least s with s * count // over_samples >= j.
+        thresholds = tuple(-(-j * over_samples // count) for j in range(count + 1))
+        sizes = tuple(start + j * increment for j in range(count + 1))
+        return cls._build(_RAMP, thresholds, sizes, (None,) * (count + 1), has_payload=False, increment=increment)
+
+    # -- evaluation ----------------------------------------------------------------------------
+    @property
+    def has_payload(self) -> bool:
+        """Whether steps carry a payload (for a function: decided by its first call)."""
+        return bool(self._has_payload)
+
+    @property
+    def is_callable(self) -> bool:
+        """Whether the schedule is an arbitrary function (evaluated step by step)."""
+        return self._kind == _CALLABLE
+
+    def __call__(self, epoch: int, samples: int) -> Step:
+        """The step size and payload at ``epoch`` after ``samples`` samples of the run."""
+        size, payload, _ = self.segment(epoch, samples)
+        return Step(size, payload)
+
+    def segment(self, epoch: int, samples: int) -> tuple[int, Any, int | None]:
+        """``(size, payload, until)``: the value now and the sample count from which it may change.
+
+        ``until`` is ``None`` when the value holds for the rest of the epoch (and beyond it for
+        sample-based schedules).
+        """
+        kind = self._kind
+        if kind == _CALLABLE:
+            return (*self._evaluate(epoch, samples), samples + 1)
+        if kind == _CONSTANT:
+            return self._sizes[0], self._payloads[0], None
+        if kind == _EPOCH:
+            level = _last_at_or_below(self._thresholds, epoch)
+            return self._sizes[level], self._payloads[level], None
+        level = _last_at_or_below(self._thresholds, samples)
+        until = self._thresholds[level + 1] if level + 1 < len(self._thresholds) else None
+        return self._sizes[level], self._payloads[level], until
+
+    def _evaluate(self, epoch: int, samples: int) -> tuple[int, Any]:
+        if self._function is None:
+            raise RuntimeError("a callable schedule lost its function")
+        value = self._function(epoch, samples)
+        where = f"at epoch={epoch}, samples={samples}"
+        name = getattr(self._function, "__qualname__", repr(self._function))
+        pair = isinstance(value, tuple)
+        if self._has_payload is not None and pair != self._has_payload:
+            shape = "(batch_size, payload) pairs" if self._has_payload else "bare batch sizes"
+            raise TypeError(
+                f"{self._name} schedule {name} returned {value!r} {where}, but it returned {shape} before; "
+                "return the same shape every time"
+            )
+        try:
+            size, payload = _split_value("batch_size", value)
+        except (TypeError, ValueError) as error:
+            raise type(error)(
+                f"{self._name} schedule {name} returned {value!r} ({type(value).__name__}) {where}; it should "
+                "return a positive int, or a (positive int, payload) pair"
+            ) from None
+        self._has_payload = pair
+        return size, (payload if pair else None)
+
+    # -- what validation needs -----------------------------------------------------------------
+    def epoch_starts_to_check(self, epoch_size: int) -> list[int] | None:
+        """The epochs whose first step can differ from an earlier epoch's (``None``: not known)."""
+        if self._kind == _CALLABLE:
+            return None
+        if self._kind == _EPOCH:
+            return list(self._thresholds)
+        if epoch_size == 0:
+            return [0]
+        return sorted({0, *(-(-t // epoch_size) for t in self._thresholds)})
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Plain values describing the schedule (for ``describe()``; not part of the resume state)."""
+        if self._kind == _CALLABLE:
+            return {"kind": _CALLABLE, "function": getattr(self._function, "__qualname__", repr(self._function))}
+        return {"kind": self._kind, "thresholds": list(self._thresholds), "sizes": list(self._sizes)}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BatchSizeSchedule):
+            return NotImplemented
+        if _CALLABLE in (self._kind, other._kind):
+            return self is other or (self._kind == other._kind and self._function is other._function)
+        return (self._kind, self._thresholds, self._sizes, self._payloads) == (
+            other._kind,
+            other._thresholds,
+            other._sizes,
+            other._payloads,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._kind, self._thresholds, self._sizes))
+
+    def __repr__(self) -> str:
+        if self._kind == _CALLABLE:
+            return f"BatchSizeSchedule({getattr(self._function, '__qualname__', repr(self._function))})"
+        if self._kind == _CONSTANT:
+            payload = f", payload={self._payloads[0]!r}" if self._has_payload else ""
+            return f"BatchSizeSchedule.constant({self._sizes[0]}{payload})"
+        if self._kind == _RAMP:
+            # The last level starts at ceil(count * over_samples / count) == over_samples.
+            over = self._thresholds[-1]
+            return (
+                f"BatchSizeSchedule.ramp(start={self._sizes[0]}, end={self._sizes[-1]}, "
+                f"increment={self._increment}, over_samples={over})"
+            )
+        points = {
+            t: (s, p) if self._has_payload else s
+            for t, s, p in zip(self._thresholds, self._sizes, self._payloads, strict=True)
+        }
+        return f"BatchSizeSchedule.{self._kind}({points!r})"
+
+
+def _has_payload(points: Mapping[int, object]) -> bool:
+    return any(isinstance(value, tuple) for value in points.values())
+
+
+ScheduleLike = BatchSizeSchedule | int | Callable[[int, int], object]
+
+
+def as_schedule(batch_size: object, name: str = "batch_size") -> BatchSizeSchedule:
+    """A ``BatchSizeSchedule`` from what users pass as ``batch_size``: an int, a schedule, a callable."""
+    if isinstance(batch_size, BatchSizeSchedule):
+        return batch_size
+    if isinstance(batch_size, numbers.Integral):  # check_int refuses bool
+        return BatchSizeSchedule.constant(check_int(name, batch_size, minimum=1))
+    if callable(batch_size):
+        schedule = BatchSizeSchedule.__new__(BatchSizeSchedule)
+        schedule._init_function(batch_size, name)
+        return schedule
+    raise TypeError(
+        f"{name} should be a positive int, a BatchSizeSchedule or a callable (epoch, samples) -> int, "
+        f"but got {name}={batch_size!r} ({type(batch_size).__name__})"
+    )
+
+
+def check_per_epoch(schedule: BatchSizeSchedule, name: str, epoch_size: int, owner: str) -> None:
+    """Refuse a schedule that can change inside an epoch of ``epoch_size`` samples.
+
+    Batch samplers that build their own batch plan (a plan that must not depend on the world
+    size) take a new size at epoch starts only: constant and ``by_epoch`` schedules, and
+    ``by_samples``/``ramp`` schedules whose every change falls on an epoch start.
+
+    Raises:
+        ValueError: naming the parameter and pointing to ``by_epoch`` and ``ScheduledBatchSampler``.
+    """
+    kind = schedule._kind
+    if kind in (_CONSTANT, _EPOCH):
+        return
+    if kind != _CALLABLE and epoch_size > 0 and all(t % epoch_size == 0 for t in schedule._thresholds):
+        return
+    where = "a function can change at any step" if kind == _CALLABLE else (
+        f"its changes at samples {list(schedule._thresholds[1:])} do not all fall on an epoch start "
+        f"(multiples of {epoch_size})"
+    )  # fmt: skip
+    raise ValueError(
+        f"{owner} changes {name} at epoch starts only (its batch plan does not depend on the world size), but "
+        f"{name}={schedule!r}: {where}. Use BatchSizeSchedule.by_epoch(...), or ScheduledBatchSampler for "
+        "changes inside an epoch"
+    )
+
+
+def epoch_value(schedule: BatchSizeSchedule, epoch: int, epoch_size: int) -> Step:
+    """The value of a per-epoch schedule for ``epoch`` (at its first sample, ``epoch * epoch_size``)."""
+    return schedule(epoch, epoch * epoch_size)
+
+
+class EpochSizes:
+    """Size arguments of a batch sampler with its own plan, each an int or a per-epoch schedule.
+
+    Such a sampler reads ``at(name, epoch, default)`` where it reads a size, and adds
+    ``fingerprint()`` to its own (empty when nothing is scheduled, so existing states still load).
+
+    Args:
+        owner: the sampler's name, for messages.
+        epoch_size: samples one epoch consumes (what a ``by_samples`` threshold counts).
+        **values: each size argument as given (ints pass through untouched).
+
+    Raises:
+        ValueError: a schedule that changes inside an epoch, or one that carries payloads.
+    """
+
+    __slots__ = ("_epoch_size", "_schedules")
+
+    def __init__(self, owner: str, epoch_size: int, **values: object) -> None:
+        self._epoch_size = epoch_size
+        self._schedules: dict[str, BatchSizeSchedule] = {}
+        for name, value in values.items():
+            if not isinstance(value, BatchSizeSchedule):
+                continue
+            check_per_epoch(value, name, epoch_size, owner)
+            if value.has_payload:
+                raise ValueError(
+                    f"{owner} takes no payloads, but {name}={value!r} carries some; give bare sizes, or use "
+                    "ScheduledBatchSampler, which yields (index, payload) pairs"
+                )
+            self._schedules[name] = value
+
+    def __bool__(self) -> bool:
+        return bool(self._schedules)
+
+    def initial(self, name: str, value: object) -> object:
+        """``value`` itself, or the epoch-0 value of a schedule (for the plain attribute and checks)."""
+        schedule = self._schedules.get(name)
+        return value if schedule is None else epoch_value(schedule, 0, self._epoch_size).batch_size
+
+    def at(self, name: str, epoch: int, default: _Default) -> int | _Default:
+        """The size ``name`` takes in ``epoch``; ``default`` when it is not scheduled."""
+        schedule = self._schedules.get(name)
+        return default if schedule is None else epoch_value(schedule, epoch, self._epoch_size).batch_size
+
+    def epochs(self) -> list[int]:
+        """Every epoch where a scheduled size can change (0 included): what validation must visit."""
+        found = {0}
+        for schedule in self._schedules.values():
+            found.update(schedule.epoch_starts_to_check(self._epoch_size) or [])
+        return sorted(found)
+
+    def fingerprint(self) -> dict[str, str]:
+        """``{"<name>_schedule": repr}`` for each scheduled size."""
+        return {f"{name}_schedule": repr(schedule) for name, schedule in self._schedules.items()}
+
+
+def plan_steps(
+    schedule: BatchSizeSchedule,
+    *,
+    epoch: int,
+    total: int,
+    start: int,
+    world_size: int,
+    drop_last: bool,
+) -> list[Run]:
+    """The global steps of ``epoch`` from plan position ``start`` on, as runs of equal-size steps.
+
+    A plan of ``total`` samples; epoch ``epoch`` begins at run-wide sample ``epoch * total``.
+    The last step, if fewer than ``W * b`` samples remain, is dropped (``drop_last``) or cut to
+    per-rank size ``ceil(remaining / W)``, its positions past the plan wrapping to its start
+    (at most ``W - 1`` repeats), so every rank's batch of every step has the same size.
+    """
+    runs: list[Run] = []
+    base = epoch * total
+    position = start
+    while position < total:
+        size, payload, until = schedule.segment(epoch, base + position)
+        span = world_size * size
+        limit = total if until is None else min(max(until - base, position + 1), total)
+        steps = -(-(limit - position) // span)
+        end = position + steps * span
+        if end <= total:
+            runs.append(Run(position, size, steps, payload))
+            position = end
+            continue
+        if steps > 1:
+            runs.append(Run(position, size, steps - 1, payload))
+        last = position + (steps - 1) * span
+        if not drop_last:
+            runs.append(Run(last, -(-(total - last) // world_size), 1, payload))
+        break
+    return runs

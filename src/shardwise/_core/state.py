@@ -1,0 +1,152 @@
+"""The resume state and the epoch/position bookkeeping every sampler shares.
+
+A state is global and O(1): ``{"version", "epoch", "consumed", "seed", "fingerprint"}``, where
+``consumed`` counts the units of the epoch's global plan already handed out by all ranks
+together. It is the same on every rank (rank 0's copy restores all) and it does not depend on the
+world size, so a state saved with ``W`` ranks loads with ``W'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import MalformedStateError, StateMismatchError, check_int
+
+STATE_VERSION = 1
+
+VERSION = "version"
+EPOCH = "epoch"
+CONSUMED = "consumed"
+SEED = "seed"
+FINGERPRINT = "fingerprint"
+KEYS = (VERSION, EPOCH, CONSUMED, SEED, FINGERPRINT)
+
+Fingerprint = dict[str, Any]
+"""Plain values that identify a plan (sampler kind, data size, shuffle, digests of arrays)."""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything with ``state_dict``/``load_state_dict`` (torchdata's protocol, restated here)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def make_state(*, epoch: int, consumed: int, seed: int, fingerprint: Fingerprint) -> dict[str, Any]:
+    """A fresh state dict (plain ints, strings and dicts: safe for ``torch.save`` and JSON)."""
+    return {VERSION: STATE_VERSION, EPOCH: epoch, CONSUMED: consumed, SEED: seed, FINGERPRINT: dict(fingerprint)}
+
+
+def read_state(state: object, *, seed: int, fingerprint: Fingerprint) -> tuple[int, int]:
+    """Validate a saved state against this sampler and return its ``(epoch, consumed)``.
+
+    Raises:
+        MalformedStateError: not a mapping, a missing key, a wrong type, or another version.
+        StateMismatchError: the state belongs to another configuration; the message names the
+            first field that differs, e.g. ``num_samples``.
+    """
+    if not isinstance(state, Mapping):
+        raise MalformedStateError(f"state should be a dict from state_dict(), but got {type(state).__name__}")
+    missing = [key for key in KEYS if key not in state]
+    if missing:
+        raise MalformedStateError(
+            f"state is missing {', '.join(repr(k) for k in missing)}; a shardwise state has keys {', '.join(KEYS)}"
+        )
+    if state[VERSION] != STATE_VERSION:
+        raise MalformedStateError(
+            f"state has version={state[VERSION]!r}, but this release of shardwise reads version={STATE_VERSION}"
+        )
+    try:
+        epoch = check_int("state['epoch']", state[EPOCH], minimum=0)
+        consumed = check_int("state['consumed']", state[CONSUMED], minimum=0)
+        saved_seed = check_int("state['seed']", state[SEED], minimum=0)
+    except (TypeError, ValueError) as error:
+        raise MalformedStateError(str(error)) from None
+    saved = state[FINGERPRINT]
+    if not isinstance(saved, Mapping):
+        raise MalformedStateError(f"state['fingerprint'] should be a dict, but got {type(saved).__name__}")
+    for name, value in fingerprint.items():
+        if name not in saved:
+            raise StateMismatchError(f"state was saved without {name}, but this sampler has {name}={value!r}")
+        if saved[name] != value:
+            raise StateMismatchError(
+                f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}"
+            )
+    extra = sorted(set(saved) - set(fingerprint))
+    if extra:
+        raise StateMismatchError(
+            f"state was saved with {extra[0]}={saved[extra[0]]!r}, which this sampler does not have"
+        )
+    if saved_seed != seed:
+        raise StateMismatchError(f"state was saved for seed={saved_seed}, but this sampler has seed={seed}")
+    return epoch, consumed
+
+
+class Progress:
+    """Epoch and global position of one sampler, with the auto-advance rule of DESIGN.md section 4.
+
+    - ``set_epoch(e)`` always wins: a different epoch starts at position 0, and so does the same
+      epoch once a pass over it completed here (code that calls ``set_epoch(0)`` every epoch gets
+      the same order every time).
+    - A position loaded from a state is authoritative: ``set_epoch`` of that same epoch, which
+      frameworks call right after ``load_state_dict``, keeps it, even when the saved epoch was
+      complete (the rest of the epoch is then empty, as it would have been without the restart).
+    - A pass that completed with no ``set_epoch`` after it makes the next pass the next epoch, so
+      orders differ between epochs even when nobody calls ``set_epoch``.
+    - A loaded epoch end (a state saved just after the epoch's last unit) met by a loader that
+      restores the state itself (torchdata: the load happens inside ``iter(loader)``, after the
+      user's ``set_epoch``): the epoch the user set last decides. ``set_epoch(e)`` of the saved
+      epoch gives the empty rest of ``e``; ``set_epoch(e + 1)`` gives epoch ``e + 1``; with no
+      ``set_epoch``, the restored iterator (``begin(keep_end=True)``) continues the loaded
+      position (empty) and the next pass is ``e + 1``. An empty rest handed to a restored
+      iterator leaves the loaded position as it was: torchdata may discard that iterator.
+    """
+
+    __slots__ = ("completed", "consumed", "epoch", "requested", "resumed")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.consumed = 0
+        self.completed = False
+        self.resumed = False
+        self.requested: int | None = None  # the epoch of the last set_epoch, until a pass begins
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = check_int("epoch", epoch, minimum=0)
+        self.requested = epoch
+        if epoch != self.epoch or (self.completed and not self.resumed):
+            self.epoch, self.consumed, self.completed = epoch, 0, False
+        else:
+            self.completed = False  # same epoch: keep the position, even at its end after a resume
+        self.resumed = False
+
+    def begin(self, *, keep_end: bool = False) -> tuple[int, int]:
+        """The ``(epoch, start position)`` of the pass about to be iterated.
+
+        ``keep_end``: the pass continues a loaded position (a restored loader iterator), so a
+        loaded epoch end gives an empty pass of that epoch instead of the next epoch.
+        """
+        if self.completed and self.resumed:
+            stay = self.requested == self.epoch or (keep_end and self.requested is None)
+            if stay and keep_end:
+                return self.epoch, self.consumed  # an empty rest: the loaded position stays for the next pass
+            if stay:
+                self.completed = False
+        if self.completed:
+            self.epoch, self.consumed = self.epoch + 1, 0
+        self.completed = self.resumed = False
+        self.requested = None
+        return self.epoch, self.consumed
+
+    def upcoming_epoch(self) -> int:
+        """The epoch the next pass will iterate (what ``len()`` must describe)."""
+        return self.epoch + 1 if self.completed else self.epoch
+
+    def load(self, epoch: int, consumed: int, total: int) -> None:
+        """Adopt a saved position; a saved ``consumed >= total`` (nonzero) is a completed epoch."""
+        self.epoch, self.consumed = epoch, consumed
+        self.completed = total > 0 and consumed >= total
+        self.resumed = True

@@ -1,0 +1,147 @@
+"""Index builders: O(n) outputs written to disk, O(chunk + keys) private memory while building.
+
+:func:`order_by_key` is a chunked, stable counting sort of integer keys (lengths, labels): two
+passes over the input, ``chunk`` keys at a time, the output written straight into a ``.npy``
+memory map in the build directory that :func:`shardwise.index.build_or_open` hands out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHUNK = 1 << 20
+"""Keys per step of a build: about 40 bytes of private memory each (40 MiB), whatever n."""
+MAX_KEYS = 1 << 27
+"""Largest key + 1 a counting sort accepts (its counts take 8 bytes a key: 1 GiB)."""
+
+
+class OffsetLengths:
+    """The lengths ``offsets[i + 1] - offsets[i]`` of a ragged store, read a slice at a time (never all at once).
+
+    Example:
+        >>> OffsetLengths(np.array([0, 3, 3, 7]))[0:3].tolist()
+        [3, 0, 4]
+    """
+
+    ndim = 1
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = offsets
+
+    @property
+    def size(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    shape = property(lambda self: (self.size,))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, span: slice) -> np.ndarray:
+        first, stop, _ = span.indices(self.size)
+        return np.diff(np.asarray(self.offsets[first : stop + 1], dtype=np.int64))
+
+
+def _as_keys(keys: Any) -> Any:
+    return keys if isinstance(keys, OffsetLengths) else np.asarray(keys)
+
+
+def index_dtype(n: int) -> np.dtype[Any]:
+    """The narrowest dtype that holds every index below ``n``: uint32 up to 2**32, else int64."""
+    return np.dtype(np.uint32) if n <= 2**32 else np.dtype(np.int64)
+
+
+def key_counts(keys: Any, *, param: str = "keys", chunk: int = CHUNK, num_keys: int | None = None) -> np.ndarray:
+    """``(K,)`` int64 count of every key value ``0..K-1``, read ``chunk`` keys at a time.
+
+    ``K`` is ``num_keys`` or the largest key + 1. Raises naming ``param`` unless every key is an
+    integer in ``[0, MAX_KEYS)`` (and below ``num_keys`` when given).
+    """
+    array = _as_keys(keys)
+    if array.ndim != 1:
+        raise ValueError(f"{param} should be a 1-D sequence of integers, but got {param} with shape {array.shape}")
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{param} should hold integers, but got {param} of dtype {array.dtype}")
+    limit = MAX_KEYS if num_keys is None else min(num_keys, MAX_KEYS)
+    counts = np.zeros(0 if num_keys is None else num_keys, dtype=np.int64)
+    for first in range(0, array.size, chunk):
+        part = array[first : first + chunk]
+        low, high = int(part.min()), int(part.max())
+        if low < 0:
+            at = first + int(np.argmin(part))
+            raise ValueError(f"{param} should hold non-negative integers, but got {param}[{at}]={low}")
+        if high >= limit:
+            at = first + int(np.argmax(part))
+            what = f"below num_keys={num_keys}" if num_keys is not None and num_keys <= MAX_KEYS else "below 2**27"
+            raise ValueError(f"{param} should hold integers {what} to be indexed, but got {param}[{at}]={high}")
+        if high >= counts.size:
+            counts = np.concatenate([counts, np.zeros(high + 1 - counts.size, dtype=np.int64)])
+        counts += np.bincount(part.astype(np.intp, copy=False), minlength=counts.size)
+    return counts
+
+
+def order_by_key(
+    keys: Any,
+    directory: Path,
+    *,
+    name: str = "order",
+    param: str = "keys",
+    chunk: int = CHUNK,
+    num_keys: int | None = None,
+) -> None:
+    """Write the indices of ``keys`` sorted by key (stable) and each key's offsets into ``directory``.
+
+    Files written: ``<name>.npy``, ``(n,)`` indices (:func:`index_dtype`) with the indices of key
+    ``k`` at ``[offsets[k], offsets[k + 1])``, in increasing index order; and
+    ``<name>_offsets.npy``, ``(K + 1,)`` int64 (``K``: ``num_keys`` or the largest key + 1).
+
+    Private memory: ``O(chunk + K)``, never ``O(n)``: keys are read ``chunk`` at a time (twice)
+    and the output is a file mapping. Time: about two passes of a radix sort of ``n`` keys.
+
+    Args:
+        keys: ``(n,)`` non-negative integers: an array, a memory map, anything ``numpy.asarray``
+            takes without copying, or :class:`OffsetLengths` of a ragged store.
+        directory: where to write (a build directory from :func:`~shardwise.index.build_or_open`).
+        name: file name stem.
+        param: the parameter name used in error messages.
+        chunk: keys per step.
+        num_keys: the number of key values (default: the largest key + 1).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> d = Path(tempfile.mkdtemp())
+        >>> order_by_key(np.array([2, 0, 2, 1]), d)
+        >>> np.load(d / "order.npy").tolist(), np.load(d / "order_offsets.npy").tolist()
+        ([1, 3, 0, 2], [0, 1, 2, 4])
+    """
+    array = _as_keys(keys)
+    counts = key_counts(array, param=param, chunk=chunk, num_keys=num_keys)
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    np.save(directory / f"{name}_offsets.npy", offsets)
+    n = array.size
+    out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=index_dtype(n), shape=(n,))
+    cursor = offsets[:-1].copy()  # next free slot of each key
+    for first in range(0, n, chunk):
+        part = array[first : first + chunk]
+        # numpy's stable sort of 16-bit keys is a radix sort; wider keys are compared as intp
+        part = part.astype(np.uint16 if int(part.max()) < 2**16 else np.intp, copy=False)
+        local = np.argsort(part, kind="stable")
+        ranked = part[local]  # the chunk's keys, sorted (kept narrow: it only indexes)
+        here = np.bincount(ranked, minlength=counts.size)
+        firsts = np.cumsum(here) - here  # where each key's run starts in this sorted chunk
+        # dest: slot of each sorted element = the key's cursor + its rank among equal keys here
+        dest = np.arange(ranked.size, dtype=np.int64)
+        dest -= firsts[ranked]
+        dest += cursor[ranked]
+        local += first
+        out[dest] = local
+        cursor += here
+        del local, ranked, dest
+    out.flush()
+    del out

@@ -1,0 +1,363 @@
+"""The shared index cache: build an index once per node, memory-map it read-only everywhere.
+
+:func:`build_or_open` is the one entry point. An entry is a directory of ``.npy`` files plus a
+``manifest.json``, named by a digest of ``(kind, key, FORMAT_VERSION)``, in a cache directory:
+
+- found and intact: every ``.npy`` is memory-mapped read-only and returned (a few stat calls,
+  a small JSON read and a sampled checksum: milliseconds at any size);
+- missing, truncated, corrupt or foreign: one process builds it under a file lock (the others
+  wait, up to ``timeout`` seconds, then fail with a clear error, never a hang), into a
+  temporary directory beside the entry that is fsynced and renamed into place, so a reader
+  never sees half an entry;
+- disabled (``SHARDWISE_CACHE=off`` or ``cache_dir=False``) or read-only: built in a temporary
+  directory, loaded into private memory and deleted, with one warning per process and kind that
+  states the memory this costs.
+
+Integrity: the manifest records, for each file, its byte size, dtype, shape and header size,
+and a CRC-32 of 16 blocks spread over its data plus its header. A file of another size, another
+header or other sampled bytes makes the entry invalid and it is rebuilt (logged). A flipped byte
+outside the sampled blocks is not detected: the sampled check is what keeps opening O(1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("shardwise")
+
+FORMAT = "shardwise.index"
+FORMAT_VERSION = 1
+"""Bumped whenever a builder's output changes: entries of another version are never opened."""
+MANIFEST = "manifest.json"
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a process waits for another one building the same entry (a 1e9-entry build takes minutes)."""
+SAMPLE_BLOCKS = 16
+BLOCK_BYTES = 4096
+ENV_DIR = "SHARDWISE_CACHE_DIR"
+ENV_SWITCH = "SHARDWISE_CACHE"
+_OFF = {"off", "0", "false", "no", "disabled"}
+
+CacheDir = str | os.PathLike[str] | None | bool
+"""``None``: the default directory; a path: that directory; ``False``: no cache (build in memory)."""
+
+_warned: set[tuple[str, str]] = set()
+
+
+class IndexCacheError(ValueError):
+    """The cache cannot be used as asked: ``cache_dir`` is a file or cannot be created."""
+
+
+class IndexCacheTimeout(TimeoutError):
+    """Another process held the build lock of an entry for longer than ``timeout`` seconds."""
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardwise``, else ``~/.cache/shardwise``."""
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "shardwise"
+
+
+def cache_enabled() -> bool:
+    """False when ``SHARDWISE_CACHE`` is ``off`` (or ``0``, ``false``, ``no``, ``disabled``)."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() not in _OFF
+
+
+def entry_name(kind: str, key: str) -> str:
+    """The directory name of an entry: ``<kind>-<digest of kind, key and format version>``."""
+    digest = hashlib.blake2b(f"{FORMAT}:{FORMAT_VERSION}:{kind}:{key}".encode(), digest_size=12).hexdigest()
+    return f"{kind}-{digest}"
+
+
+def _check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or not kind or not all(c.isalnum() or c in "-_." for c in kind):
+        raise ValueError(f"kind should be a non-empty name of letters, digits, '-', '_' or '.', but got kind={kind!r}")
+    return kind
+
+
+def _check_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout should be a non-negative number of seconds, but got timeout={timeout!r}")
+    return float(timeout)
+
+
+def build_or_open(
+    kind: str,
+    key: str,
+    build: Callable[[Path], None],
+    *,
+    cache_dir: CacheDir = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> dict[str, np.ndarray]:
+    """The arrays of the index ``(kind, key)``: opened from the cache, or built once and cached.
+
+    Args:
+        kind: what the index is (e.g. ``"length-order"``); part of the entry's name.
+        key: identifies the input (e.g. :func:`shardwise.index.key_of`) and every build option
+            that changes the output.
+        build: writes the index as ``.npy`` files into the directory it is given (a fresh, empty
+            temporary directory); it must not keep references to the files.
+        cache_dir: where entries live: ``None`` for :func:`default_cache_dir`, a path, or
+            ``False`` to build in memory without a cache.
+        timeout: seconds to wait for another process that is building the same entry.
+
+    Returns:
+        ``{name: array}`` for every ``<name>.npy`` that ``build`` wrote: read-only
+        ``numpy.memmap`` views of the cache entry (or read-only in-memory arrays without a cache).
+
+    Raises:
+        IndexCacheError: ``cache_dir`` is a file or cannot be created.
+        IndexCacheTimeout: another process held the build lock for more than ``timeout`` seconds.
+    """
+    kind = _check_kind(kind)
+    if not isinstance(key, str):
+        raise TypeError(f"key should be a str, but got key={key!r}")
+    timeout = _check_timeout(timeout)
+    if cache_dir is False or not cache_enabled():
+        why = "cache_dir=False" if cache_dir is False else f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}"
+        return _build_in_memory(kind, build, f"the index cache is disabled ({why})")
+    if cache_dir is True:
+        raise TypeError("cache_dir should be a path, None (the default directory) or False (no cache), but got True")
+    explicit = cache_dir is not None
+    root = Path(os.fspath(cache_dir)).expanduser() if cache_dir is not None else default_cache_dir()
+    name = entry_name(kind, key)
+    entry = root / name
+    opened, _ = _open_entry(entry, kind, key)
+    if opened is not None:
+        return opened
+    problem = _prepare_root(root, explicit)
+    if problem is not None:
+        return _build_in_memory(kind, build, problem)
+    return _build_locked(root, name, kind, key, build, timeout)
+
+
+def _prepare_root(root: Path, explicit: bool) -> str | None:
+    """Create ``root``; a reason to fall back to memory if it is read-only, or raise if it is bad."""
+    if root.exists() and not root.is_dir():
+        raise IndexCacheError(
+            f"cache_dir should be a directory, but {str(root)!r} is a file; pass another cache_dir "
+            f"(or set {ENV_DIR}), or cache_dir=False to build the index in memory"
+        )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if explicit or root != default_cache_dir():
+            raise IndexCacheError(
+                f"cache_dir={str(root)!r} cannot be created ({error.strerror or error}); pass a writable cache_dir "
+                f"(or set {ENV_DIR}), or cache_dir=False to build the index in memory"
+            ) from None
+        return f"the default cache directory {root} cannot be created ({error.strerror or error})"
+    if not os.access(root, os.W_OK | os.X_OK):
+        return f"the cache directory {root} is read-only"
+    return None
+
+
+def _build_locked(
+    root: Path, name: str, kind: str, key: str, build: Callable[[Path], None], timeout: float
+) -> dict[str, np.ndarray]:
+    from filelock import FileLock, Timeout  # comes with torch; imported here to keep `import shardwise` light
+
+    entry = root / name
+    lock = FileLock(str(root / f".{name}.lock"), timeout=timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise IndexCacheTimeout(
+            f"waited timeout={timeout:g} s for another process building the index {name} in {root} "
+            f"(lock file {root / f'.{name}.lock'}); raise timeout if that build is just slow, or pre-build the "
+            "index (docs/scale.md); a crashed builder releases the lock by itself"
+        ) from None
+    except OSError as error:  # the lock file cannot be created: a read-only directory after all
+        return _build_in_memory(kind, build, f"the lock file in {root} cannot be created ({error})")
+    try:
+        opened, problem = _open_entry(entry, kind, key)  # another process may have built it meanwhile
+        if opened is not None:
+            return opened
+        if problem != "missing":
+            logger.warning("shardwise index cache: rebuilding %s (%s)", entry, problem)
+            _remove(entry, root)
+        for stale in root.glob(f".{name}.*.partial"):  # left by a killed builder: we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=root))
+        try:
+            build(tmp)
+            _write_manifest(tmp, kind, key)
+            tmp.chmod(0o755)  # mkdtemp makes it private; an entry is read by every user of a shared cache
+            _fsync(tmp)
+            os.rename(tmp, entry)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync(root)
+    finally:
+        lock.release()
+    opened, problem = _open_entry(entry, kind, key)
+    if opened is None:
+        raise IndexCacheError(f"the index {entry} was just built but does not open: {problem}")
+    return opened
+
+
+def _remove(entry: Path, root: Path) -> None:
+    if not entry.exists():
+        return
+    if entry.is_dir():
+        trash = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".old", dir=root))
+        os.rename(entry, trash / "entry")  # atomic: readers see the old entry or none
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        entry.unlink()
+
+
+def _build_in_memory(kind: str, build: Callable[[Path], None], reason: str) -> dict[str, np.ndarray]:
+    with tempfile.TemporaryDirectory(prefix=f"shardwise-{kind}-") as tmp:
+        build(Path(tmp))
+        arrays = {}
+        for path in sorted(Path(tmp).glob("*.npy")):
+            array = np.load(path)
+            array.flags.writeable = False
+            arrays[path.stem] = array
+    if (kind, reason) not in _warned:
+        _warned.add((kind, reason))
+        size = sum(a.nbytes for a in arrays.values())
+        warnings.warn(
+            f"shardwise: {reason}, so the {kind!r} index is built in this process's private memory: "
+            f"{size / 2**20:.1f} MiB per process (every rank and DataLoader worker pays it and rebuilds it at "
+            "every start); give a writable cache_dir or set SHARDWISE_CACHE_DIR to share one copy per node",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return arrays
+
+
+# -- manifest and integrity ------------------------------------------------------------------------
+def _data_crc(path: Path, start: int, end: int) -> int:
+    """CRC-32 of ``SAMPLE_BLOCKS`` blocks spread evenly over bytes ``[start, end)`` (all of it if small)."""
+    span = end - start
+    with open(path, "rb") as file:
+        file.seek(start)
+        if span <= SAMPLE_BLOCKS * BLOCK_BYTES:
+            return zlib.crc32(file.read(span))
+        crc = 0
+        last = span - BLOCK_BYTES
+        for k in range(SAMPLE_BLOCKS):
+            file.seek(start + last * k // (SAMPLE_BLOCKS - 1))
+            crc = zlib.crc32(file.read(BLOCK_BYTES), crc)
+    return crc
+
+
+def _head(path: Path, size: int) -> bytes:
+    with open(path, "rb") as file:
+        return file.read(size)
+
+
+def _npy_layout(path: Path) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """dtype, shape and header size of a C-ordered ``.npy`` file (raises ValueError otherwise)."""
+    with open(path, "rb") as file:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(file)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(file)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+        if fortran or dtype.hasobject:
+            raise ValueError("not a C-ordered numeric array")
+        return dtype, tuple(shape), file.tell()
+
+
+def _write_manifest(directory: Path, kind: str, key: str) -> None:
+    files: dict[str, Any] = {}
+    for path in sorted(directory.glob("*.npy")):
+        dtype, shape, header = _npy_layout(path)
+        size = path.stat().st_size
+        expected = header + dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if size != expected:
+            raise IndexCacheError(f"the index builder wrote {path.name} of {size} bytes; its header says {expected}")
+        files[path.name] = {
+            "bytes": size,
+            "dtype": dtype.str,
+            "shape": list(shape),
+            "header_bytes": header,
+            "crc32": zlib.crc32(_head(path, header), _data_crc(path, header, size)),
+        }
+        _fsync(path)
+    others = [p.name for p in directory.iterdir() if p.suffix != ".npy"]
+    if others:
+        raise IndexCacheError(f"the index builder should write only .npy files, but it also wrote {sorted(others)}")
+    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "kind": kind, "key": key, "files": files}
+    with open(directory / MANIFEST, "w") as file:
+        json.dump(manifest, file, indent=1)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+class _Invalid(Exception):
+    """Why a cache entry cannot be opened."""
+
+
+def _open_entry(entry: Path, kind: str, key: str) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The entry's arrays, or ``None`` and why not (``"missing"``, or what is wrong with it)."""
+    try:
+        return _open_checked(entry, kind, key), ""
+    except _Invalid as why:
+        return None, str(why)
+    except FileNotFoundError as error:
+        return None, f"a file is missing ({error.filename})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return None, f"unreadable ({type(error).__name__}: {error})"
+
+
+def _open_checked(entry: Path, kind: str, key: str) -> dict[str, np.ndarray]:
+    try:
+        text = (entry / MANIFEST).read_text()
+    except FileNotFoundError:
+        raise _Invalid("missing" if not entry.exists() else "no manifest (an interrupted write)") from None
+    manifest = json.loads(text)
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise _Invalid(f"another format or version ({manifest.get('format')} {manifest.get('version')})")
+    if manifest.get("kind") != kind or manifest.get("key") != key:
+        raise _Invalid("a foreign entry (another kind or key under this name)")
+    arrays: dict[str, np.ndarray] = {}
+    for file_name, info in manifest["files"].items():
+        path = entry / file_name
+        size = path.stat().st_size
+        if size != info["bytes"]:
+            raise _Invalid(f"{file_name} has {size} bytes, the manifest says {info['bytes']} (truncated?)")
+        dtype, shape, header = _npy_layout(path)
+        if dtype.str != info["dtype"] or list(shape) != info["shape"] or header != info["header_bytes"]:
+            raise _Invalid(f"{file_name} has another header than the manifest records")
+        if zlib.crc32(_head(path, header), _data_crc(path, header, size)) != info["crc32"]:
+            raise _Invalid(f"{file_name} fails its sampled checksum (corrupted)")
+        arrays[Path(file_name).stem] = _map(path, dtype, shape, header)
+    return arrays
+
+
+def _map(path: Path, dtype: np.dtype[Any], shape: tuple[int, ...], header: int) -> np.ndarray:
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        empty = np.empty(shape, dtype=dtype)
+        empty.flags.writeable = False
+        return empty
+    return np.memmap(path, dtype=dtype, mode="r", offset=header, shape=shape)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

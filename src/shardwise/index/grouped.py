@@ -1,0 +1,143 @@
+"""Per-epoch randomness inside groups of a shared index: keyed permutations, O(1) memory per lookup.
+
+An index built by :func:`~shardwise.index.builders.order_by_key` lists the samples of every
+group (a length, a class) contiguously. An epoch shuffles the members of every group with its own
+keyed bijection (a cycle-walking Feistel network, as ``_core.permutation``, here vectorised over
+elements of different groups: each element carries its group's size and key), so that the
+``t``-th member of group ``g`` in epoch ``e`` is found in O(1) time and memory, with no per-epoch
+argsort and nothing per group held in memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._core.permutation import ROUNDS, feistel_rounds, mix64
+
+_GROUP_SALT = np.uint64(0x9E3779B97F4A7C15)
+SMALL_GROUP = 16
+"""Groups up to this size are permuted by ranking keyed hashes (exactly uniform, O(16) per lookup);
+larger ones by a Feistel network (O(1), close to uniform)."""
+_ROUND_SALTS = np.array([0x243F6A8885A308D3 * (r + 1) % 2**64 for r in range(ROUNDS)], dtype=np.uint64)
+
+
+def group_keys(key: int, groups: np.ndarray) -> np.ndarray:
+    """``(m,)`` uint64: one 64-bit key per group id, derived from ``key`` by hashing (not adding)."""
+    mixed = mix64(np.asarray(groups, dtype=np.int64).astype(np.uint64) * _GROUP_SALT + np.uint64(1))
+    mixed ^= np.uint64(key % 2**64)
+    result: np.ndarray = mix64(mixed)
+    return result
+
+
+def permute_within(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Map each rank ``ranks[i]`` in ``[0, sizes[i])`` through the keyed bijection of its group.
+
+    Elements with equal ``(sizes[i], keys[i])`` share one permutation of ``[0, sizes[i])``: up to
+    ``SMALL_GROUP`` members, the order of keyed hashes of the members (exactly uniform, which
+    matters where groups are tiny: a sparse tail of lengths); above, a Feistel network over the
+    smallest power-of-two domain, with cycle walking (fewer than two evaluations per element on
+    average). Integer arithmetic only: the same on every platform.
+
+    Args:
+        ranks: ``(m,)`` int64 positions, each in ``[0, sizes[i])``.
+        sizes: ``(m,)`` int64 group sizes (>= 1).
+        keys: ``(m,)`` uint64 group keys (:func:`group_keys`).
+
+    Returns:
+        ``(m,)`` int64 permuted positions.
+
+    Example:
+        >>> sizes = np.full(5, 5); keys = group_keys(7, np.zeros(5, dtype=np.int64))
+        >>> sorted(permute_within(np.arange(5), sizes, keys).tolist())
+        [0, 1, 2, 3, 4]
+    """
+    ranks = np.asarray(ranks, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    out: np.ndarray = ranks.copy()
+    small = np.flatnonzero((sizes > 1) & (sizes <= SMALL_GROUP))
+    if small.size:
+        out[small] = _rank_hashes(ranks[small], sizes[small], keys[small])
+    live = np.flatnonzero(sizes > SMALL_GROUP)
+    if live.size == 0:
+        return out
+    limit = sizes[live].astype(np.uint64)
+    # bits: the smallest domain 2**bits >= size (exact for sizes below 2**53, via frexp)
+    bits = np.frexp((sizes[live] - 1).astype(np.float64))[1].astype(np.uint64)
+    low = bits // np.uint64(2)
+    low_mask = (np.uint64(1) << low) - np.uint64(1)
+    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
+    round_keys = [mix64(keys[live] ^ salt) for salt in _ROUND_SALTS]
+    x = ranks[live].astype(np.uint64)
+    todo = np.arange(live.size)
+    while todo.size:
+        x[todo] = feistel_rounds(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
+        todo = todo[x[todo] >= limit[todo]]
+    out[live] = x.astype(np.int64)
+    return out
+
+
+def _rank_hashes(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Small groups: the member at rank ``t`` is the one with the ``t``-th smallest keyed hash (exactly uniform)."""
+    members = np.arange(SMALL_GROUP, dtype=np.uint64)
+    # hashes: (m, SMALL_GROUP) -- one keyed word per possible member; absent members sort last
+    hashes = mix64((keys[:, None] ^ (members[None, :] * _GROUP_SALT)) + _GROUP_SALT)
+    hashes[members[None, :] >= sizes[:, None].astype(np.uint64)] = np.uint64(2**64 - 1)
+    order = np.argsort(hashes, axis=1, kind="stable")
+    picked: np.ndarray = order[np.arange(ranks.size), ranks]
+    return picked.astype(np.int64)
+
+
+
+class GroupedIndex:
+    """Samples grouped by key (a shared index), with keyed per-epoch shuffles inside every group.
+
+    Args:
+        order: ``(n,)`` sample indices, grouped: group ``g`` is ``order[offsets[g]:offsets[g + 1]]``
+            (a read-only memory map from the cache, typically).
+        offsets: ``(K + 1,)`` int64 group boundaries.
+
+    Example:
+        >>> index = GroupedIndex(np.array([1, 3, 0, 2]), np.array([0, 1, 2, 4]))
+        >>> index.members(np.array([2, 2]), np.array([0, 1]), key=None).tolist()
+        [0, 2]
+        >>> sorted(index.members(np.array([2, 2]), np.array([0, 1]), key=5).tolist())
+        [0, 2]
+    """
+
+    __slots__ = ("offsets", "order")
+
+    def __init__(self, order: np.ndarray, offsets: np.ndarray) -> None:
+        self.order = order
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.order.shape[0])
+
+    @property
+    def num_groups(self) -> int:
+        """``K``: group ids run over ``[0, K)`` (some may be empty)."""
+        return int(self.offsets.size - 1)
+
+    def sizes(self, groups: np.ndarray | None = None) -> np.ndarray:
+        """Members of each group in ``groups`` (default: of every group), int64."""
+        if groups is None:
+            return np.diff(self.offsets)
+        groups = np.asarray(groups, dtype=np.int64)
+        result: np.ndarray = self.offsets[groups + 1] - self.offsets[groups]
+        return result
+
+    def members(self, groups: np.ndarray, ranks: np.ndarray, *, key: int | None) -> np.ndarray:
+        """``(m,)`` int64: the ``ranks[i]``-th member of group ``groups[i]`` in the order of ``key``.
+
+        ``key=None`` keeps the index order (increasing sample index within a group); any other
+        key shuffles each group with its own keyed permutation (:func:`permute_within`).
+        """
+        groups = np.asarray(groups, dtype=np.int64)
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if key is not None:
+            ranks = permute_within(ranks, self.sizes(groups), group_keys(key, groups))
+        return np.asarray(self.order[self.offsets[groups] + ranks], dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"GroupedIndex(n={len(self)}, groups={self.num_groups})"

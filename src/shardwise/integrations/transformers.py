@@ -1,0 +1,368 @@
+"""HF transformers ``Trainer`` (and TRL's trainers): train with any shardwise sampler, resume exactly.
+
+What ``Trainer`` does with its training loader, and what this module changes:
+
+- ``Trainer.get_train_dataloader`` builds a ``DataLoader`` with ``sampler=`` its own sampler
+  (``RandomSampler``, or ``LengthGroupedSampler`` for ``train_sampling_strategy="group_by_length"``)
+  and sends it through ``accelerator.prepare``, which wraps the batch sampler in Accelerate's
+  ``BatchSamplerShard``: a shardwise sampler there would be dealt out twice (shardwise refuses
+  that before the first step). :class:`ShardwiseTrainerMixin` builds the same loader (the
+  trainer's collator with unused columns removed, ``dataloader_num_workers``, pin memory,
+  persistent workers, prefetch factor, ``in_order``, the trainer's ``seed_worker``) over a
+  shardwise sampler and prepares it with
+  :func:`shardwise.integrations.accelerate.prepare_data_loader`: Accelerate's own
+  ``DataLoaderShard`` (device placement, ``end_of_dataloader`` for gradient accumulation,
+  registered with the accelerator) around the shardwise batches, sharded once, by shardwise.
+- The sampler is the one you pass (``train_sampler=`` an instance, or a factory
+  ``(dataset, args) -> sampler``), else :func:`default_train_sampler` from the
+  ``TrainingArguments``: ``train_sampling_strategy="group_by_length"`` gives
+  :class:`shardwise.BucketBatchSampler` over the dataset's lengths, ``"sequential"`` an
+  unshuffled :class:`shardwise.ShardedSampler`, ``"random"`` (the default) a shuffled one.
+  Seeds come from ``args.data_seed``, else ``args.seed``. ``Trainer`` calls ``set_epoch`` every
+  epoch, so every epoch has a new order.
+- Checkpoints: every checkpoint folder gets ``shardwise_sampler.json``, the sampler's O(1) state
+  for the batches actually *trained* (counted in ``training_step``, never read from the sampler,
+  whose position runs ahead by the batches the loader and its workers prefetch).
+  ``trainer.train(resume_from_checkpoint=...)`` loads it and continues with the next batch the
+  uninterrupted run would have trained, on every rank, at any world size, instead of
+  ``skip_first_batches`` (which re-draws the skipped batches). At another world size the epoch's
+  remaining batches are counted at the new size and, for epoch-driven runs (``max_steps`` unset),
+  the run's step budget is adjusted so the epochs still end where they should; the learning-rate
+  schedule, counted in optimizer steps, is Trainer's own business. A checkpoint without the file
+  (from a plain ``Trainer``) resumes as ``Trainer`` does, by replaying, with a warning.
+
+Example:
+    >>> from shardwise.integrations.transformers import ShardwiseTrainer  # doctest: +SKIP
+    >>> trainer = ShardwiseTrainer(model=model, args=args, train_dataset=data, data_collator=collate)  # doctest: +SKIP
+    >>> trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from .._core.plan import pass_end, rank_count
+from ..samplers.base import PlanSampler
+from ..samplers.bucket import BucketBatchSampler
+from ..samplers.frameworks import is_batch_plan
+from ..samplers.sharded import ShardedSampler
+from . import require
+
+_transformers = require("transformers", "transformers", "transformers", "transformers")
+_trainer_module: Any = require("transformers.trainer", "transformers", "transformers", "transformers")
+_trainer_utils = require("transformers.trainer_utils", "transformers", "transformers", "transformers")
+
+from .accelerate import prepare_data_loader  # noqa: E402  (after the install hint for transformers)
+
+__all__ = ["STATE_FILE", "ShardwiseTrainer", "ShardwiseTrainerMixin", "default_train_sampler"]
+
+logger = logging.getLogger("shardwise")
+
+STATE_FILE = "shardwise_sampler.json"
+"""The file each checkpoint folder gets: ``{"sampler": state, "world_size", "global_step"}``."""
+
+SamplerFactory = Callable[[Any, Any], PlanSampler[Any]]
+"""``factory(train_dataset, training_args) -> shardwise sampler``, called when the loader is built."""
+
+_STRATEGIES = ("random", "sequential", "group_by_length")
+_Base: Any = object
+_Trainer: Any = _transformers.Trainer
+# The Trainer hooks this module extends (transformers 5.23 has them all); fail at import, not mid-run.
+_HOOKS = ("_run_epoch", "_init_training_state", "_save_checkpoint", "training_step", "_remove_unused_columns")
+if any(not hasattr(_Trainer, hook) for hook in _HOOKS) or not hasattr(_trainer_module, "skip_first_batches"):
+    raise ImportError(
+        f"shardwise.integrations.transformers needs transformers>=5.23, but transformers {_transformers.__version__} "
+        "is installed; install it with: pip install 'shardwise[transformers]'"
+    )
+
+
+def _lengths(dataset: Any, args: Any, model_input_name: str) -> list[int]:
+    """Sample lengths as ``Trainer``'s ``LengthGroupedSampler`` finds them: a column, else one pass."""
+    column = getattr(args, "length_column_name", "length")
+    names = getattr(dataset, "column_names", None)
+    if names is not None and column in names:
+        return [int(length) for length in dataset[column]]
+    first = dataset[0]
+    if not isinstance(first, dict) and not hasattr(first, "keys"):
+        raise TypeError(
+            "train_sampling_strategy='group_by_length' needs each sample to be a dict with a "
+            f"{model_input_name!r} key, or a {column!r} column, but the first sample is a {type(first).__name__}; "
+            "pass ShardwiseTrainer(train_sampler=shardwise.BucketBatchSampler(lengths, batch_size=...)) instead"
+        )
+    if model_input_name not in first:
+        raise ValueError(
+            f"train_sampling_strategy='group_by_length' reads lengths from each sample's {model_input_name!r}, "
+            f"but the first sample has keys {sorted(first.keys())}; add a {column!r} column or pass train_sampler="
+        )
+    return [len(dataset[i][model_input_name]) for i in range(len(dataset))]
+
+
+def default_train_sampler(dataset: Any, args: Any, *, model_input_name: str = "input_ids") -> PlanSampler[Any]:
+    """The shardwise sampler for ``args.train_sampling_strategy`` (what ``Trainer`` would pick).
+
+    Args:
+        dataset: the map-style training dataset.
+        args: the ``TrainingArguments``; reads ``train_sampling_strategy``, ``data_seed``/``seed``,
+            ``per_device_train_batch_size``, ``dataloader_drop_last`` and ``length_column_name``.
+        model_input_name: the key whose length is a sample's length (``group_by_length`` only).
+
+    Returns:
+        ``"random"``: ``ShardedSampler(dataset)``; ``"sequential"``: the same with ``shuffle=False``;
+        ``"group_by_length"``: ``BucketBatchSampler(lengths, batch_size=per_device_train_batch_size)``,
+        whose batches hold similar lengths across the whole epoch (least padding).
+
+    Raises:
+        ValueError: another strategy (``"batch_rebalance"``): pass ``train_sampler=`` instead.
+    """
+    strategy = str(getattr(args, "train_sampling_strategy", "random"))
+    if getattr(args, "group_by_length", False) is True:  # the flag of transformers < 5
+        strategy = "group_by_length"
+    seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
+    drop_last = bool(args.dataloader_drop_last)
+    if strategy == "group_by_length":
+        lengths = _lengths(dataset, args, model_input_name)
+        return BucketBatchSampler(lengths, batch_size=args.per_device_train_batch_size, seed=seed, drop_last=drop_last)
+    if strategy in ("random", "sequential"):
+        return ShardedSampler(dataset, shuffle=strategy == "random", seed=seed, drop_last=drop_last)
+    raise ValueError(
+        f"train_sampling_strategy should be one of {', '.join(map(repr, _STRATEGIES))} for a shardwise default, "
+        f"but got train_sampling_strategy={strategy!r}; pass ShardwiseTrainer(train_sampler=...) instead"
+    )
+
+
+class _Position:
+    """Where the training loop is in the sampler's plan, counted in batches actually trained."""
+
+    def __init__(self, sampler: PlanSampler[Any], loader: Any, batch_size: int | None, drop_last: bool) -> None:
+        self.sampler, self.loader, self.batch_size = sampler, loader, batch_size
+        self.drop_last = drop_last  # the loader drops a short last batch (index samplers only)
+        self.epoch = 0
+        self.start = 0  # plan position where this pass began (nonzero only in a resumed epoch)
+        self.trained = 0  # local batches trained in this pass
+        self.resumed: tuple[int, int] | None = None  # (epoch, consumed) loaded from a checkpoint
+
+    def begin(self, epoch: int) -> None:
+        resumed = self.resumed
+        self.epoch, self.trained = epoch, 0
+        self.start = resumed[1] if resumed is not None and resumed[0] == epoch else 0
+
+    def _local_units(self, batches: int, total: int, start: int, world_size: int) -> int:
+        count = rank_count(total, start, world_size, self.sampler.even)
+        return min(batches if self.batch_size is None else batches * self.batch_size, count)
+
+    def remaining_batches(self, epoch: int, consumed: int) -> int:
+        """Batches this rank has left in ``epoch`` from plan position ``consumed``, at the current world size."""
+        units = rank_count(self.sampler._plan_size(epoch), consumed, self.sampler.num_replicas, self.sampler.even)
+        if self.batch_size is None:
+            return units
+        return units // self.batch_size if self.drop_last else -(-units // self.batch_size)
+
+    def state(self) -> dict[str, Any]:
+        """The sampler's state after the batches trained in this pass (the same on every rank)."""
+        world_size = self.sampler.num_replicas
+        total = self.sampler._plan_size(self.epoch)
+        count = rank_count(total, self.start, world_size, self.sampler.even)
+        units = self._local_units(self.trained, total, self.start, world_size)
+        end = pass_end(total, self.start, world_size, self.sampler.even)
+        consumed = end if units >= count else self.start + units * world_size
+        state = self.sampler.state_dict()
+        state["epoch"], state["consumed"] = self.epoch, consumed
+        return state
+
+
+class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
+    """Put it before any ``transformers.Trainer`` subclass (TRL's ``SFTTrainer``...) to sample with shardwise.
+
+    Adds one keyword argument, ``train_sampler``: a shardwise sampler or batch sampler, or a
+    factory ``(train_dataset, args) -> sampler`` (called when the training loader is built, after
+    unused columns are removed); ``None`` (default) picks :func:`default_train_sampler` from the
+    ``TrainingArguments``. See the module docstring for what is kept from ``Trainer`` and how
+    checkpoints resume.
+
+    Example:
+        >>> from trl import SFTTrainer  # doctest: +SKIP
+        >>> class ShardwiseSFTTrainer(ShardwiseTrainerMixin, SFTTrainer):  # doctest: +SKIP
+        ...     pass
+        >>> trainer = ShardwiseSFTTrainer(model=model, args=args, train_dataset=data,  # doctest: +SKIP
+        ...                               train_sampler=shardwise.BucketBatchSampler(lengths, max_tokens=8192))
+    """
+
+    def __init__(self, *args: Any, train_sampler: PlanSampler[Any] | SamplerFactory | None = None, **kwargs: Any):
+        if train_sampler is not None and not isinstance(train_sampler, PlanSampler) and not callable(train_sampler):
+            raise TypeError(
+                "train_sampler should be a shardwise sampler, a factory (train_dataset, args) -> sampler, or None, "
+                f"but got train_sampler={train_sampler!r}"
+            )
+        self._shardwise_source = train_sampler
+        self._shardwise_sampler: PlanSampler[Any] | None = None
+        self._shardwise_position: _Position | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def train_sampler(self) -> PlanSampler[Any]:
+        """The shardwise sampler of the training loader (built on first use)."""
+        if self._shardwise_sampler is None:
+            self._shardwise_sampler = self._build_shardwise_sampler(self.train_dataset)
+        return self._shardwise_sampler
+
+    def _build_shardwise_sampler(self, dataset: Any) -> PlanSampler[Any]:
+        source = self._shardwise_source
+        if isinstance(source, PlanSampler):
+            sampler: object = source
+        elif source is not None:
+            sampler = source(dataset, self.args)
+        else:
+            names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+            sampler = default_train_sampler(dataset, self.args, model_input_name=names[0])
+        if not isinstance(sampler, PlanSampler):
+            raise TypeError(
+                f"the train_sampler factory should return a shardwise sampler, but it returned {type(sampler).__name__}"
+            )
+        return sampler
+
+    def get_train_dataloader(self) -> Any:
+        """``Trainer``'s training loader, sampled by the shardwise sampler and sharded once (by it)."""
+        import torch
+        from torch.utils.data import DataLoader
+
+        dataset = self.train_dataset
+        if dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise TypeError(
+                "a shardwise sampler needs a map-style train_dataset (with __len__ and __getitem__), but got an "
+                f"IterableDataset ({type(dataset).__name__}); use transformers.Trainer for iterable datasets"
+            )
+        collator = self.data_collator
+        datasets = _trainer_module.datasets if _trainer_module.is_datasets_available() else None
+        if datasets is not None and isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="Training")
+        else:
+            collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
+        if self._shardwise_sampler is None:
+            self._shardwise_sampler = self._build_shardwise_sampler(dataset)
+        sampler = self._shardwise_sampler
+        args = self.args
+        params: dict[str, Any] = {
+            "collate_fn": collator,
+            "num_workers": args.dataloader_num_workers,
+            "pin_memory": args.dataloader_pin_memory,
+            "persistent_workers": args.dataloader_persistent_workers,
+            "multiprocessing_context": args.dataloader_multiprocessing_context,
+            "prefetch_factor": args.dataloader_prefetch_factor,
+            "in_order": args.dataloader_in_order,
+            "worker_init_fn": partial(
+                _trainer_utils.seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
+            ),
+        }
+        batch_size: int | None = None
+        if is_batch_plan(sampler):
+            loader = DataLoader(dataset, batch_sampler=sampler, **params)
+        else:
+            batch_size = self._train_batch_size
+            loader = DataLoader(
+                dataset, sampler=sampler, batch_size=batch_size, drop_last=args.dataloader_drop_last, **params
+            )
+        prepared = prepare_data_loader(self.accelerator, loader)
+        drop_last = bool(batch_size is not None and args.dataloader_drop_last)
+        self._shardwise_position = _Position(sampler, prepared, batch_size, drop_last)
+        return prepared
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.training_step``, counting the batches trained (what checkpoints record)."""
+        loss = super().training_step(*args, **kwargs)
+        if self._shardwise_position is not None:
+            self._shardwise_position.trained += 1
+        return loss
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        position = self._shardwise_position
+        if position is None or "epoch" not in kwargs:
+            return super()._run_epoch(*args, **kwargs)
+        position.begin(kwargs["epoch"])
+        if position.resumed is None:
+            return super()._run_epoch(*args, **kwargs)
+        # The sampler already stands at the checkpoint's position (loaded in _init_training_state):
+        # Trainer's skip_first_batches would re-draw and drop that many batches more.
+        replay = _trainer_module.skip_first_batches
+
+        def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
+            return loader if loader is position.loader else replay(loader, num_batches)
+
+        _trainer_module.skip_first_batches = skip_first_batches
+        try:
+            return super()._run_epoch(*args, **kwargs)
+        finally:
+            _trainer_module.skip_first_batches = replay
+
+    def _init_training_state(
+        self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int, resume_from_checkpoint: Any,
+        trial: Any,
+    ) -> tuple[int, int]:  # fmt: skip
+        epochs_trained, steps_trained = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        position = self._shardwise_position
+        if position is None:
+            return epochs_trained, steps_trained
+        position.resumed = None
+        if resume_from_checkpoint is None or self.args.ignore_data_skip:
+            return epochs_trained, steps_trained
+        path = os.path.join(resume_from_checkpoint, STATE_FILE)
+        if not os.path.isfile(path):
+            logger.warning(
+                "checkpoint %s has no %s (saved by a plain Trainer?): resuming as Trainer does, by replaying "
+                "the trained batches of the epoch", resume_from_checkpoint, STATE_FILE,
+            )  # fmt: skip
+            return epochs_trained, steps_trained
+        with open(path, encoding="utf-8") as file:
+            saved = json.load(file)
+        position.sampler.load_state_dict(saved["sampler"])
+        epoch, consumed = int(saved["sampler"]["epoch"]), int(saved["sampler"]["consumed"])
+        remaining = position.remaining_batches(epoch, consumed)
+        steps_in_epoch = len(position.loader)
+        if remaining == 0:
+            epochs_trained, steps_trained = epoch + 1, 0
+        else:
+            epochs_trained, steps_trained = epoch, max(steps_in_epoch - remaining, 0)
+            position.resumed = (epoch, consumed)
+        if int(saved.get("world_size", 0)) != position.sampler.num_replicas and self.args.max_steps <= 0:
+            # Trainer counts epochs in optimizer steps of the saving run's world size; count what is left here.
+            accumulation = self.args.gradient_accumulation_steps
+            this_epoch = num_update_steps_per_epoch - steps_trained // accumulation if remaining else 0
+            later = max(num_train_epochs - epoch - 1, 0) * num_update_steps_per_epoch
+            self.state.max_steps = self.state.global_step + this_epoch + later
+        return epochs_trained, steps_trained
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        position = self._shardwise_position
+        if position is None or not self.args.should_save:
+            return
+        folder = f"{_trainer_utils.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        output_dir = os.path.join(self._get_output_dir(trial=trial), folder)
+        record = {
+            "sampler": position.state(),
+            "world_size": position.sampler.num_replicas,
+            "global_step": self.state.global_step,
+        }
+        os.makedirs(output_dir, exist_ok=True)
+        temporary = os.path.join(output_dir, STATE_FILE + ".tmp")
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(record, file)
+        os.replace(temporary, os.path.join(output_dir, STATE_FILE))
+
+
+class ShardwiseTrainer(ShardwiseTrainerMixin, _Trainer):  # type: ignore[misc]
+    """``transformers.Trainer`` that samples with shardwise; one extra keyword, ``train_sampler``.
+
+    Example:
+        >>> args = TrainingArguments("out", train_sampling_strategy="group_by_length")  # doctest: +SKIP
+        >>> trainer = ShardwiseTrainer(model=model, args=args, train_dataset=data)  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """

@@ -1,0 +1,414 @@
+"""The shell every shardwise sampler shares: lazy rank resolution, epochs, state, dealing, repr.
+
+A sampler subclass says three things: how many units its global plan has in an epoch
+(``_plan_size``), how to turn plan positions into units (``_open_pass``), and what identifies its
+configuration (``_fingerprint``). This class deals the plan out by position, keeps every rank's
+length equal, tracks the position for ``state_dict`` and advances the epoch.
+
+Position tracking costs nothing per unit: the units of a pass are handed out through
+``itertools.chain`` over one list iterator per chunk, and the position is read back from the
+current list iterator's ``__length_hint__`` only when someone asks (``state_dict``, ``set_epoch``,
+the next ``__iter__``). A Python generator would cost a frame switch per index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from .._core.errors import check_choice, check_int
+from .._core.plan import Even, pass_end, rank_count, rank_positions
+from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
+from .._core.state import SEED, Fingerprint, Progress, make_state, read_state
+from .._core.world import World, check_world_args, resolve_world
+from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
+from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
+
+T = TypeVar("T")
+
+UnitSource = Callable[[np.ndarray], list[Any]]
+"""Turns an array of plan positions (each in ``[0, total)``) into the units at those positions."""
+
+
+def torch_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of an initialised default ``torch.distributed`` group, else ``None``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def current_world(num_replicas: int | None = None, rank: int | None = None) -> World:
+    """Resolve rank and world size now (DESIGN.md section 3): arguments, torch.distributed, launcher."""
+    return resolve_world(num_replicas, rank, dist=torch_world(), env=os.environ)
+
+
+class _Pass:
+    """One rank's live pass over an epoch: where it started, what it handed out, what was trained."""
+
+    __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "total", "world_size")
+
+    def __init__(self, start: int, count: int, total: int, world_size: int, even: Even = Even.PAD) -> None:
+        self.start, self.count, self.total, self.world_size, self.even = start, count, total, world_size, even
+        self.done_chunks = 0
+        self.current: Iterator[Any] | None = None
+        self.current_len = 0
+        self.driver: LoaderDriver | None = None
+
+    def local_done(self) -> int:
+        """Units this rank has handed out in this pass."""
+        if self.current is None:
+            return self.done_chunks
+        remaining: int = self.current.__length_hint__()  # type: ignore[attr-defined]
+        return self.done_chunks + self.current_len - remaining
+
+    def trained(self) -> int:
+        """Units of this pass that reached the training loop (see ``delivery``): at most ``local_done``."""
+        handed = self.local_done()
+        driver = self.driver
+        return handed if driver is None else driver.trained(handed, self.count)
+
+    def consumed_at(self, done: int) -> int:
+        """The global ``consumed`` once every rank has gone ``done`` units into this pass (``done < count``)."""
+        return self.start + done * self.world_size
+
+    def end(self) -> int:
+        """The global ``consumed`` once the pass is complete: ``total`` or past it (padding)."""
+        return pass_end(self.total, self.start, self.world_size, self.even)
+
+
+class PlanSampler(Generic[T], metaclass=PlanMeta):
+    """Mixin with the behaviour DESIGN.md requires of every sampler; see the module docstring.
+
+    Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks.
+    """
+
+    _CHUNK: ClassVar[int] = 1 << 16
+    """Units generated per chunk: bounds memory per rank, amortises numpy call overhead."""
+
+    _FIRST_CHUNK: ClassVar[int] = 0
+    """Units in a pass's first chunk (0: ``_CHUNK``); later chunks double up to ``_CHUNK``: a cheap first batch."""
+
+    _seed_arg: int | None
+    _resolved_seed: int | None
+    _seed_source: str
+    _num_replicas_arg: int | None
+    _rank_arg: int | None
+    _even: Even
+    _progress: Progress
+    _pass: _Pass | None
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _plan_size(self, epoch: int) -> int:
+        """Units in the global plan of ``epoch``."""
+        raise NotImplementedError
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        """The unit source for one pass over ``epoch`` starting at plan position ``start``."""
+        raise NotImplementedError
+
+    def _fingerprint(self) -> Fingerprint:
+        """Plain values identifying the plan; the kind is added here."""
+        raise NotImplementedError
+
+    def _config(self) -> dict[str, Any]:
+        """Configuration shown by ``__repr__`` (after the data argument)."""
+        return {}
+
+    def _on_epoch(self, epoch: int) -> None:
+        """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
+
+    # -- construction --------------------------------------------------------------------------
+    def _init_plan(self, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
+        self._seed_arg = check_seed(seed)
+        self._resolved_seed = self._seed_arg
+        self._seed_source = "argument"
+        self._num_replicas_arg, self._rank_arg = check_world_args(num_replicas, rank)
+        self._even = check_choice("even", even, Even)
+        self._progress = Progress()
+        self._pass = None
+
+    # -- resolution ----------------------------------------------------------------------------
+    @property
+    def world(self) -> World:
+        """Rank and world size as resolved now (explicit arguments, torch.distributed, launcher)."""
+        return current_world(self._num_replicas_arg, self._rank_arg)
+
+    @property
+    def num_replicas(self) -> int:
+        """World size, resolved lazily (a sampler is often built before the process group)."""
+        return self.world.world_size
+
+    @num_replicas.setter
+    def num_replicas(self, value: int) -> None:
+        # Assigning DistributedSampler.num_replicas pins the world size, like the constructor argument.
+        self._num_replicas_arg, self._rank_arg = check_world_args(value, self._rank_arg)
+
+    @property
+    def rank(self) -> int:
+        """Global rank, resolved lazily; never the local rank."""
+        return self.world.rank
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        self._num_replicas_arg, self._rank_arg = check_world_args(self._num_replicas_arg, value)
+
+    @property
+    def seed(self) -> int:
+        """The seed in use; ``seed=None`` is resolved once, alike on every rank (see ``resolve_seed``)."""
+        if self._resolved_seed is None:
+            self._resolved_seed, self._seed_source = resolve_seed(None, world_size=self.world.world_size)
+            log_resolved_seed(type(self).__name__, self._resolved_seed, self._seed_source)
+        return self._resolved_seed
+
+    @seed.setter
+    def seed(self, value: int | None) -> None:
+        self._sync()
+        if self._pass is not None or self._progress.consumed:
+            raise RuntimeError("seed cannot change in the middle of an epoch; set it before iterating")
+        self._seed_arg = self._resolved_seed = check_seed(value)
+        self._seed_source = "argument"
+
+    @property
+    def even(self) -> Even:
+        """How ranks are given equal lengths: ``Even.PAD`` or ``Even.DROP``."""
+        return self._even
+
+    # -- epochs and position -------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Fold the live pass's trained position into the progress record.
+
+        Trained, not handed out: a DataLoader's workers run ahead of the loop (see ``delivery``),
+        and a new ``__iter__`` (a loop restarted without ``set_epoch``, a loader that discards an
+        iterator it built to restore a state) continues from what the loop received.
+        """
+        live = self._pass
+        if live is None:
+            return
+        done = live.trained()
+        if done >= live.count:
+            self._progress.consumed = live.end()
+            self._progress.completed = True
+            self._pass = None
+        else:
+            self._progress.consumed = live.consumed_at(done)
+
+    def _handed_out(self) -> tuple[int, int]:
+        """``(epoch, consumed)`` counting what the live pass handed out, without folding it in."""
+        live = self._pass
+        if live is None:
+            return self._progress.epoch, self._progress.consumed
+        done = live.local_done()
+        return self._progress.epoch, live.end() if done >= live.count else live.consumed_at(done)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, or the one the next ``__iter__`` will iterate."""
+        self._sync()
+        return self._progress.upcoming_epoch()
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        # Some code assigns DistributedSampler.epoch directly; treat it as set_epoch.
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next pass iterates; call it before each epoch, as with torch.
+
+        Setting the epoch that is already in progress keeps the position (a framework calls
+        ``set_epoch`` right after ``load_state_dict`` on resume); any other epoch starts at 0.
+        Without any call the epoch advances by itself after each complete pass. Setting the
+        epoch of a pass whose iterator is live keeps tracking it (Lightning calls ``set_epoch``
+        after creating the epoch's iterator), so ``state_dict`` still follows that iterator.
+        """
+        self._sync()
+        live = self._pass
+        if live is not None and check_int("epoch", epoch, minimum=0) == self._progress.epoch:
+            self._progress.requested = epoch  # decides a loaded epoch end that a loader restores later
+            return
+        if live is not None and live.driver is not None and live.driver.prefetched_only(live.local_done()):
+            warnings.warn(
+                f"{type(self).__name__}.set_epoch({epoch}) came after a DataLoader's {live.driver.workers} workers "
+                f"had already drawn {live.local_done()} units of epoch {self._progress.epoch} from it (Lightning "
+                "creates the first iterator of a run before it sets the epoch): the loop will receive those. Set "
+                "the epoch before the loader is iterated (in LightningModule.train_dataloader(): "
+                "sampler.set_epoch(self.current_epoch))",
+                stacklevel=2,
+            )
+        self._pass = None
+        self._progress.set_epoch(epoch)
+        self._on_epoch(self._progress.epoch)
+
+    def __len__(self) -> int:
+        """Units this rank yields in a full pass of the upcoming epoch, equal on every rank.
+
+        After a mid-epoch ``load_state_dict`` the resumed pass yields only the remaining units;
+        ``len`` still describes the whole epoch, as frameworks counting steps expect.
+        """
+        self._sync()
+        total = self._plan_size(self._progress.upcoming_epoch())
+        return rank_count(total, 0, self.world.world_size, self._even)
+
+    def _begin_pass(self, *, restored: bool = False) -> tuple[World, int, int, int, int]:
+        """Open the next pass: ``(world, seed, epoch, start, total)``, advancing a completed epoch.
+
+        ``restored``: the loader iterator pulling this pass was restored from a state (it had
+        delivered batches before the pass began), so the pass continues the loaded position,
+        even at the end of an epoch, rather than starting the next epoch.
+        """
+        self._sync()
+        world = self.world
+        seed = self.seed
+        progress = self._progress
+        advancing = progress.completed and not (restored and progress.resumed)
+        epoch, start = progress.begin(keep_end=restored)
+        if advancing:
+            self._on_epoch(epoch)
+        return world, seed, epoch, start, self._plan_size(epoch)
+
+    def __iter__(self) -> Iterator[T]:
+        refuse_resharding(self)  # here, not in _begin_pass: it inspects the frames that called __iter__
+        self._check_iterable()
+        return itertools.chain.from_iterable(self._pass_chunks())
+
+    def _check_iterable(self) -> None:
+        """Raise at ``iter()``, not at the first unit, for a configuration that cannot be iterated now."""
+
+    def _pass_chunks(self) -> Iterator[Iterator[T]]:
+        # The pass begins at the first unit pulled, not at __iter__: a DataLoader builds iterators
+        # it never pulls (torch's multi-process iterator calls iter() twice; torchdata builds one
+        # to restore a finished state and discards it), and those must not move the position.
+        # The frame that pulls the first unit tells which DataLoader iterator drives the pass.
+        # A loader iterator that had delivered batches before it pulled from us was restored from a
+        # state (torchdata): it continues that state, even one saved just after an epoch's last batch.
+        caller = sys._getframe(1)
+        driver = find_driver(self, caller)
+        restored = driver is not None and driver.base > 0
+        if driver is not None and driver.workers > 0 and not restored:
+            pending = lightning_pending_epoch(caller)
+            if pending is not None and pending != self._progress.upcoming_epoch():
+                self.set_epoch(pending)
+        live, chunks = self._start_pass(restored=restored)
+        live.driver = driver
+        yield from chunks
+
+    def _start_pass(self, *, restored: bool) -> tuple[_Pass, Iterator[Iterator[T]]]:
+        """Begin the next pass: the live pass record and its units, chunk by chunk."""
+        world, seed, epoch, start, total = self._begin_pass(restored=restored)
+        count = rank_count(total, start, world.world_size, self._even)
+        live = _Pass(start, count, total, world.world_size, self._even)
+        self._pass = live
+        source = self._open_pass(epoch, seed, world, start)
+        return live, self._chunks(live, world, source)
+
+    def _chunks(self, live: _Pass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
+        # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
+        # function of the positions), so small first chunks just make the first units cheaper.
+        first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
+        while first < live.count:
+            stop = min(first + size, live.count)
+            positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
+            units = source(positions)
+            if len(units) != stop - first:
+                raise RuntimeError(f"{type(self).__name__} produced {len(units)} units for {stop - first} positions")
+            live.done_chunks += live.current_len
+            live.current, live.current_len = iter(units), len(units)
+            yield live.current
+            first, size = stop, min(2 * size, self._CHUNK)
+
+    # -- state ---------------------------------------------------------------------------------
+    def _full_fingerprint(self) -> Fingerprint:
+        return {"kind": type(self).__name__, **self._fingerprint()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global, world-size-independent position: ``{version, epoch, consumed, seed, fingerprint}``.
+
+        ``consumed`` counts what the training loop received, not what the DataLoader's workers
+        prefetched: called after ``k`` trained batches, the resumed run starts at batch ``k + 1``,
+        with any ``num_workers`` and ``prefetch_factor`` (see ``shardwise.samplers.delivery``).
+        Every rank returns the same dict at a step boundary, so saving rank 0's is enough.
+
+        Warns when a DataLoader with workers draws from this sampler through a batch sampler that
+        wraps it, which hides how many prefetched units were trained.
+        """
+        if called_by_snapshotter():
+            # torchdata snapshots at hand-out and pairs the snapshot with the delivering step.
+            epoch, consumed = self._handed_out()
+        else:
+            self._sync()
+            live = self._pass
+            if live is not None and live.driver is not None and live.driver.lossy():
+                warnings.warn(
+                    f"{type(self).__name__}.state_dict() counts the units handed to a DataLoader whose "
+                    f"{live.driver.workers} workers prefetch ahead of the training loop, and through "
+                    f"{live.driver.wrapper} shardwise cannot tell how many were trained: a resume from this "
+                    f"state would skip the prefetched batches. To resume exactly, {STATEFUL_FIX}",
+                    stacklevel=2,
+                )
+            epoch, consumed = self._progress.epoch, self._progress.consumed
+        return make_state(epoch=epoch, consumed=consumed, seed=self.seed, fingerprint=self._full_fingerprint())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()`` output, in O(1), at any world size.
+
+        Raises:
+            StateMismatchError: the state belongs to another configuration (names the field).
+            MalformedStateError: the dict is not a shardwise state of a known version.
+        """
+        if self._seed_arg is None and isinstance(state_dict, dict) and isinstance(state_dict.get(SEED), int):
+            # seed=None resumes with the seed the saved run resolved to.
+            self._resolved_seed, self._seed_source = state_dict[SEED], "resumed state"
+        epoch, consumed = read_state(state_dict, seed=self.seed, fingerprint=self._full_fingerprint())
+        self._pass = None
+        self._progress.load(epoch, consumed, self._plan_size(epoch))
+        self._on_epoch(epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A live pass holds iterators; pickling (ddp_spawn, workers) carries only the position.
+        self._sync()
+        state = self.__dict__.copy()
+        state["_pass"] = None
+        return state
+
+    # -- description ---------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """What this sampler is doing and with which seed: log it once per run to reproduce it."""
+        world = self.world
+        self._sync()
+        return {
+            "kind": type(self).__name__,
+            "seed": self.seed,
+            "seed_source": self._seed_source,
+            "rank": world.rank,
+            "world_size": world.world_size,
+            "world_source": world.source,
+            "epoch": self._progress.upcoming_epoch(),
+            "consumed": 0 if self._progress.completed else self._progress.consumed,
+            "even": self._even.value,
+            **self._config(),
+        }
+
+    def _data_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        try:
+            world = self.world
+            where = f"rank={world.rank}, world_size={world.world_size}"
+        except ValueError as error:  # an inconsistent launcher environment must not break repr
+            where = f"world=<unresolved: {error}>"
+        seed = self._resolved_seed if self._resolved_seed is not None else "None (resolved at first use)"
+        parts = [self._data_repr()] if self._data_repr() else []
+        parts += [f"{key}={value!r}" for key, value in self._config().items()]
+        parts += [f"even={self._even.value!r}", f"seed={seed}", where]
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+install(PlanSampler)  # framework shape: see _frameworks

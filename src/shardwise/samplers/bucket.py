@@ -1,0 +1,466 @@
+"""``BucketBatchSampler``: length-aware batches under a token budget or of a fixed size, distributed.
+
+Each epoch's global plan:
+
+1. order every sample by length (longest first under ``max_tokens``, shortest first with
+   ``batch_size``), equal lengths in a keyed random order that changes every epoch;
+2. cut that stream into batches: a fixed ``batch_size``, or, longest first, as many samples as
+   the batch's longest allows under ``max_tokens`` padded tokens (``len(batch) * max(length) <=
+   max_tokens``); with ``shuffle``, the first batch takes a random share of what fits and one
+   batch in eight of every run of equal lengths (at a keyed phase) one sample less, so that the
+   longest samples (whose sorted order is the same every epoch) are not cut alike every epoch;
+3. sort the batches by cost and shuffle them in groups of ``balance_group`` consecutive batches,
+   so that neighbouring batches in the plan, hence the W batches of one global step, have
+   similar cost whatever W is, while the order still changes from epoch to epoch.
+
+Memory at any n (the default ``sort_window=None``): step 1 reads a **shared length index**
+(``shardwise.index.length_index``: the sample indices sorted by length, 4 bytes a sample, built
+once per input by a chunked counting sort and memory-mapped read-only by every rank and worker
+of the node, or read from a ``RaggedArray`` store's own ``index/``); the within-length shuffle
+is a keyed permutation per length, and steps 2-3 are arithmetic over the runs of equal length
+(``_core.batching.SortedBucketPlan``). A rank therefore holds O(distinct lengths) integers and
+one chunk of batches, never an O(n) array: at 1e9 samples, 4 GB of shared index per node (8 GB
+above 2**32 samples) plus a few MB per rank. With a ``sort_window`` the plan is materialised per
+epoch instead (8 bytes a sample per rank): use it only where that fits.
+
+The plan does not depend on the world size, so it is dealt out by position and resumed
+elastically like every shardwise sampler.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from .._core.arrays import check_non_negative_integers, one_dimensional
+from .._core.batching import BatchPlan, SortedBucketPlan, bucket_plan, shuffled, span_positions
+from .._core.errors import check_bool, check_choice, check_int
+from .._core.plan import Even
+from .._core.schedule import BatchSizeSchedule, EpochSizes
+from .._core.seeds import derive_seed
+from .._core.state import Fingerprint
+from .._core.world import World
+from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index
+from ..index.builders import MAX_KEYS, OffsetLengths
+from ..index.cache import CacheDir
+from ..index.keys import file_position
+from ..index.lengths import is_ragged_store
+from .base import PlanSampler, UnitSource
+
+logger = logging.getLogger("shardwise")
+
+SHUFFLE, BUCKET = "bucket-shuffle", "bucket"
+
+
+class Oversized(str, enum.Enum):
+    """What ``BucketBatchSampler`` does with a sample longer than ``max_tokens``."""
+
+    ERROR = "error"
+    """Refuse at construction, naming the first such sample (the default)."""
+    SINGLE = "single"
+    """Give each such sample a batch of its own (that batch exceeds the budget)."""
+    SKIP = "skip"
+    """Leave such samples out of every epoch; their indices are in ``sampler.skipped``."""
+
+
+SMALL = 1 << 20
+"""Below this many samples, in-memory lengths (not a memory map, without an explicit
+``cache_dir``) are indexed in private memory (at most 8 MiB, milliseconds), not in the cache."""
+_DIGEST_BLOCKS, _DIGEST_BLOCK = 16, 256  # lengths read for the fingerprint: 16 runs of 256
+
+
+def lengths_array(values: object) -> np.ndarray:
+    """``values`` as a 1-D integer numpy array, used as is (arrays and memory maps are not copied).
+
+    Checks the shape and dtype (O(1)); the values are checked where they are read in full (the
+    index build, or :func:`as_lengths`), so a warm start never scans an input of 1e9 lengths.
+    """
+    array = one_dimensional("lengths", values, sequence_of="integers", one="length")
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")
+    return array  # a numpy.memmap stays one: its key is then O(1) (shardwise.index.key_of)
+
+
+def as_lengths(values: object) -> np.ndarray:
+    """``values`` as a compact private copy of non-negative lengths (the ``sort_window`` path), or raise.
+
+    The dtype is the narrowest of uint16, uint32, int64 that holds every length.
+    """
+    array = lengths_array(values)
+    _, high = check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
+    dtype = np.uint16 if high < 2**16 else np.uint32 if high < 2**32 else np.int64
+    return np.array(array, dtype=dtype)
+
+
+def lengths_digest(lengths: Any, index: GroupedIndex) -> str:
+    """A short digest of the lengths for the state fingerprint, O(distinct lengths), whatever n.
+
+    It covers the number of samples, how many have each length (the index's offsets) and the
+    lengths in 16 evenly spaced blocks of 256: other data is refused on resume, without a pass
+    over 1e9 lengths at every start (the index key already tracks the input's identity).
+    """
+    n = len(index)
+    hasher = hashlib.blake2b(f"lengths:{n}".encode(), digest_size=8)
+    hasher.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
+    span = min(n, _DIGEST_BLOCK)
+    for first in sorted({(n - span) * k // (_DIGEST_BLOCKS - 1) for k in range(_DIGEST_BLOCKS)}):
+        block = lengths[first : first + span]  # a few pages each, wherever the lengths live
+        hasher.update(np.ascontiguousarray(block, dtype=np.int64).tobytes())
+    return hasher.hexdigest()
+
+
+def small_length_index(array: np.ndarray) -> GroupedIndex:
+    """The length index of a small input, in private memory (validated as :func:`as_lengths` does)."""
+    _, high = check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
+    if high >= MAX_KEYS:
+        raise ValueError(
+            f"lengths should hold integers below 2**27 to be bucketed without a sort_window, but got lengths"
+            f"[{int(np.argmax(array))}]={high}; pass a sort_window to sort them per epoch instead"
+        )
+    compact = array.astype(np.int64, copy=False)
+    offsets = np.zeros(high + 2, dtype=np.int64)
+    np.cumsum(np.bincount(compact, minlength=high + 1), out=offsets[1:])
+    return GroupedIndex(np.argsort(compact, kind="stable"), offsets)
+
+
+class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
+    """Batches of similar-length samples, under a padded-token budget or of a fixed size, distributed.
+
+    Pass exactly one of ``max_tokens`` (each batch keeps ``len(batch) * max(length) <=
+    max_tokens``, the padded size of the batch) or ``batch_size`` (samples per batch). Every
+    epoch sorts by length (equal lengths in a new random order), cuts batches and orders them so
+    that neighbouring batches cost about the same: the W batches of one global step are balanced
+    across ranks for every W dividing ``balance_group``. Each sample is in exactly one batch
+    of an epoch's plan; ranks get equal numbers of batches by the usual rule (``drop_last``).
+
+    Cost at 1e9 samples (default ``sort_window=None``): one shared length index per node, 4 bytes
+    a sample (built once by a chunked counting sort, then memory-mapped by every rank and worker;
+    see ``docs/scale.md``), and per rank O(distinct lengths) integers plus one chunk of batches:
+    a warm start and the first batch take milliseconds. A ``sort_window`` materialises the plan
+    per epoch and rank instead (8 bytes a sample).
+
+    Args:
+        lengths: the length (e.g. token count) of every sample: a 1-D integer sequence, a numpy
+            array or memory map (used as is, never copied), or a ``RaggedArray`` (its lengths
+            are read from its offsets; its ``index/`` directory, written by ``RaggedWriter``,
+            holds the length index). A length of 0 counts as 1 in the budget.
+        max_tokens: padded-token budget per batch.
+        batch_size: samples per batch (the one short batch goes to a random place, or is
+            dropped with ``drop_last``).
+        batch_size_multiple: with ``max_tokens``, batch sizes are rounded down to a multiple of
+            this (e.g. 8 for tensor cores), except when fewer fit, for the last batch (of a sort
+            window), and (with ``shuffle``) for the first batch, whose random size shifts the
+            cut from epoch to epoch.
+        sort_window: samples sorted together; ``None`` (default) sorts the whole epoch: least
+            padding, and the shared index keeps memory per rank constant. A window (samples of a
+            shuffled epoch sorted in windows of this many) mixes lengths more randomly at the cost
+            of padding and of an O(n) plan per rank. With ``batch_size`` it is rounded up to a
+            multiple of ``batch_size``.
+        balance_group: consecutive batches of similar cost shuffled as one unit. Use a multiple
+            of your world size: the W batches of a step then always come from one group.
+            Larger groups shuffle the batch order more coarsely.
+        oversized: a sample longer than ``max_tokens``: ``"error"`` (default), ``"single"``
+            (its own batch), or ``"skip"`` (left out and listed in ``skipped``).
+        shuffle: shuffle samples and batch groups, differently every epoch.
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: drop the short batch (``batch_size``) and the last partial global step,
+            instead of padding that step by wrapping to the start of the plan.
+        cache_dir: where the shared length index lives (``shardwise.index.build_or_open``):
+            ``None`` for the default (``$SHARDWISE_CACHE_DIR``, else the per-user cache; a
+            ``RaggedArray``'s own ``index/``; in-memory arrays under 2**20 samples are indexed in
+            memory),
+            a directory, or ``False`` to build it in private memory (with a warning).
+        cache_timeout: seconds to wait for another process building the same index.
+
+    Attributes:
+        batch_size: the fixed batch size, or ``None`` with ``max_tokens`` (sizes vary: give a
+            DataLoader ``batch_sampler=sampler``, never ``batch_size``).
+        skipped: ``(k,)`` int64 indices left out by ``oversized="skip"`` (empty otherwise).
+
+    Example:
+        >>> sampler = BucketBatchSampler([5, 1, 3, 8, 2, 7], max_tokens=16, seed=0, num_replicas=1, rank=0)
+        >>> batches = list(sampler)
+        >>> sorted(i for batch in batches for i in batch)
+        [0, 1, 2, 3, 4, 5]
+        >>> all(len(b) * max(sampler.lengths[b]) <= 16 for b in batches)
+        True
+    """
+
+    _CHUNK = 128
+    _FIRST_CHUNK = 8  # a cheap first batch: about 2,000 lookups at 65,536 tokens a batch
+
+    def __init__(
+        self,
+        lengths: Any,
+        *,
+        max_tokens: int | BatchSizeSchedule | None = None,
+        batch_size: int | BatchSizeSchedule | None = None,
+        batch_size_multiple: int = 1,
+        sort_window: int | None = None,
+        balance_group: int = 64,
+        oversized: Oversized | str = Oversized.ERROR,
+        shuffle: bool = True,
+        seed: int | None = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        cache_dir: CacheDir = None,
+        cache_timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        if (max_tokens is None) == (batch_size is None):
+            raise ValueError(
+                "pass exactly one of max_tokens (a padded-token budget) and batch_size (samples per batch), "
+                f"but got max_tokens={max_tokens!r}, batch_size={batch_size!r}"
+            )
+        self.sort_window = None if sort_window is None else check_int("sort_window", sort_window, minimum=1)
+        self._store: Any = lengths if is_ragged_store(lengths) else None
+        self._source: Any = OffsetLengths(lengths.offsets) if self._store is not None else lengths_array(lengths)
+        self._cache_dir = cache_dir
+        if isinstance(cache_timeout, bool) or not isinstance(cache_timeout, (int, float)) or not cache_timeout >= 0:
+            raise ValueError(
+                f"cache_timeout should be a non-negative number of seconds, but got cache_timeout={cache_timeout!r}"
+            )
+        self._cache_timeout = float(cache_timeout)
+        self._lengths: np.ndarray | None = None  # the sort_window path's private copy
+        self._index: GroupedIndex | None = None
+        if self.sort_window is not None:
+            self._lengths = as_lengths(self._source[0 : len(self._source)] if self._store is not None else self._source)
+            self._index = small_length_index(self._lengths.astype(np.int64))
+        else:
+            self._index = self._open_index()
+        num_samples = len(self._index)
+        # Either may be a per-epoch BatchSizeSchedule; the attributes hold epoch 0's value.
+        self._schedules = EpochSizes("BucketBatchSampler", num_samples, max_tokens=max_tokens, batch_size=batch_size)
+        max_tokens = self._schedules.initial("max_tokens", max_tokens)  # type: ignore[assignment]
+        batch_size = self._schedules.initial("batch_size", batch_size)  # type: ignore[assignment]
+        self.max_tokens = None if max_tokens is None else check_int("max_tokens", max_tokens, minimum=1)
+        self._batch_size = None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
+        self.batch_size_multiple = check_int("batch_size_multiple", batch_size_multiple, minimum=1)
+        self.balance_group = check_int("balance_group", balance_group, minimum=1)
+        self.oversized = check_choice("oversized", oversized, Oversized)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        if self._batch_size is not None:
+            if self.batch_size_multiple != 1:
+                raise ValueError(
+                    "batch_size_multiple applies to max_tokens batches; with batch_size, pass a batch_size that "
+                    f"is that multiple, but got batch_size={batch_size!r}, batch_size_multiple={batch_size_multiple!r}"
+                )
+            if self.oversized is not Oversized.ERROR:
+                raise ValueError(
+                    "oversized applies to max_tokens batches (no sample is too long for a fixed batch_size), "
+                    f"but got batch_size={batch_size!r}, oversized={self.oversized.value!r}"
+                )
+        self.skipped = np.empty(0, dtype=np.int64)
+        self._pool: np.ndarray | None = None  # sort_window path: indices in the plan when some are skipped
+        self._longest_kept: int | None = None  # longest length planned (oversized="skip")
+        if self.max_tokens is not None:
+            # the smallest budget of any epoch: one set of samples is planned in every epoch
+            self._check_oversized(
+                min(self._schedules.at("max_tokens", e, self.max_tokens) for e in self._schedules.epochs())
+            )
+        self._digest = lengths_digest(self._source, self._index)
+        self._cache: tuple[int, int, BatchPlan | SortedBucketPlan] | None = None
+        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+
+    def _open_index(self) -> GroupedIndex:
+        """The shared length index (opened, or built once per node), or a small one in memory."""
+        source = self._store if self._store is not None else self._source
+        small = self._source.size < SMALL and not isinstance(self._source, np.memmap)
+        if self._store is None and self._cache_dir is None and small:
+            return small_length_index(self._source)
+        if self._store is None and self._source.size == 0:
+            one_dimensional("lengths", self._source, sequence_of="integers", one="length")
+        return length_index(source, cache_dir=self._cache_dir, timeout=self._cache_timeout)
+
+    def _grouped(self) -> GroupedIndex:
+        if self._index is None:  # dropped by pickling: reopen (a few ms from the cache)
+            self._index = self._open_index()
+        return self._index
+
+    def _check_oversized(self, budget: int) -> None:
+        index = self._grouped()
+        offsets = index.offsets
+        if offsets.size - 2 <= budget:  # the longest length fits
+            return
+        first_over = int(offsets[budget + 1])
+        count = len(index) - first_over
+        if count == 0:
+            return
+        over = np.asarray(index.order[first_over:], dtype=np.int64)
+        first = int(over.min())
+        if self.oversized is Oversized.ERROR:
+            raise ValueError(
+                f"lengths[{first}]={self._length_of(first)} is longer than max_tokens={budget} "
+                f"({count} sample{'s are' if count > 1 else ' is'}); pass oversized='single' to give "
+                "each its own batch, oversized='skip' to leave them out, or a larger max_tokens"
+            )
+        if self.oversized is Oversized.SKIP:
+            if count == len(index):
+                raise ValueError(
+                    f"every sample is longer than max_tokens={budget}, so oversized='skip' would leave nothing"
+                )
+            self.skipped = np.sort(over)
+            self._longest_kept = budget
+            if self._lengths is not None:
+                self._pool = np.flatnonzero(self._lengths <= budget).astype(np.int64)
+            logger.warning(
+                "BucketBatchSampler: skipping %d of %d samples longer than max_tokens=%d (first: lengths[%d]=%d); "
+                "their indices are in sampler.skipped",
+                count, len(index), budget, first, self._length_of(first),
+            )  # fmt: skip
+
+    def _length_of(self, i: int) -> int:
+        return int(self._source[i : i + 1][0])
+
+    # -- what frameworks and users read --------------------------------------------------------
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch, or ``None`` with ``max_tokens`` (the size varies from batch to batch)."""
+        return self._schedules.at("batch_size", self.epoch, self._batch_size)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """The sample lengths, read-only: the array given (not a copy), or a store's ``lengths``."""
+        if self._store is not None:
+            lengths: np.ndarray = self._store.lengths
+            return lengths
+        view: np.ndarray = (self._lengths if self._lengths is not None else self._source).view()
+        view.flags.writeable = False
+        return view
+
+    # -- the plan ------------------------------------------------------------------------------
+    def _plan(self, epoch: int, seed: int) -> BatchPlan | SortedBucketPlan:
+        """The epoch's global plan, built once and kept until another epoch is asked for."""
+        cached = self._cache
+        if cached is not None and cached[0] == epoch and cached[1] == seed:
+            return cached[2]
+        plan = self._build(epoch, seed)
+        self._cache = (epoch, seed, plan)
+        return plan
+
+    def _build(self, epoch: int, seed: int) -> BatchPlan | SortedBucketPlan:
+        batch_size = self._schedules.at("batch_size", epoch, self._batch_size)
+        max_tokens = self._schedules.at("max_tokens", epoch, self.max_tokens)
+        key = derive_seed(seed, epoch, BUCKET) if self.shuffle else None
+        if self._lengths is None:
+            sizes = self._grouped().sizes()
+            values = np.flatnonzero(sizes)
+            if self._longest_kept is not None:
+                values = values[values <= self._longest_kept]
+            if batch_size is None:
+                values = values[::-1]  # longest first under a token budget
+            return SortedBucketPlan(
+                values, sizes[values], batch_size=batch_size, max_tokens=max_tokens,
+                multiple=self.batch_size_multiple, group=self.balance_group, key=key, drop_short=self.drop_last,
+                oversized_alone=self.oversized is Oversized.SINGLE,
+            )  # fmt: skip
+        count = self._lengths.size if self._pool is None else self._pool.size
+        order = shuffled(count, derive_seed(seed, epoch, SHUFFLE) if self.shuffle else None)
+        if self._pool is not None:
+            order = self._pool[order]
+        return bucket_plan(
+            order,
+            self._lengths,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            multiple=self.batch_size_multiple,
+            window=self.sort_window,
+            group=self.balance_group,
+            key=key,
+            drop_short=self.drop_last,
+            oversized_alone=self.oversized is Oversized.SINGLE,
+        )
+
+    # -- PlanSampler hooks ---------------------------------------------------------------------
+    def _plan_size(self, epoch: int) -> int:
+        return len(self._plan(epoch, self.seed))
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        plan = self._plan(epoch, seed)
+        if isinstance(plan, BatchPlan):
+            return plan.batches
+        index = self._grouped()
+        ties = derive_seed(seed, epoch, SHUFFLE) if self.shuffle else None
+
+        def batches(positions: np.ndarray) -> list[list[int]]:
+            starts, sizes = plan.spans(positions)
+            runs, ranks = plan.locate(span_positions(starts, sizes))
+            values = index.members(plan.run_lengths[runs], ranks, key=ties).tolist()
+            out, first = [], 0
+            for size in sizes.tolist():
+                out.append(values[first : first + size])
+                first += size
+            return out
+
+        return batches
+
+    def _fingerprint(self) -> Fingerprint:
+        return {
+            "num_samples": len(self._grouped()),
+            "lengths": self._digest,
+            "max_tokens": self.max_tokens,
+            "batch_size": self._batch_size,
+            "batch_size_multiple": self.batch_size_multiple,
+            "sort_window": self.sort_window,
+            "balance_group": self.balance_group,
+            "oversized": self.oversized.value,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            **self._schedules.fingerprint(),
+        }
+
+    def _config(self) -> dict[str, Any]:
+        config: dict[str, Any] = (
+            {"batch_size": self._batch_size}
+            if self._batch_size is not None
+            else {"max_tokens": self.max_tokens, "batch_size_multiple": self.batch_size_multiple,
+                  "oversized": self.oversized.value}
+        )  # fmt: skip
+        if self.skipped.size:
+            config["skipped"] = int(self.skipped.size)
+        config.update(
+            sort_window=self.sort_window, balance_group=self.balance_group, shuffle=self.shuffle,
+            drop_last=self.drop_last,
+        )  # fmt: skip
+        return config
+
+    def _data_repr(self) -> str:
+        present = np.flatnonzero(self._grouped().sizes())
+        return f"lengths=<{len(self._grouped())} samples, {int(present[0])}..{int(present[-1])}>"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The cached plan is rebuilt on demand and the index reopened (a memory map never travels
+        # in a pickle: ddp_spawn and workers map the same shared file).
+        state = super().__getstate__()
+        state["_cache"] = None
+        if self._lengths is None:
+            state["_index"] = None
+        source = self._source
+        if isinstance(source, np.memmap) and source.flags.c_contiguous:
+            where = file_position(source)
+            if where is not None:  # pickle where the lengths are, not 8 bytes a sample
+                state["_source"] = _Mapped(where[0], source.dtype.str, source.shape, where[-1])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state.get("_source"), _Mapped):
+            state["_source"] = state["_source"].open()
+        self.__dict__.update(state)
+
+
+class _Mapped:
+    """A memory-mapped lengths array by location: reopened (read-only) when a sampler is unpickled."""
+
+    def __init__(self, path: str, dtype: str, shape: tuple[int, ...], offset: int) -> None:
+        self.path, self.dtype, self.shape, self.offset = path, dtype, shape, offset
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", offset=self.offset, shape=self.shape)

@@ -1,0 +1,141 @@
+"""What reached the training loop: the DataLoader iterator that drives a pass, read for resume.
+
+A ``DataLoader`` with workers asks its sampler for ``prefetch_factor x num_workers`` batches
+ahead of the training loop, so "units handed out" is not "units trained": a state counting the
+former skips the prefetched batches on every resume. A shardwise pass therefore learns, when its
+first unit is pulled, which DataLoader iterator pulls it (the iterator is the ``self`` of one of
+the few frames that called it: torch's ``_next_index``, directly for a batch sampler, through
+``BatchSampler.__iter__`` for an index sampler), and reads that iterator's ``_num_yielded``, the
+batches it delivered to the loop. From it and the batch structure (a batch sampler: one unit per
+batch; an index sampler under a ``BatchSampler``: ``batch_size`` units, the last batch short or
+dropped) the pass computes the units this rank trained, which ``state_dict()`` reports.
+
+- All ranks are in lockstep, so the global position is ``start + trained x world_size``, the
+  same on every rank at a step boundary.
+- torchdata's ``StatefulDataLoader`` snapshots the sampler as it hands out indices and pairs each
+  snapshot with the step at which that batch is delivered: its own calls (recognised by the
+  calling module) get the handed-out position; anyone else's call gets the trained one.
+- The iterator is held by a weak reference, plus its attribute dict, so the count survives the
+  iterator (a loop that ``break``\\ s and then saves) without keeping its workers alive.
+- A loader that starts a new iteration over the same iterator object (``persistent_workers``)
+  replaces its sampler iterator: the old pass is then over, and counts what it handed out.
+- A loader whose batches shardwise cannot map to units (a batch sampler that wraps the shardwise
+  sampler, ``in_order=False``) with workers falls back to the handed-out count, and
+  ``state_dict()`` warns, naming the exact alternative (torchdata's ``StatefulDataLoader``).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from types import FrameType
+from typing import Any
+
+_SEARCH_DEPTH = 4  # our generator <- [BatchSampler.__iter__ | torchdata _BatchSamplerIterator] <- _next_index
+_SNAPSHOTTERS = ("torchdata.stateful_dataloader.",)
+_SNAPSHOT_DEPTH = 3  # state_dict's caller, or the callers of an override that calls super().state_dict()
+_GROUPERS = ("torch.utils.data.sampler", "torchdata.stateful_dataloader.sampler")
+
+STATEFUL_FIX = (
+    "checkpoint the loader instead: build it as torchdata's StatefulDataLoader (or convert it with "
+    "shardwise.integrations.torchdata.to_stateful(loader)) and save loader.state_dict()"
+)
+
+
+class LoaderDriver:
+    """The DataLoader iterator that pulls a pass, and how its batches map to the pass's units."""
+
+    __slots__ = ("__weakref__", "_final", "_pulled", "_ref", "_vars", "base", "batch_size", "drop_last", "mapped",
+                 "workers", "wrapper")  # fmt: skip
+
+    def __init__(self, iterator: Any, sampler: object) -> None:
+        index_sampler: Any = getattr(iterator, "_index_sampler", None)
+        self.batch_size, self.drop_last, self.mapped = 1, False, True
+        self.wrapper = type(index_sampler).__name__
+        if index_sampler is sampler:
+            pass  # a batch sampler (one unit per batch), or an index sampler with batch_size=None
+        elif _groups_in_order(index_sampler) and getattr(index_sampler, "sampler", None) is sampler:
+            self.batch_size, self.drop_last = int(index_sampler.batch_size), bool(index_sampler.drop_last)
+        else:
+            self.mapped = False
+        self.workers = int(getattr(iterator, "_num_workers", 0) or 0)
+        if getattr(iterator, "_in_order", True) is False and self.workers > 0:
+            self.mapped = False  # batches arrive out of order: a count does not say which
+        # The attribute dict outlives the iterator: the last count stays readable after it is gone.
+        self._vars: dict[str, Any] | None = vars(iterator)
+        self._pulled = self._vars.get("_sampler_iter")
+        self.base = int(self._vars.get("_num_yielded", 0) or 0)
+        self._final: int | None = None
+        self._ref = weakref.ref(iterator, self._gone)
+
+    def _gone(self, _: object) -> None:
+        self._final = self._delivered_now()
+        self._vars = self._pulled = None
+
+    def _delivered_now(self) -> int | None:
+        state = self._vars
+        if state is None:
+            return self._final
+        if state.get("_sampler_iter") is not self._pulled:
+            return None  # the loader began a new iteration: this pass is over
+        return max(0, int(state.get("_num_yielded", 0) or 0) - self.base)
+
+    def trained(self, handed: int, count: int) -> int:
+        """Units of a pass of ``count`` that reached the loop, given that ``handed`` were handed out."""
+        batches = self._delivered_now() if self.mapped else None
+        if batches is None:
+            return handed
+        size = self.batch_size
+        full = count // size if self.drop_last else -(-count // size)
+        units = count if batches >= full else batches * size
+        return min(handed, units)
+
+    def prefetched_only(self, handed: int) -> bool:
+        """Whether workers hold ``handed`` units of the pass while the loop has received none yet."""
+        return self.workers > 0 and handed > 0 and self._delivered_now() == 0
+
+    def lossy(self) -> bool:
+        """Whether the handed-out count may run ahead of the loop and cannot be corrected."""
+        return not self.mapped and self.workers > 0
+
+    def __repr__(self) -> str:
+        return f"LoaderDriver(batch_size={self.batch_size}, drop_last={self.drop_last}, mapped={self.mapped})"
+
+
+def _groups_in_order(batch_sampler: object) -> bool:
+    """Whether ``batch_sampler`` is torch's (or torchdata's) ``BatchSampler``: consecutive groups of ``batch_size``."""
+    iterate = getattr(type(batch_sampler), "__iter__", None)
+    return getattr(iterate, "__qualname__", "") == "BatchSampler.__iter__" and getattr(
+        iterate, "__module__", ""
+    ) in _GROUPERS
+
+
+def find_driver(sampler: object, frame: FrameType | None) -> LoaderDriver | None:
+    """The DataLoader iterator among the frames that pulled ``sampler``'s first unit, if any."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    for _ in range(_SEARCH_DEPTH):
+        if frame is None:
+            return None
+        caller = frame.f_locals.get("self")
+        if isinstance(caller, _BaseDataLoaderIter):
+            return LoaderDriver(caller, sampler)
+        frame = frame.f_back
+    return None
+
+
+def called_by_snapshotter(depth: int = 2) -> bool:
+    """Whether ``state_dict`` was called (``depth`` frames up, or a few above: subclasses that
+    override it) by a loader that snapshots at hand-out (torchdata's serialisation)."""
+    try:
+        frame: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return False
+    for _ in range(_SNAPSHOT_DEPTH):
+        if frame is None:
+            return False
+        name = frame.f_globals.get("__name__", "")
+        if isinstance(name, str) and name.startswith(_SNAPSHOTTERS):
+            return True
+        frame = frame.f_back
+    return False

@@ -1,0 +1,170 @@
+"""How shardwise samplers meet what training frameworks do to samplers, with their default settings.
+
+A shardwise sampler is already distributed. Frameworks that distribute data themselves must
+therefore leave it in place, and must still be able to set its epoch:
+
+- Index samplers subclass ``DistributedSampler``: Lightning leaves such a DataLoader alone and
+  calls ``set_epoch``; Composer and most trainers check for that class.
+- Lightning (``use_distributed_sampler=True``, the default) rebuilds every DataLoader whose
+  ``sampler`` is not a ``DistributedSampler``, and so every loader built with ``batch_sampler=``.
+  It re-creates a custom batch sampler from the arguments it recorded at construction
+  (``__pl_saved_args`` and friends), putting its own ``DistributedSampler`` into the argument named
+  ``sampler``. A shardwise batch sampler exposes such a record, made of a :class:`Keep` marker
+  and the ``sampler`` slot; :class:`PlanMeta` turns "construct from a ``Keep``" into "return the
+  kept sampler", so Lightning's rebuild hands back the very same, already distributed object.
+- Lightning and Accelerate call ``set_epoch`` on ``loader.batch_sampler.sampler``. A shardwise
+  batch sampler's ``sampler`` attribute is an :class:`EpochRelay` that sets the batch sampler's
+  own epoch (an attribute of that name set on the instance, as ``shard_batches`` does not, wins).
+- Accelerate's ``prepare`` wraps every batch sampler in its ``BatchSamplerShard``, which would deal
+  an already dealt plan a second time; :func:`refuse_resharding` makes that fail at the first
+  ``__iter__``, before any step, naming the one-line fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+from typing import Any
+
+ACCELERATE_FIX = (
+    "loader = shardwise.integrations.accelerate.prepare_data_loader(accelerator, loader)"
+)
+_RESHARDERS = {("accelerate.data_loader", "BatchSamplerShard")}
+_FRAME_DEPTH = 4  # our __iter__ <- torch BatchSampler.__iter__ <- BatchSamplerShard._iter_*
+
+
+def is_batch_plan(sampler: object) -> bool:
+    """Whether a shardwise sampler's units are batches (index samplers are ``DistributedSampler``\\ s)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    return not isinstance(sampler, DistributedSampler)
+
+
+class Keep:
+    """Marker argument: constructing a shardwise sampler class from ``Keep(s)`` returns ``s`` itself."""
+
+    __slots__ = ("sampler",)
+
+    def __init__(self, sampler: object) -> None:
+        self.sampler = sampler
+
+    def __repr__(self) -> str:
+        return f"Keep({type(self.sampler).__name__})"
+
+
+class PlanMeta(type):
+    """Metaclass of the sampler shell: honours :class:`Keep` so a framework's rebuild is the identity."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        kept: object = args[0].sampler if args and isinstance(args[0], Keep) else None
+        klass: type = cls
+        if kept is not None and isinstance(kept, klass):
+            return kept
+        return super().__call__(*args, **kwargs)
+
+
+class EpochRelay:
+    """What ``batch_sampler.sampler`` is on a shardwise batch sampler: ``set_epoch`` reaches its owner.
+
+    Lightning (``_set_sampler_epoch``) and Accelerate (``DataLoaderShard.set_epoch``) look for
+    ``set_epoch`` on ``loader.batch_sampler.sampler``; this is how the epoch gets there.
+    """
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the owning batch sampler's epoch."""
+        self.owner.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The owning batch sampler's epoch."""
+        return int(self.owner.epoch)
+
+    def __repr__(self) -> str:
+        return f"EpochRelay(of {type(self.owner).__name__})"
+
+
+class _RelayAttribute:
+    """Non-data descriptor for ``sampler``: an instance attribute of that name takes precedence."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        if not is_batch_plan(obj):
+            raise AttributeError("sampler")
+        return EpochRelay(obj)
+
+
+def _lightning_record(position: int) -> property:
+    """One of Lightning's ``__pl_saved_*`` attributes: re-create as ``cls(Keep(self), sampler)``."""
+
+    def get(self: object) -> Any:
+        if not is_batch_plan(self):
+            raise AttributeError("not a batch sampler")
+        record: tuple[Any, ...] = ((Keep(self), None), {}, ("keep", "sampler"), {})
+        return record[position]
+
+    return property(get)
+
+
+def install(cls: type) -> None:
+    """Give the sampler shell the attributes described in the module docstring."""
+    cls.sampler = _RelayAttribute()  # type: ignore[attr-defined]
+    for position, name in enumerate(
+        ("__pl_saved_args", "__pl_saved_kwargs", "__pl_saved_arg_names", "__pl_saved_default_kwargs")
+    ):
+        setattr(cls, name, _lightning_record(position))
+
+
+def refuse_resharding(sampler: object) -> None:
+    """Raise if ``sampler`` is being iterated from inside a framework's own sharding wrapper.
+
+    Looks at the few frames that called ``__iter__`` (only once per epoch). A shardwise sampler
+    dealt out a second time would silently hand each rank ``1/W`` of its share. A sampler built
+    with ``num_replicas=1`` yields the whole plan, which the framework may deal out itself.
+    """
+    frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the sampler's __iter__
+    for _ in range(_FRAME_DEPTH):
+        if frame is None:
+            return
+        caller = frame.f_locals.get("self")
+        resharder = caller is not None and (type(caller).__module__, type(caller).__name__) in _RESHARDERS
+        # A sampler pinned to one replica yields the whole plan: dealing it out once is correct.
+        if resharder and getattr(getattr(sampler, "world", None), "world_size", 2) > 1:
+            raise RuntimeError(
+                f"accelerator.prepare() wrapped this {type(sampler).__name__} in Accelerate's "
+                f"{type(caller).__name__}, which would shard an already distributed sampler a second time "
+                f"(each rank would get 1/{getattr(caller, 'num_processes', 'W')} of its share). Prepare the "
+                f"loader with: {ACCELERATE_FIX}"
+            )
+        frame = frame.f_back
+
+
+_LIGHTNING_DEPTH = 32  # our generator <- torch's prefetch in the iterator's __init__ <- ... <- FitLoop.setup_data
+
+
+def lightning_pending_epoch(frame: FrameType | None) -> int | None:
+    """The epoch Lightning is about to set, when it pulls a pass before setting it; else ``None``.
+
+    ``FitLoop.setup_data`` creates the first training iterator of a run before ``on_advance_start``
+    calls ``set_epoch``; with DataLoader workers that iterator already draws from the sampler. On
+    a run resumed from an epoch-end checkpoint the sampler would still be at epoch 0, and the
+    workers would prefetch epoch 0's first batches into epoch ``e + 1``. The epoch Lightning will
+    set is ``fit_loop.epoch_progress.current.processed``; the pass adopts it first.
+    """
+    if "lightning.pytorch" not in sys.modules:
+        return None
+    for _ in range(_LIGHTNING_DEPTH):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "setup_data":
+            loop = frame.f_locals.get("self")
+            if type(loop).__name__ == "_FitLoop" and type(loop).__module__.startswith("lightning.pytorch."):
+                processed = getattr(getattr(getattr(loop, "epoch_progress", None), "current", None), "processed", None)
+                return processed if isinstance(processed, int) else None
+        frame = frame.f_back
+    return None

@@ -1,0 +1,334 @@
+"""``ScheduledBatchSampler``: batches whose size follows a schedule, every rank in lockstep.
+
+The global plan here is a plan of **samples** (a keyed permutation of the data, or the plan of an
+index sampler such as ``WeightedSampler``), and the batch structure is cut from it step by step:
+global step ``s`` starts at sample position ``p_s``, takes the per-rank size ``b_s`` the schedule
+gives at ``p_s``, and covers the ``W * b_s`` positions ``[p_s, p_s + W * b_s)``, rank ``r``
+taking the slice ``[p_s + r * b_s, p_s + (r + 1) * b_s)``. So the ``W`` batches of a step always
+have the same size, and a size change lands on a global step boundary.
+
+Because a step consumes ``W * b`` samples, batch boundaries depend on the world size, but the
+sample plan does not. The resume state therefore counts ``consumed`` in **samples of the global
+sample plan** (at a step boundary, the same on every rank); resuming at any world size ``W'``
+recomputes the steps from that position with the schedule, so nothing is lost or repeated, in
+O(schedule segments) time, not O(samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from .._core.errors import check_bool
+from .._core.permutation import Permutation
+from .._core.plan import Even
+from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
+from .._core.seeds import derive_seed
+from .._core.state import SEED, Fingerprint
+from .._core.world import World
+from .base import PlanSampler, UnitSource, _Pass
+from .sharded import SHUFFLE, dataset_size
+
+_CHUNK_SAMPLES = 1 << 16
+"""Samples generated per numpy call: bounds memory per rank, amortises call overhead."""
+
+
+class _StepPass(_Pass):
+    """One rank's live pass: the epoch's remaining steps (as runs) and how many were handed out."""
+
+    __slots__ = ("done", "runs")
+
+    def __init__(self, start: int, runs: list[Run], total: int, world_size: int) -> None:
+        super().__init__(start, sum(run.steps for run in runs), total, world_size)
+        self.runs = runs
+        self.done = 0
+
+    def local_done(self) -> int:
+        return self.done
+
+    def consumed_at(self, done: int) -> int:
+        return self.position(done)
+
+    def end(self) -> int:
+        return max(self.position(self.count), self.total)
+
+    def position(self, steps: int) -> int:
+        """The plan position where the pass's step number ``steps`` starts (or where it ended)."""
+        for run in self.runs:
+            if steps < run.steps:
+                return run.first + steps * self.world_size * run.batch_size
+            steps -= run.steps
+        return self.runs[-1].end(self.world_size) if self.runs else self.start
+
+
+class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
+    """Distributed batches whose size (and payload) follows a schedule, in lockstep on every rank.
+
+    One epoch is one pass over a global sample plan: a shuffled (or in-order) pass over the data,
+    or the plan of a shardwise index sampler (``ShardedSampler``, ``WeightedSampler``, ``shard(...)``).
+    Global step ``s`` takes ``W * b_s`` consecutive plan positions, ``b_s`` from the schedule at
+    that position; rank ``r`` of ``W`` gets the ``r``-th slice of ``b_s``. Every rank yields the
+    same number of batches, of the same sizes, and ``len()`` is exact before the first batch.
+
+    The last step of an epoch, when fewer than ``W * b`` samples remain, is cut to
+    ``ceil(remaining / W)`` samples per rank, wrapping to the start of the plan for the at most
+    ``W - 1`` missing ones (``drop_last=False``), or dropped (``drop_last=True``).
+
+    With a schedule that carries payloads, every batch is a list of ``(index, payload)`` pairs,
+    so that ``dataset[(index, payload)]`` sees, say, the image size of its step inside the
+    DataLoader workers; without payloads, batches are lists of indices.
+
+    Cost at 1e9 samples: O(schedule segments) integers and one chunk of 65,536 positions per
+    rank, plus what ``data`` holds (nothing for a length or ``ShardedSampler``; see
+    ``docs/scale.md`` for the index samplers): it never builds an O(n) array itself.
+
+    Resume: ``state_dict()["consumed"]`` counts samples of the epoch's global plan handed out by
+    all ranks (a step boundary, equal on every rank). Loading it at another world size, or with
+    another schedule, continues from that sample position: nothing is lost or repeated.
+
+    Args:
+        data: a dataset with ``len()``, its length as an int, or a shardwise index sampler whose
+            global plan is batched (its own ``seed`` and order are used).
+        batch_size: a positive int, a :class:`BatchSizeSchedule`, or a callable
+            ``(epoch, samples) -> size`` (or ``(size, payload)``), the per-rank batch size.
+        shuffle: shuffle the data, differently every epoch (a length or dataset only).
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: drop the last, short step instead of shrinking it.
+
+    Raises:
+        ValueError: a schedule under which a rank would get zero batches in an epoch
+            (``drop_last=True`` and fewer samples than one global step needs).
+
+    Example:
+        >>> schedule = BatchSizeSchedule.by_samples({0: 2, 8: 3})
+        >>> sampler = ScheduledBatchSampler(20, batch_size=schedule, shuffle=False, num_replicas=2, rank=0)
+        >>> list(sampler)
+        [[0, 1], [4, 5], [8, 9, 10], [14, 15, 16]]
+        >>> [step.batch_size for step in sampler.steps(epoch=0)]
+        [2, 2, 3, 3]
+        >>> [step.batch_size for step in sampler.steps(epoch=1)]  # epoch 1 starts at sample 20
+        [3, 3, 3, 1]
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        *,
+        batch_size: ScheduleLike,
+        shuffle: bool = True,
+        seed: int | None = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        self.schedule: BatchSizeSchedule = as_schedule(batch_size)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.data = data
+        self._inner: PlanSampler[Any] | None = None
+        self._size = 0
+        if isinstance(data, PlanSampler):
+            self._inner = data
+            inner_seed = data._seed_arg
+            if not shuffle:
+                raise ValueError(
+                    f"shuffle=False has no effect when data is an index sampler ({type(data).__name__}), "
+                    "whose plan brings its own order; build that sampler with shuffle=False instead"
+                )
+            if seed not in (0, inner_seed):
+                raise ValueError(
+                    f"seed={seed!r} differs from the seed of the index sampler data ({type(data).__name__} has "
+                    f"seed={inner_seed!r}), whose plan is batched as is; set the seed on that sampler"
+                )
+            seed = inner_seed
+        elif isinstance(data, Sampler):
+            raise TypeError(
+                f"data should be a dataset, a length or a shardwise index sampler, but got {type(data).__name__}, "
+                "a torch sampler that is not distributed; wrap it as shardwise.shard(sampler) to batch its order"
+            )
+        else:
+            self._size = dataset_size(data, "data")
+        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._cache: tuple[tuple[int, int, int], list[Run]] | None = None
+        self.schedule(0, 0)  # a callable schedule's return value is checked now, not at the first batch
+        world_size = self._num_replicas_arg or 1
+        total = self._plan_size(0)
+        epochs = self.schedule.epoch_starts_to_check(total) or [0]
+        for epoch in epochs:
+            self._check_not_empty(epoch, total if epoch == 0 else self._plan_size(epoch), world_size)
+
+    # -- the plan ------------------------------------------------------------------------------
+    def _plan_size(self, epoch: int) -> int:
+        """Samples in the global plan of ``epoch`` (the unit of ``consumed``)."""
+        if self._inner is not None:
+            return self._inner._plan_size(epoch)
+        return self._size
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        """The sample source: plan positions -> sample indices."""
+        if self._inner is not None:
+            return self._inner._open_pass(epoch, seed, world, start)
+        if not self.shuffle:
+            return np.ndarray.tolist
+        permutation = Permutation(self._size, derive_seed(seed, epoch, SHUFFLE))
+        return lambda positions: permutation(positions).tolist()
+
+    def _on_epoch(self, epoch: int) -> None:
+        if self._inner is not None:
+            self._inner._on_epoch(epoch)
+
+    def _runs(self, epoch: int, total: int, start: int, world_size: int) -> list[Run]:
+        key = (epoch, start, world_size)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        runs = plan_steps(
+            self.schedule, epoch=epoch, total=total, start=start, world_size=world_size, drop_last=self.drop_last
+        )
+        self._cache = (key, runs)
+        return runs
+
+    def _check_not_empty(self, epoch: int, total: int, world_size: int) -> None:
+        if not self.drop_last or total == 0:
+            return
+        size = self.schedule(epoch, epoch * total).batch_size
+        if total < world_size * size:
+            raise ValueError(
+                f"batch_size schedule gives batch size {size} at the start of epoch {epoch}, so one global step "
+                f"of {world_size} rank(s) needs {world_size * size} samples, but the plan has {total} and "
+                "drop_last=True: every rank would get zero batches. Use a smaller batch size, drop_last=False "
+                "or more data"
+            )
+
+    # -- iteration and position (the shell's dealing is per unit; here it is per step) ---------
+    def __len__(self) -> int:
+        """Batches this rank yields in a full pass of the upcoming epoch, equal on every rank.
+
+        After a mid-epoch ``load_state_dict`` the resumed pass yields only the remaining steps;
+        ``len`` still describes the whole epoch at the current world size.
+        """
+        self._sync()
+        epoch = self._progress.upcoming_epoch()
+        total = self._plan_size(epoch)
+        world_size = self.world.world_size
+        self._check_not_empty(epoch, total, world_size)
+        return sum(run.steps for run in self._runs(epoch, total, 0, world_size))
+
+    def _check_iterable(self) -> None:
+        self._sync()
+        epoch = self._progress.upcoming_epoch()
+        self._check_not_empty(epoch, self._plan_size(epoch), self.world.world_size)
+
+    def _start_pass(self, *, restored: bool) -> tuple[_Pass, Iterator[Iterator[list[Any]]]]:
+        # The shell's dealing is per unit; here it is per step (a pass of runs of equal-size steps).
+        world, seed, epoch, start, total = self._begin_pass(restored=restored)
+        self._check_not_empty(epoch, total, world.world_size)
+        live = _StepPass(start, self._runs(epoch, total, start, world.world_size), total, world.world_size)
+        self._pass = live
+        source = self._open_pass(epoch, seed, world, start)
+        return live, iter([self._batches(live, source, world.rank)])
+
+    def _batches(self, live: _StepPass, source: UnitSource, rank: int) -> Iterator[list[Any]]:
+        world_size, total = live.world_size, live.total
+        with_payload = self.schedule.has_payload
+        for run in live.runs:
+            size = run.batch_size
+            span = world_size * size
+            steps_per_chunk = max(1, _CHUNK_SAMPLES // size)
+            within = np.arange(size, dtype=np.int64)
+            for first in range(0, run.steps, steps_per_chunk):
+                stop = min(first + steps_per_chunk, run.steps)
+                # starts: (steps,); positions: (steps, size), ascending, wrapped only in a padded tail
+                starts = run.first + rank * size + span * np.arange(first, stop, dtype=np.int64)
+                positions = (starts[:, None] + within).ravel()
+                if positions[-1] >= total:
+                    positions %= total
+                units = source(positions)
+                if len(units) != positions.size:
+                    raise RuntimeError(f"{type(self).__name__} got {len(units)} samples for {positions.size} positions")
+                if first == 0 and not isinstance(units[0], (int, np.integer)):
+                    raise TypeError(
+                        f"data should be an index sampler, but {type(self.data).__name__} yields "
+                        f"{type(units[0]).__name__} units; batch samplers take a batch_size schedule themselves"
+                    )
+                for step in range(stop - first):
+                    batch = units[step * size : (step + 1) * size]
+                    live.done += 1
+                    yield [(index, run.payload) for index in batch] if with_payload else batch
+
+    # -- what frameworks and users read --------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The seed in use (an index sampler's own, when ``data`` is one)."""
+        if self._inner is not None:
+            return self._inner.seed
+        return super().seed
+
+    @seed.setter
+    def seed(self, value: int | None) -> None:
+        if self._inner is not None:
+            raise AttributeError(f"seed comes from the index sampler data; set it on that {type(self._inner).__name__}")
+        PlanSampler.seed.fset(self, value)  # type: ignore[attr-defined]
+
+    @property
+    def batch_size(self) -> int:
+        """The per-rank batch size of the next global step (frameworks read ``batch_size``)."""
+        self._sync()
+        epoch = self._progress.upcoming_epoch()
+        consumed = 0 if self._progress.completed else self._progress.consumed
+        return self.schedule(epoch, epoch * self._plan_size(epoch) + consumed).batch_size
+
+    def steps(self, epoch: int | None = None) -> list[Step]:
+        """The global steps of a whole epoch (default: the upcoming one) at the current world size.
+
+        Every rank's batch of step ``s`` has ``steps()[s].batch_size`` samples.
+        """
+        self._sync()
+        epoch = self._progress.upcoming_epoch() if epoch is None else epoch
+        total = self._plan_size(epoch)
+        world_size = self.world.world_size
+        self._check_not_empty(epoch, total, world_size)
+        return [
+            Step(run.batch_size, run.payload)
+            for run in self._runs(epoch, total, 0, world_size)
+            for _ in range(run.steps)
+        ]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()`` output in O(schedule segments), at any world size.
+
+        Raises:
+            StateMismatchError: the state belongs to another configuration (names the field).
+            MalformedStateError: the dict is not a shardwise state of a known version.
+        """
+        inner = self._inner
+        if inner is not None and inner._seed_arg is None and isinstance(state_dict, dict):
+            saved = state_dict.get(SEED)
+            if isinstance(saved, int):
+                inner._resolved_seed, inner._seed_source = saved, "resumed state"
+        super().load_state_dict(state_dict)
+
+    def _fingerprint(self) -> Fingerprint:
+        # The schedule is left out on purpose: consumed counts samples, so a state resumes
+        # under a changed schedule too (the new sizes apply from the saved position).
+        if self._inner is not None:
+            return {"data": self._inner._full_fingerprint()}
+        return {"num_samples": self._size, "shuffle": self.shuffle}
+
+    def _config(self) -> dict[str, Any]:
+        return {"batch_size": self.schedule, "shuffle": self.shuffle, "drop_last": self.drop_last}
+
+    def describe(self) -> dict[str, Any]:
+        """What this sampler is doing and with which seed: log it once per run to reproduce it."""
+        info = super().describe()
+        info["batch_size"] = repr(self.schedule)
+        return info
+
+    def _data_repr(self) -> str:
+        if self._inner is not None:
+            return f"data={type(self._inner).__name__}"
+        return f"n={self._size}"

@@ -1,0 +1,73 @@
+"""``set_epoch(obj, epoch)``: reach every sampler, batch sampler and dataset behind a loader, once each.
+
+Frameworks set the epoch in different places: PyTorch's recipe on ``loader.sampler``, Lightning on
+``loader.sampler`` and ``loader.batch_sampler.sampler``, Composer on whichever of the two is a
+``DistributedSampler``, Accelerate on its own loader. A batch sampler, a sampler nested in a
+wrapper or a dataset that shuffles by epoch is easily missed; this walks all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._core.errors import check_int
+from .base import PlanSampler
+from .frameworks import EpochRelay
+
+_NESTED = ("sampler", "batch_sampler", "dataset")
+_DEPTH = 4
+
+
+def _target(obj: object) -> object:
+    return obj.owner if isinstance(obj, EpochRelay) else obj
+
+
+def set_epoch(obj: Any, epoch: int) -> list[Any]:
+    """Set ``epoch`` on ``obj`` and on every sampler, batch sampler and dataset it holds, once each.
+
+    Walks ``sampler``, ``batch_sampler`` and ``dataset`` attributes (a few levels deep, so a
+    ``BatchSampler`` over a ``ShardedSampler``, or a ``Subset`` of a dataset with ``set_epoch``, is
+    reached) and calls ``set_epoch(epoch)`` on each distinct object that has one. A loader that has
+    its own ``set_epoch`` (Accelerate's) is called first, since it keeps its own counter.
+
+    Args:
+        obj: a DataLoader (torch, torchdata's ``StatefulDataLoader``, Accelerate's), a sampler or a
+            batch sampler.
+        epoch: the epoch about to start, a non-negative integer.
+
+    Returns:
+        The objects whose ``set_epoch`` was called, in call order.
+
+    Example:
+        >>> from torch.utils.data import BatchSampler, DataLoader
+        >>> from shardwise import ShardedSampler
+        >>> sampler = ShardedSampler(8, num_replicas=2, rank=0)
+        >>> loader = DataLoader(range(8), batch_sampler=BatchSampler(sampler, 2, False))
+        >>> [type(o).__name__ for o in set_epoch(loader, 3)], sampler.epoch
+        (['ShardedSampler'], 3)
+    """
+    epoch = check_int("epoch", epoch, minimum=0)
+    called: list[Any] = []
+    seen: set[int] = set()
+    level: list[object] = [obj]
+    for _ in range(_DEPTH):
+        nested: list[object] = []
+        for item in level:
+            target = _target(item)
+            if target is None or id(target) in seen:
+                continue
+            seen.add(id(target))
+            method = getattr(target, "set_epoch", None)
+            if callable(method):
+                method(epoch)
+                called.append(target)
+            # A shardwise sampler forwards its epoch to what it wraps; only its dataset is left to reach.
+            for name in ("dataset",) if isinstance(target, PlanSampler) else _NESTED:
+                try:
+                    value = getattr(target, name, None)
+                except (AttributeError, TypeError, ValueError, RuntimeError):
+                    continue  # a property that cannot answer here has nothing to walk
+                if value is not None and not isinstance(value, (str, bytes, int, float)):
+                    nested.append(value)
+        level = nested
+    return called

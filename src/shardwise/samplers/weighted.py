@@ -1,0 +1,421 @@
+"""``WeightedSampler``: distributed weighted sampling where the draw at plan position ``p`` is a pure function.
+
+The method, all in integer arithmetic so that a plan is bit-identical on every platform:
+
+1. **Quantise.** Weights are scaled by a power of two (exact in floating point) so that the
+   largest becomes an integer just below ``2**(62 - bits(n))``, then floored to int64; a positive
+   weight that would floor to 0 is kept at 1, so the support never shrinks. The total ``Q`` is
+   below ``2**62``. A weight's relative precision is ``2**-(62 - bits(n))`` of the largest weight
+   (``2**-35`` for ``n = 1e8``).
+2. **Table.** The inclusive cumulative sum ``cdf`` (int64) plus a *guide table* (Chen & Asau):
+   ``guide[k]`` is the item holding value ``k << shift``, with about ``n`` buckets, so the item
+   holding a value ``u`` lies in ``[guide[u >> shift], guide[(u >> shift) + 1]]``, a range of about
+   two items on average; a vectorised bisection finishes in a few steps. 12 bytes per weight
+   (16 beyond 2**31 weights, where the guide needs int64), built in blocks of 1M weights once
+   per weights and node into the shared index cache (``shardwise.index``), which every rank and
+   DataLoader worker memory-maps read-only: no rank holds a private copy.
+3. **Uniform.** ``u`` at position ``p`` is exactly uniform on ``[0, Q)``: a counter-based hash of
+   ``(key, p)`` (two splitmix64 rounds keyed by ``derive_seed(seed, epoch, ...)``) reduced by
+   Lemire's multiply-high with rejection, retries keyed by the attempt number.
+
+So ``index(p) = item holding u(seed, epoch, p)``: O(1) expected per draw, vectorised, no
+state, and any position can be drawn without drawing the ones before it (O(1) resume).
+
+Sampling without replacement is *successive sampling*, the distribution of
+``torch.multinomial(..., replacement=False)``: the plan is the sequence of first occurrences in
+the with-replacement stream. It is computed once per epoch by every rank; whenever the items
+already drawn hold half of the remaining weight, the table is rebuilt without them (at most 62
+rebuilds, since each halves an integer total below ``2**62``) so skipping repeats stays cheap.
+
+Cost at 1e9 weights. With replacement: the shared table is 12 GB on disk and in the page cache
+(16 GB beyond 2**31 weights), built once per node (two streaming passes over the weights,
+private memory O(1M weights)); per rank, a chunk of 65,536 draws at a time, nothing O(n); first
+draw in milliseconds once the table exists. Without replacement the first epoch's draws are the
+exception to O(1) private memory, kept on purpose: the plan is an order that depends on every
+draw before it, so each rank keeps, per epoch, a bit per weight (125 MB at 1e9), the plan
+(8 bytes per ``num_samples``) and, when the drawn weight passes half, a rebuilt table (12 bytes
+per weight, transient). No position-addressable exact algorithm with bounded memory is known
+here; use ``replacement=True`` (or a smaller ``num_samples``) at that scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch.utils.data.distributed import DistributedSampler
+
+from .._core.arrays import digest, one_dimensional
+from .._core.errors import check_bool, check_int
+from .._core.indices import has_bits, mark_bits
+from .._core.permutation import mix64
+from .._core.plan import Even
+from .._core.seeds import derive_words
+from .._core.state import Fingerprint
+from .._core.world import World
+from .base import PlanSampler, UnitSource
+from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
+
+WITH_REPLACEMENT = "weighted-draws"
+WITHOUT_REPLACEMENT = "weighted-distinct"
+
+WEIGHT_TABLE = "weight-table-v1"
+"""Cache kind of the weight table (cumulative quantised weights, guide table, positive count, digest)."""
+
+_BLOCK = 1 << 20  # weights converted / summed per step while building: bounds temporary memory
+_BITS = 62
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+
+
+def counter_hash(positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """64 random bits per position: a pure function of ``(keys, position)`` (uint64 array)."""
+    x = positions.astype(np.uint64) * _GOLDEN
+    x ^= keys[0]
+    x = mix64(x)
+    x ^= keys[1]
+    return mix64(x)
+
+
+def mul_wide(a: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low 64 bits of ``a * b`` for a uint64 array ``a`` and ``0 <= b < 2**64``."""
+    b_low, b_high = np.uint64(b & 0xFFFFFFFF), np.uint64(b >> 32)
+    a_low, a_high = a & _LOW32, a >> _S32
+    low_low, low_high, high_low = a_low * b_low, a_low * b_high, a_high * b_low
+    middle = (low_low >> _S32) + (low_high & _LOW32) + (high_low & _LOW32)
+    high = a_high * b_high + (low_high >> _S32) + (high_low >> _S32) + (middle >> _S32)
+    return high, a * np.uint64(b)
+
+
+def uniform_below(bound: int, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Exactly uniform integers in ``[0, bound)``, one per position, a pure function of ``(keys, position)``.
+
+    Lemire's method: the high word of ``hash * bound``, redrawn (from a hash of the previous
+    hash) when the low word falls below ``2**64 mod bound``, which happens with probability
+    below ``bound / 2**64``.
+    """
+    words = counter_hash(positions, keys)
+    high, low = mul_wide(words, bound)
+    threshold = np.uint64((2**64 - bound) % bound)
+    redraw = np.flatnonzero(low < threshold)
+    while redraw.size:
+        words[redraw] = mix64(words[redraw] + _GOLDEN)
+        again_high, again_low = mul_wide(words[redraw], bound)
+        high[redraw] = again_high
+        redraw = redraw[again_low < threshold]
+    return high.astype(np.int64)
+
+
+def _checked_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``weights[start:stop]`` in its own dtype, after checking it is finite and non-negative."""
+    block = weights[start:stop]
+    if (block.dtype.kind == "f" and not np.isfinite(block).all()) or block.min() < 0:
+        at = start + int(np.flatnonzero(~np.isfinite(block) | (block < 0))[0])
+        raise ValueError(f"weights should be finite and non-negative, but got weights[{at}]={weights[at].item()!r}")
+    return block
+
+
+def quantise(weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Validated ``weights`` as the int64 inclusive cumulative sum of their quantised values.
+
+    Two streaming passes in blocks of ``_BLOCK`` weights (the largest weight, then the sums):
+    private memory O(block) besides ``out``, which may be a writable memmap.
+
+    Raises:
+        ValueError: a NaN, infinite or negative weight, or all weights zero.
+    """
+    size = len(weights)
+    largest = 0.0
+    for start in range(0, size, _BLOCK):
+        largest = max(largest, float(_checked_block(weights, start, start + _BLOCK).max()))
+    if largest == 0:
+        raise ValueError(f"weights should have at least one positive weight, but all {size} weights are zero")
+    # scale: largest * 2**scale < 2**(62 - bits(n)), so the n quantised weights sum below 2**62.
+    scale = (_BITS - size.bit_length()) - int(np.frexp(largest)[1])
+    cdf = np.empty(size, dtype=np.int64) if out is None else out
+    offset = 0
+    for start in range(0, size, _BLOCK):
+        block = weights[start : start + _BLOCK]
+        scaled = np.ldexp(block.astype(np.float64), scale)  # exact: a power-of-two scaling
+        units = np.floor(scaled, out=scaled).astype(np.int64)
+        np.maximum(units, block > 0, out=units)  # a positive weight stays drawable
+        part = np.cumsum(units)
+        part += offset
+        cdf[start : start + len(units)] = part
+        offset = int(part[-1])
+    return cdf
+
+
+def guide_shift(total: int, size: int) -> int:
+    """Bucket width ``2**shift`` of the guide table: about ``size`` buckets over ``[0, total)``."""
+    return max(0, total.bit_length() - size.bit_length() + 1)
+
+
+def guide_length(total: int, size: int) -> int:
+    """Entries of the guide table of ``size`` items with total weight ``total``."""
+    return ((total - 1) >> guide_shift(total, size)) + 2
+
+
+def guide_dtype(size: int) -> np.dtype:
+    """int32 below 2**31 items, else int64."""
+    return np.dtype(np.int32) if size < 2**31 else np.dtype(np.int64)
+
+
+def fill_guide(cdf: np.ndarray, out: np.ndarray) -> None:
+    """Write the guide table of ``cdf`` into ``out`` (``guide_length`` entries), in blocks.
+
+    ``out[k]`` is the item holding value ``k << shift``: with ``a_i = ceil(cdf[i] / 2**shift)``
+    (non-decreasing), it is ``i`` on ``[a_(i-1), a_i)``.
+    """
+    size, total = len(cdf), int(cdf[-1])
+    shift = guide_shift(total, size)
+    filled, previous, round_up = 0, 0, (1 << shift) - 1
+    for start in range(0, size, _BLOCK):
+        ceilings = (np.asarray(cdf[start : start + _BLOCK]) + round_up) >> shift
+        lengths = np.diff(ceilings, prepend=previous)
+        previous = int(ceilings[-1])
+        part = np.repeat(np.arange(start, start + len(ceilings), dtype=np.int64), lengths)
+        out[filled : filled + len(part)] = part
+        filled += len(part)
+    out[filled:] = size - 1  # values past the last item's end: clip to the last item
+
+
+def count_positive(cdf: np.ndarray) -> int:
+    """How many items have a positive quantised weight, in blocks."""
+    count, previous = 0, 0
+    for start in range(0, len(cdf), _BLOCK):
+        block = np.asarray(cdf[start : start + _BLOCK])
+        count += int(np.count_nonzero(np.diff(block, prepend=previous)))
+        previous = int(block[-1])
+    return count
+
+
+class WeightTable:
+    """Draws items with probability proportional to integer weights, given as their inclusive cumsum.
+
+    Args:
+        cdf: ``(n,)`` non-decreasing int64, ``cdf[-1] < 2**62`` and positive (an array or a memmap).
+        guide: its guide table (:func:`fill_guide`), e.g. memory-mapped from the node's cache;
+            ``None`` builds it here (O(n) private memory).
+    """
+
+    __slots__ = ("cdf", "guide", "shift", "total")
+
+    def __init__(self, cdf: np.ndarray, guide: np.ndarray | None = None) -> None:
+        size = len(cdf)
+        self.cdf = cdf
+        self.total = int(cdf[-1])
+        self.shift = guide_shift(self.total, size)
+        if guide is None:
+            guide = np.empty(guide_length(self.total, size), dtype=guide_dtype(size))
+            fill_guide(cdf, guide)
+        self.guide = guide
+
+    def __len__(self) -> int:
+        return len(self.cdf)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A memory-mapped table travels as its file names (spawned workers map the same files).
+        parts = []
+        for array in (self.cdf, self.guide):
+            source = mapped_source(array)
+            parts.append((reopen, source) if source is not None else (np.asarray, (array,)))
+        return _rebuild_table, tuple(parts)
+
+    def locate(self, values: np.ndarray) -> np.ndarray:
+        """The item holding each value in ``[0, total)``: the first ``i`` with ``cdf[i] > value``."""
+        bucket = values >> self.shift
+        low = self.guide[bucket].astype(np.int64)
+        high = self.guide[bucket + 1].astype(np.int64)
+        open_ = np.flatnonzero(low < high)
+        while open_.size:
+            lows, highs = low[open_], high[open_]
+            middle = (lows + highs) >> 1
+            above = self.cdf[middle] > values[open_]
+            highs = np.where(above, middle, highs)
+            lows = np.where(above, lows, middle + 1)
+            low[open_], high[open_] = lows, highs
+            open_ = open_[lows < highs]
+        found: np.ndarray = low
+        return found
+
+    def draw(self, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The item drawn at each stream position (int64), a pure function of ``(keys, position)``."""
+        return self.locate(uniform_below(self.total, positions, keys))
+
+
+def _rebuild_table(*parts: tuple[Any, tuple[Any, ...]]) -> WeightTable:
+    cdf, guide = (make(*args) for make, args in parts)
+    return WeightTable(cdf, guide)
+
+
+def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.ndarray:
+    """The first ``count`` distinct items of the with-replacement stream: successive sampling.
+
+    Once the items drawn hold half of the table's weight, the table is rebuilt without them and a
+    new stream (keyed by the round) continues: the next new item then has the same distribution,
+    the remaining weights renormalised, and repeats stay rare.
+    """
+    seen = np.zeros((len(table) >> 3) + 1, dtype=np.uint8)  # a bit per item: n / 8 bytes
+    found: list[np.ndarray] = [np.empty(0, dtype=np.int64)]
+    have, position, taken, round_ = 0, 0, 0, 0
+    while have < count:
+        keys = derive_words(seed, epoch, WITHOUT_REPLACEMENT, round_, count=2)
+        block = min(max(2 * (count - have), 1024), 1 << 20)
+        drawn = table.draw(np.arange(position, position + block, dtype=np.int64), keys)
+        position += block
+        items, first = np.unique(drawn, return_index=True)
+        new = ~has_bits(seen, items)
+        fresh = items[new][np.argsort(first[new], kind="stable")][: count - have]
+        mark_bits(seen, fresh)
+        found.append(fresh)
+        have += len(fresh)
+        taken += int((table.cdf[fresh] - np.where(fresh > 0, table.cdf[fresh - 1], 0)).sum())
+        if 2 * taken > table.total and have < count:
+            units = np.diff(table.cdf, prepend=0)
+            units[np.unpackbits(seen, count=len(units), bitorder="little").view(bool)] = 0
+            table = WeightTable(np.cumsum(units))
+            position, taken, round_ = 0, 0, round_ + 1
+    return np.concatenate(found)
+
+
+def _weights_array(weights: object) -> np.ndarray:
+    array = one_dimensional("weights", weights, sequence_of="weights", one="weight")
+    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
+        raise TypeError(f"weights should hold real numbers, but got weights of dtype {array.dtype}")
+    return array
+
+
+class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
+    """Distributed weighted sampling: ``torch.utils.data.WeightedRandomSampler`` for many ranks and many weights.
+
+    Each epoch's global plan is ``num_samples`` indices drawn with probability proportional to
+    ``weights``; the draw at plan position ``p`` is a pure function of ``(seed, epoch, p)``, the
+    same on every rank, so rank ``r`` of ``W`` draws only its own positions ``r, r + W, ...``
+    (no rank draws all ``num_samples``), and resume is O(1). Works for any number of weights
+    (``torch.multinomial`` stops at ``2**24``): building the table is O(n) with 12 bytes per
+    weight, each draw O(1) expected. The method is described in ``shardwise.samplers.weighted``.
+
+    Being a ``DistributedSampler`` subclass, frameworks keep it in place and call its
+    ``set_epoch``. Unlike ``DistributedSampler.num_samples`` (per rank), ``num_samples`` here is
+    the number of draws per epoch over all ranks, as in ``WeightedRandomSampler``; ``len()`` is
+    the per-rank count.
+
+    Cost at 1e9 weights: a 12 GB table (cumulative weights + guide) shared by every process of
+    the node through the index cache, built once; per rank O(1) with replacement. Without
+    replacement, O(n) per rank and epoch (see the module docstring).
+
+    Args:
+        weights: 1-D non-negative finite weights (any real dtype, list, array or CPU tensor), not
+            all zero. Only ratios matter; they are quantised to integers (relative precision
+            ``2**-(62 - bits(len(weights)))`` of the largest weight; a positive weight never
+            becomes 0).
+        num_samples: draws per epoch, all ranks together.
+        replacement: draw with replacement (default). ``False`` draws ``num_samples`` distinct
+            indices by successive sampling (as ``torch.multinomial(replacement=False)``); the
+            epoch's plan is then computed once per epoch by every rank, O(len(weights)) time and
+            private memory.
+        cache_dir: where the weight table is shared (see ``shardwise.index.build_or_open``):
+            ``None`` for the default per-user cache (``SHARDWISE_CACHE_DIR`` overrides it), a
+            path, or ``False`` to build it in this process's memory (with a warning). Below
+            65,536 weights the table is always built in memory.
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: cut the last partial step (at most ``W - 1`` draws) instead of padding it by
+            repeating draws from the start of the plan.
+
+    Raises:
+        ValueError: NaN, infinite, negative or all-zero weights, non-1-D or empty weights,
+            negative ``num_samples``, or ``replacement=False`` with ``num_samples`` above the
+            number of positive weights.
+        TypeError: non-numeric weights, a non-integer (or bool) ``num_samples``.
+
+    Example:
+        >>> sampler = WeightedSampler([0.0, 1.0, 3.0], num_samples=8, num_replicas=2, rank=0)
+        >>> len(sampler)
+        4
+        >>> set(sampler) <= {1, 2}
+        True
+    """
+
+    def __init__(
+        self,
+        weights: Any,
+        *,
+        num_samples: int,
+        replacement: bool = True,
+        seed: int | None = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        cache_dir: CacheDir = None,
+    ) -> None:
+        weights = _weights_array(weights)
+        self.num_samples = check_int("num_samples", num_samples, minimum=0)
+        self.replacement = check_bool("replacement", replacement)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
+
+        def build(allocate: Allocate) -> None:
+            size = len(weights)
+            cdf = quantise(weights, allocate("cdf", size, np.int64))
+            fill_guide(cdf, allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size)))
+            allocate("positive", 1, np.int64)[0] = count_positive(cdf)
+            # the quantised weights: exactly what the plan depends on
+            allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(cdf)), dtype=np.uint8)
+
+        # The table (cumulative weights + guide) is built once per weights and node, then mapped.
+        table = shared_arrays(WEIGHT_TABLE, input_key(weights), build, size=len(weights), cache_dir=cache_dir)
+        self._table = WeightTable(table["cdf"], table["guide"])
+        self._digest = bytes(table["digest"]).hex()
+        if not self.replacement:
+            positive = int(table["positive"][0])
+            if self.num_samples > positive:
+                raise ValueError(
+                    f"num_samples should be at most the {positive} positive weights with replacement=False, but got "
+                    f"num_samples={self.num_samples}; pass replacement=True to draw more"
+                )
+        self._cached: tuple[int, int, np.ndarray] | None = None
+        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+
+    @property
+    def num_weights(self) -> int:
+        """How many weights (indices ``0 .. num_weights - 1`` can be drawn)."""
+        return len(self._table)
+
+    def _plan_size(self, epoch: int) -> int:
+        return self.num_samples
+
+    def _distinct(self, seed: int, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[:2] != (seed, epoch):
+            self._cached = (seed, epoch, distinct_draws(self._table, self.num_samples, seed, epoch))
+        return self._cached[2]
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        if not self.replacement:
+            plan = self._distinct(seed, epoch)
+            return lambda positions: plan[positions].tolist()
+        keys = derive_words(seed, epoch, WITH_REPLACEMENT, count=2)
+        table = self._table
+        return lambda positions: table.draw(positions, keys).tolist()
+
+    def _fingerprint(self) -> Fingerprint:
+        return {
+            "num_weights": len(self._table),
+            "num_samples": self.num_samples,
+            "replacement": self.replacement,
+            "weights_digest": self._digest,
+        }
+
+    def _config(self) -> dict[str, Any]:
+        return {"num_samples": self.num_samples, "replacement": self.replacement, "drop_last": self.drop_last}
+
+    def _data_repr(self) -> str:
+        return f"weights={len(self._table)}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_cached"] = None
+        return state

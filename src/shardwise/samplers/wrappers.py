@@ -1,0 +1,381 @@
+"""``shard()`` and ``shard_batches()``: make any sampler or batch sampler distributed.
+
+Every rank runs the wrapped sampler over the whole epoch and keeps the units at its positions.
+For that to be one global plan, every rank must see the same inner sequence, even when the inner
+sampler draws from the global ``random``/``numpy.random``/``torch`` generators or owns a generator:
+it runs under a *forked* RNG state, seeded from ``(seed, epoch)`` and identical on every rank, and
+the caller's RNG state is put back whenever control returns to the caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import warnings
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from .._core.errors import check_int
+from .._core.plan import Even
+from .._core.seeds import derive_seed
+from .._core.state import Fingerprint
+from .._core.world import World
+from .base import PlanSampler, UnitSource
+
+FORK = "shard-rng"
+_SKIP_BLOCK = 4096
+_SEARCH_DEPTH = 3  # how deep to look through .sampler/.batch_sampler chains for generators
+
+
+def _seeded_state(obj: object, seed: int) -> object:
+    """A fresh state, seeded with ``seed``, of the same kind as generator ``obj``'s."""
+    if isinstance(obj, torch.Generator):
+        return torch.Generator().manual_seed(seed).get_state()
+    if isinstance(obj, np.random.Generator):
+        return type(obj.bit_generator)(seed).state
+    if isinstance(obj, np.random.RandomState):
+        return np.random.RandomState(np.random.MT19937(seed)).get_state()
+    if isinstance(obj, random.Random):
+        return random.Random(seed).getstate()
+    raise TypeError(f"not a generator: {obj!r}")
+
+
+def _get_state(obj: object) -> object:
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, np.random.Generator):
+        return obj.bit_generator.state
+    if isinstance(obj, np.random.RandomState):
+        return obj.get_state()
+    return obj.getstate()  # type: ignore[attr-defined]
+
+
+def _set_state(obj: object, state: Any) -> None:
+    if isinstance(obj, torch.Generator):
+        obj.set_state(state)
+    elif isinstance(obj, np.random.Generator):
+        obj.bit_generator.state = state
+    elif isinstance(obj, np.random.RandomState):
+        obj.set_state(state)
+    else:
+        obj.setstate(state)  # type: ignore[attr-defined]
+
+
+def _is_generator(value: object) -> bool:
+    if isinstance(value, torch.Generator):
+        return value.device.type == "cpu"
+    return isinstance(value, (np.random.Generator, np.random.RandomState, random.Random))
+
+
+def _attribute_values(sampler: object, depth: int = _SEARCH_DEPTH) -> Iterator[object]:
+    """Attribute values of ``sampler`` and of the samplers it holds, breadth-first, each once."""
+    seen: set[int] = set()
+    level: list[object] = [sampler]
+    for _ in range(depth):
+        nested: list[object] = []
+        for obj in level:
+            for value in getattr(obj, "__dict__", {}).values():
+                if id(value) in seen:
+                    continue
+                seen.add(id(value))
+                yield value
+                if isinstance(value, Sampler):
+                    nested.append(value)
+        level = nested
+
+
+def owned_generators(sampler: object, depth: int = _SEARCH_DEPTH) -> list[object]:
+    """Generators held in the attributes of ``sampler`` and of samplers it holds."""
+    return [value for value in _attribute_values(sampler, depth) if _is_generator(value)]
+
+
+def _already_distributed(sampler: object) -> object | None:
+    """``sampler`` itself or a sampler inside it that already deals by rank (pinned to one rank is fine)."""
+    for candidate in (sampler, *_attribute_values(sampler)):
+        if isinstance(candidate, PlanSampler) and candidate._num_replicas_arg != 1:
+            return candidate
+        if (
+            isinstance(candidate, DistributedSampler)
+            and not isinstance(candidate, PlanSampler)
+            and candidate.num_replicas != 1
+        ):
+            return candidate
+    return None
+
+
+class _GlobalRng:
+    """The process-wide generators a sampler may draw from: ``random``, ``numpy.random``, ``torch``."""
+
+    @staticmethod
+    def get() -> tuple[object, object, torch.Tensor]:
+        # The legacy global numpy RNG is what user samplers call; it must be swapped, not avoided.
+        return random.getstate(), np.random.get_state(), torch.get_rng_state()  # noqa: NPY002
+
+    @staticmethod
+    def set(states: tuple[Any, Any, torch.Tensor]) -> None:
+        random.setstate(states[0])
+        np.random.set_state(states[1])  # noqa: NPY002
+        torch.set_rng_state(states[2])
+
+    @staticmethod
+    def seeded(seed: int) -> tuple[object, object, torch.Tensor]:
+        return (
+            random.Random(seed).getstate(),
+            np.random.RandomState(np.random.MT19937(seed)).get_state(),
+            torch.Generator().manual_seed(seed).get_state(),
+        )
+
+
+class RngFork:
+    """A context in which the global RNGs and ``owned`` generators run on a private, seeded state.
+
+    Entering swaps the private states in (saving the caller's); leaving saves the private states
+    (so the inner sampler's stream continues next time) and restores the caller's.
+    """
+
+    def __init__(self, seed: int, owned: list[object]) -> None:
+        self._owned = owned
+        self._global = _GlobalRng.seeded(derive_seed(seed, "global"))
+        self._private = [_seeded_state(g, derive_seed(seed, "owned", i)) for i, g in enumerate(owned)]
+        self._saved_global: tuple[Any, Any, torch.Tensor] | None = None
+        self._saved_owned: list[object] = []
+
+    def __enter__(self) -> RngFork:
+        self._saved_global = _GlobalRng.get()
+        self._saved_owned = [_get_state(g) for g in self._owned]
+        _GlobalRng.set(self._global)
+        for generator, state in zip(self._owned, self._private, strict=True):
+            _set_state(generator, state)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._global = _GlobalRng.get()
+        self._private = [_get_state(g) for g in self._owned]
+        assert self._saved_global is not None
+        _GlobalRng.set(self._saved_global)
+        for generator, state in zip(self._owned, self._saved_owned, strict=True):
+            _set_state(generator, state)
+
+
+class _InnerStream:
+    """Reads one epoch of the inner sampler once, forward, keeping the units at asked positions.
+
+    Positions arrive ascending, except the padded tail, which wraps to positions below the
+    world size: those first units are kept aside (``head``). If the inner sampler runs short of
+    its ``len()``, the missing positions are filled from the head, with a warning, so every rank
+    still yields the same number of units.
+    """
+
+    def __init__(self, sampler: Iterable[Any], fork: RngFork, head_size: int, label: str) -> None:
+        self._fork = fork
+        with fork:
+            self._iter: Iterator[Any] = iter(sampler)
+        self._read = 0
+        self._head: list[Any] = []
+        self._head_size = head_size
+        self._exhausted_at: int | None = None
+        self._label = label
+
+    def _next(self) -> Any:
+        try:
+            unit = next(self._iter)
+        except StopIteration:
+            return self._short()
+        if self._read < self._head_size:
+            self._head.append(unit)
+        self._read += 1
+        return unit
+
+    def _short(self) -> Any:
+        if self._exhausted_at is None:
+            self._exhausted_at = self._read
+            warnings.warn(
+                f"{self._label}: the wrapped sampler yielded {self._read} units, fewer than its len(); "
+                "the missing positions repeat units from the start of the epoch so ranks stay in step",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if not self._head:
+            raise RuntimeError(f"{self._label}: the wrapped sampler yielded no units although its len() is positive")
+        unit = self._head[(self._read - self._exhausted_at) % len(self._head)]
+        self._read += 1
+        return unit
+
+    def _skip(self, gap: int) -> None:
+        """Read past ``gap`` units in C, in bounded blocks, counting what was really there."""
+        while gap > 0:
+            wanted = min(gap, _SKIP_BLOCK)
+            got = len(list(itertools.islice(self._iter, wanted)))
+            self._read += got
+            gap -= got
+            if got < wanted:
+                break  # ran short: the reads that follow fill from the head and warn
+        # Reads below this point go through _next(), which handles an exhausted sampler.
+
+    def __call__(self, positions: np.ndarray) -> list[Any]:
+        units = []
+        with self._fork:
+            for position in positions.tolist():
+                if position < self._read:
+                    units.append(self._head[position])
+                    continue
+                while self._read < min(position, self._head_size):
+                    self._next()
+                self._skip(position - self._read)
+                while self._read < position:
+                    self._next()
+                units.append(self._next())
+        return units
+
+
+class _Shard(PlanSampler[Any]):
+    """Shared body of ``shard()`` and ``shard_batches()``: deals the inner sampler's units."""
+
+    _wrapped: Any
+
+    def _wrap(self, sampler: object, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
+        inner = _already_distributed(sampler)
+        if inner is not None:
+            where = "" if inner is sampler else f" inside {type(sampler).__name__}"
+            raise TypeError(
+                f"sampler should be a sampler that is not already distributed, but got {type(inner).__name__}{where}, "
+                "which deals by rank itself: wrapping it would shard twice (each rank would get 1/W of its share); "
+                "use the inner sampler undistributed (num_replicas=1), or use it directly"
+            )
+        if isinstance(sampler, (str, bytes)) or not (isinstance(sampler, Iterable) and isinstance(sampler, Sized)):
+            batches = isinstance(self, ShardedBatchWrapper)
+            name, kind = ("batch_sampler", "BatchSampler") if batches else ("sampler", "Sampler")
+            raise TypeError(
+                f"{name} should be a torch {kind} (or any iterable with __len__), "
+                f"but got {name}={sampler!r} ({type(sampler).__name__})"
+            )
+        self._wrapped = sampler
+        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+
+    def _on_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self._wrapped, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def _plan_size(self, epoch: int) -> int:
+        return check_int(f"len({type(self._wrapped).__name__})", len(self._wrapped), minimum=0)
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        fork = RngFork(derive_seed(seed, epoch, FORK), owned_generators(self._wrapped))
+        return _InnerStream(self._wrapped, fork, head_size=world.world_size, label=type(self).__name__)
+
+    def _fingerprint(self) -> Fingerprint:
+        return {"sampler": type(self._wrapped).__qualname__, "num_units": len(self._wrapped)}
+
+    def _data_repr(self) -> str:
+        return repr(self._wrapped)
+
+
+class ShardedWrapper(_Shard, DistributedSampler[int]):
+    """Any index sampler, dealt out to ranks by position; made by :func:`shard`.
+
+    A ``DistributedSampler`` subclass, so frameworks leave it in place and call ``set_epoch``.
+    """
+
+    def __init__(self, sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | None = None,
+                 rank: int | None = None, even: Even | str = Even.PAD) -> None:
+        inner: object = sampler
+        if isinstance(inner, BatchSampler):
+            raise TypeError("sampler is a BatchSampler, whose units are batches: use shard_batches(sampler) instead")
+        self._wrap(sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+
+    @property
+    def sampler(self) -> Any:
+        """The wrapped sampler."""
+        return self._wrapped
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]  # derived from the wrapped sampler and the world size
+        """Indices per rank per epoch (``DistributedSampler``'s attribute)."""
+        return len(self)
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]  # derived from the wrapped sampler and the world size
+        """Indices per epoch over all ranks, padding included."""
+        return len(self) * self.num_replicas
+
+    @property
+    def shuffle(self) -> bool:  # type: ignore[override]  # derived from the wrapped sampler and the world size
+        """Order comes from the wrapped sampler; shardwise adds no shuffle of its own."""
+        return False
+
+    @property
+    def drop_last(self) -> bool:  # type: ignore[override]  # derived from the wrapped sampler and the world size
+        return self._even is Even.DROP
+
+
+class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
+    """Any batch sampler, its batches kept whole and dealt out to ranks; made by :func:`shard_batches`."""
+
+    _CHUNK = 256
+
+    def __init__(self, batch_sampler: Iterable[list[int]], *, seed: int | None = 0,
+                 num_replicas: int | None = None, rank: int | None = None,
+                 even: Even | str = Even.PAD) -> None:
+        self._wrap(batch_sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The wrapped batch sampler (``sampler`` relays ``set_epoch`` to this wrapper, as on every batch plan)."""
+        return self._wrapped
+
+    @property
+    def batch_size(self) -> int | None:
+        """The wrapped batch sampler's ``batch_size``, which frameworks read, if it has one."""
+        return getattr(self._wrapped, "batch_size", None)
+
+    @property
+    def drop_last(self) -> bool:
+        return self._even is Even.DROP
+
+
+def shard(sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | None = None, rank: int | None = None,
+          even: Even | str = Even.PAD) -> ShardedWrapper:
+    """Make any index sampler distributed: rank ``r`` of ``W`` gets its units ``r, r+W, ...``.
+
+    The wrapped sampler runs whole on every rank, under an RNG state forked from
+    ``(seed, epoch)``, so all ranks agree on its sequence even if it draws from the global
+    ``random``/``numpy``/``torch`` generators or owns a ``generator``; the caller's RNG state is
+    untouched. ``set_epoch`` is forwarded to it. Stateful, like every shardwise sampler; on
+    resume the wrapped sampler is re-run and fast-forwarded (no data is loaded to skip).
+
+    Args:
+        sampler: any sampler (or sized iterable) of indices with an exact ``len()``.
+        seed: seeds the forked RNG state; the same on every rank.
+        num_replicas: world size; default resolved lazily.
+        rank: global rank; default resolved lazily.
+        even: ``"pad"`` (wrap to the start, repeats at most ``W - 1``) or ``"drop"``.
+
+    Example:
+        >>> from torch.utils.data import RandomSampler
+        >>> sampler = shard(RandomSampler(range(10)), num_replicas=2, rank=0)
+        >>> len(sampler)
+        5
+    """
+    return ShardedWrapper(sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+
+
+def shard_batches(batch_sampler: Iterable[list[int]], *, seed: int | None = 0, num_replicas: int | None = None,
+                  rank: int | None = None, even: Even | str = Even.PAD) -> ShardedBatchWrapper:
+    """Make any batch sampler distributed, keeping each batch whole: see :func:`shard`.
+
+    Rank ``r`` of ``W`` gets batches ``r, r+W, ...`` of the sequence a single process would make.
+
+    Example:
+        >>> from torch.utils.data import BatchSampler, SequentialSampler
+        >>> batches = shard_batches(BatchSampler(SequentialSampler(range(8)), 2, False), num_replicas=2, rank=1)
+        >>> list(batches)
+        [[2, 3], [6, 7]]
+    """
+    return ShardedBatchWrapper(batch_sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+

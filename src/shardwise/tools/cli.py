@@ -1,0 +1,257 @@
+"""The ``shardwise`` command: ``demo`` (a real multi-process run) and ``check`` (what this process resolves).
+
+Needs the ``cli`` extra (typer, rich); imported only when the command runs. A command-line error
+(a bad option value, an unknown option, a bad launcher environment) is one line on stderr naming
+the option or variable and what it accepts, with exit status 2: never a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path  # at module level: typer resolves the verify command's annotations here
+from typing import Any, NoReturn
+
+INSTALL_HINT = "the shardwise command needs 'typer' and 'rich'; install them with: pip install 'shardwise[cli]'"
+
+
+USAGE_ERROR = 2  # what click, argparse and POSIX utilities exit with on a command-line error
+
+
+class CommandLineError(Exception):
+    """A command-line error: printed as one line, exit status 2."""
+
+
+def _cell(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _positive_seconds(value: float) -> float:
+    import typer
+
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"should be a positive, finite number of seconds, but got {value!r}")
+    return value
+
+
+def check_environment(*, launcher: bool) -> None:
+    """Refuse a bad ``SHARDWISE_SEED`` (and, with ``launcher``, bad ``RANK``/``WORLD_SIZE``-style variables) now.
+
+    Samplers resolve both lazily, at the first ``len()`` or iteration; a command resolves them
+    before doing anything, so a bad variable is a one-line error naming it.
+    """
+    from .._core.seeds import SEED_ENV, resolve_seed
+    from .._core.world import resolve_world
+
+    try:
+        world_size = resolve_world(None, None, dist=None, env=os.environ).world_size if launcher else 1
+        if SEED_ENV in os.environ:
+            resolve_seed(None, world_size=world_size, env=os.environ)
+    except ValueError as error:
+        raise CommandLineError(str(error)) from None
+
+
+def _app() -> Any:
+    import typer
+    from rich.console import Console
+    from rich.table import Table
+
+    app = typer.Typer(add_completion=False, no_args_is_help=True, help="shardwise: distributed data sampling.")
+    # Piped output (CI logs) gets a wide table instead of rich's 80-column default.
+    console = Console(width=None if sys.stdout.isatty() else 140)
+
+    @app.command()
+    def demo(
+        world_size: int = typer.Option(2, "--world-size", "-w", min=1, max=16, help="Processes to spawn (gloo)."),
+        size: int = typer.Option(9_600, "--size", "-n", min=0, help="Samples in the demo dataset."),
+        epochs: int = typer.Option(2, "--epochs", "-e", min=1, help="Epochs each rank iterates."),
+        timeout: float = typer.Option(
+            300.0, callback=_positive_seconds, help="Seconds before every rank is killed and the demo fails."
+        ),
+    ) -> None:
+        """Spawn a real torch.distributed (gloo, CPU) job; every rank iterates each sampler with an
+        all_reduce per step; print what every rank drew."""
+        check_environment(launcher=False)  # the demo sets its ranks' RANK/WORLD_SIZE itself
+        from .demo import SCENARIOS, epochs_differ, run_demo
+
+        console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers; {size} samples; {epochs} epochs")
+        rows, reports = run_demo(world_size=world_size, size=size, epochs=epochs, timeout=timeout)
+        table = Table(title="What every rank drew (overlap must not exceed padding; coverage must be 100%; n/a: draws)")
+        for column in ("sampler", "epoch", "rank", "batches", "samples", "overlap", "padding", "coverage", "seed", ""):
+            table.add_column(column, justify="left" if column in ("sampler", "") else "right")
+        for row in rows:
+            table.add_row(
+                row.scenario, str(row.epoch), str(row.rank), str(row.batches), str(row.samples), _cell(row.overlap),
+                _cell(row.padding), "n/a" if row.coverage is None else f"{row.coverage:.1%}", str(row.seed),
+                "ok" if row.ok else "FAIL",
+            )
+        console.print(table)
+        differ = epochs_differ(reports)
+        steps_equal = all(
+            len({tuple(report[name]["steps"]) for report in reports}) == 1 for name in reports[0]
+        )
+        console.print(f"equal steps on every rank: {steps_equal}; epoch orders differ: {differ}")
+        if not (all(row.ok for row in rows) and steps_equal):
+            raise typer.Exit(1)
+
+    @app.command()
+    def check(
+        size: int = typer.Option(1000, "--size", "-n", min=0, help="Dataset size for the example sampler."),
+    ) -> None:
+        """Show how this process resolves rank, world size and seed (run it under torchrun or srun)."""
+        check_environment(launcher=True)
+        from ..samplers.sharded import ShardedSampler
+
+        sampler = ShardedSampler(size, seed=None)
+        for key, value in sampler.describe().items():
+            console.print(f"{key:>14}: {value}")
+
+    _add_verify(app, console)
+    return app
+
+
+def _click_exceptions() -> Any:
+    """The module of the click exceptions typer raises (typer may ship its own copy of click)."""
+    import typer
+
+    return sys.modules[typer.BadParameter.__module__]
+
+
+def _given(opts: list[str], argv: list[str]) -> str | None:
+    """The value given on the command line to the option spelled ``opts`` (its last occurrence), if any."""
+    found = None
+    for i, token in enumerate(argv):
+        for opt in opts:
+            if token == opt and i + 1 < len(argv):
+                found = f"{opt} {argv[i + 1]}"
+            elif opt.startswith("--") and token.startswith(opt + "="):
+                found = token
+    return found
+
+
+def _usage_line(error: Any, argv: list[str]) -> str:
+    """One line for a click usage error, with the value given and the accepted options or commands."""
+    message: str = error.format_message().rstrip(".")
+    context = error.ctx
+    param = getattr(error, "param", None)
+    given = None if param is None else _given(list(param.opts), argv)
+    if given is not None and given.split(" ", 1)[-1].split("=", 1)[-1] not in message:
+        message += f", but got {given}"
+    if isinstance(error, _click_exceptions().NoSuchOption) and context is not None:
+        options = sorted({o for p in context.command.params for o in p.opts if o.startswith("--")} | {"--help"})
+        message += f"; options: {', '.join(options)}"
+    elif message.startswith("No such command") and context is not None and hasattr(context.command, "list_commands"):
+        message += f"; commands: {', '.join(context.command.list_commands(context))}"
+    where = context.command_path if context is not None else "shardwise"
+    return f"{where}: error: {message}".replace("\n", " ")
+
+
+def _fail(line: str) -> NoReturn:
+    print(line, file=sys.stderr)
+    raise SystemExit(USAGE_ERROR)
+
+
+def _verify_exit(message: str, code: int) -> Any:
+    """Print one line to stderr and exit with ``code`` (no traceback)."""
+    import typer
+
+    print(f"shardwise verify: error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _add_verify(app: Any, console: Any) -> None:
+    """The ``verify`` command: exit 0 when safe, 1 when a finding breaks training, 2 on usage errors."""
+    import typer
+
+    @app.command("verify")  # type: ignore[untyped-decorator]
+    def verify_command(
+        target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
+        world_size: int = typer.Option(4, "--world-size", "-w", min=1, max=256, help="Ranks to verify."),
+        epochs: int = typer.Option(2, "--epochs", "-e", min=1, help="Epochs every rank iterates."),
+        spawn: bool = typer.Option(False, "--spawn", help="Run a real gloo group of --world-size processes."),
+        size: int | None = typer.Option(None, "--size", "-n", min=0, help="Dataset size, for coverage."),
+        # B008: typer declares options as call defaults; these are evaluated once, read-only.
+        lengths: Path | None = typer.Option(None, "--lengths", help=".npy of per-sample lengths."),  # noqa: B008
+        json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),  # noqa: B008
+        plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG (needs matplotlib)."),  # noqa: B008
+        timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds before verify gives up."),
+    ) -> None:
+        """Prove a sampler, batch sampler or DataLoader safe for distributed training, before the run."""
+        from rich.table import Table
+
+        from .verify import TargetError, verify
+        from .verify.report import ERROR, PASS, SKIPPED, WARNING
+
+        if plot_path is not None:
+            from .verify.plot import require_matplotlib
+
+            try:
+                require_matplotlib()
+            except ImportError as error:
+                raise _verify_exit(str(error), 2) from None
+        lengths_array = None
+        if lengths is not None:
+            import numpy as np
+
+            try:
+                lengths_array = np.load(lengths)
+            except (OSError, ValueError) as error:
+                raise _verify_exit(f"cannot read --lengths {str(lengths)!r}: {error}", 2) from None
+        try:
+            report = verify(
+                target, world_size=world_size, epochs=epochs, dataset_size=size, lengths=lengths_array,
+                spawn=spawn, timeout=timeout,
+            )
+        except (TargetError, ValueError, TypeError) as error:
+            raise _verify_exit(str(error).splitlines()[0], 2) from None
+        except (TimeoutError, RuntimeError) as error:
+            raise _verify_exit(str(error).splitlines()[0], 1) from None
+        styles = {PASS: "green", WARNING: "yellow", ERROR: "bold red", SKIPPED: "dim"}
+        table = Table(title=f"shardwise verify {report.target} ({report.mode}, {report.world_size} ranks, "
+                      f"{report.epochs} epochs)")
+        for column in ("check", "verdict", "evidence", "fix"):
+            table.add_column(column, overflow="fold")
+        for check in report.checks:
+            fix = check.finding.fix if check.finding else ""
+            table.add_row(check.name, f"[{styles[check.verdict]}]{check.verdict}[/]", check.evidence, fix)
+        console.print(table)
+        for finding in report.findings:
+            console.print(f"[{styles[finding.severity]}]{finding.severity}[/] {finding.check}: {finding.message}")
+        if json_path is not None:
+            json_path.write_text(report.to_json(indent=2))
+            console.print(f"report written to {json_path}")
+        if plot_path is not None:
+            from .verify.plot import plot_report
+
+            plot_report(report, plot_path)
+            console.print(f"plot written to {plot_path}")
+        console.print("[green]safe for distributed training[/]" if report.ok else
+                      "[bold red]NOT safe: a finding above would break training[/]")
+        if not report.ok:
+            raise typer.Exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``shardwise`` console script and ``python -m shardwise``."""
+    try:
+        app = _app()
+        import typer
+    except ImportError:
+        _fail(INSTALL_HINT)
+    command = typer.main.get_command(app)
+    click = _click_exceptions()
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        # standalone_mode=False: click hands errors to us instead of printing a multi-line box.
+        code = command.main(args=args, prog_name="shardwise", standalone_mode=False)
+    except click.NoArgsIsHelpError as error:
+        print(error.format_message(), file=sys.stderr)
+        raise SystemExit(USAGE_ERROR) from None
+    except click.UsageError as error:
+        _fail(_usage_line(error, args))
+    except CommandLineError as error:
+        _fail(f"shardwise: error: {error}")
+    except typer.Abort:
+        _fail("shardwise: aborted")
+    raise SystemExit(code if isinstance(code, int) else 0)

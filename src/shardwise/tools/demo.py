@@ -1,0 +1,247 @@
+"""``shardwise demo``: a real multi-process run on CPU that shows what every rank drew.
+
+Each scenario builds a DataLoader around a shardwise sampler. Every rank (a spawned process in a
+real gloo group) iterates it for some epochs with an ``all_reduce`` every step, exactly as a DDP
+training loop would, and reports the indices it saw. The parent checks and tabulates them: per
+rank the batches and samples, the overlap with other ranks (0 but for the documented padding),
+the coverage of the dataset, and the seed every rank resolved.
+
+A later sampler joins the demo by adding one ``Scenario`` to ``SCENARIOS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+
+from .._core.schedule import BatchSizeSchedule
+from ..samplers.bucket import BucketBatchSampler
+from ..samplers.class_balanced import ClassBalancedBatchSampler
+from ..samplers.mixture import MixtureSampler
+from ..samplers.scheduled import ScheduledBatchSampler
+from ..samplers.sharded import ShardedSampler
+from ..samplers.two_stream import TwoStreamBatchSampler
+from ..samplers.weighted import WeightedSampler
+from ..samplers.wrappers import shard_batches
+from .launch import run_distributed
+
+DEMO_SEED = 2026
+
+
+class IndexDataset(Dataset[int]):
+    """A map-style dataset whose item ``i`` is ``i``: what each rank drew is what it loaded."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def _everything(size: int) -> set[int] | None:
+    return set(range(size))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A sampler to demonstrate: ``build(size)`` returns the DataLoader and the shardwise sampler.
+
+    ``tracked(size)`` is the set of indices that one epoch must cover with no index on two ranks
+    (beyond the documented padding); ``None`` for samplers that draw with replacement.
+    """
+
+    name: str
+    build: Callable[[int], tuple[DataLoader[Any], Any]]
+    summary: str
+    tracked: Callable[[int], set[int] | None] = _everything
+
+
+def _sharded(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    sampler = ShardedSampler(dataset, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_size=32, sampler=sampler), sampler
+
+
+def _any_batch_sampler(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    # A plain single-process batch sampler drawing from the global torch RNG, made distributed.
+    batches = shard_batches(BatchSampler(RandomSampler(dataset), batch_size=32, drop_last=False), seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=batches), batches
+
+
+def _bucket(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    lengths = np.arange(size) * 7919 % 500 + 1  # a spread of lengths from 1 to 500 tokens
+    sampler = BucketBatchSampler(lengths, max_tokens=4096, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _two_stream(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    labelled, unlabelled = range(size // 4, size), range(size // 4)
+    sampler = TwoStreamBatchSampler(
+        labelled, unlabelled, primary_batch_size=24, secondary_batch_size=8, drop_last=False, seed=DEMO_SEED
+    )
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _class_balanced(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    sampler = ClassBalancedBatchSampler(np.arange(size) % 20, classes_per_batch=4, samples_per_class=8, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _weighted(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    sampler = WeightedSampler(np.arange(size) % 5, num_samples=size, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_size=32, sampler=sampler), sampler
+
+
+def _scheduled(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    # Batch size 32, then 16 from the middle of the first epoch on: every rank switches at the same step.
+    schedule = BatchSizeSchedule.by_samples({0: 32, size // 2: 16})
+    sampler = ScheduledBatchSampler(size, batch_size=schedule, seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
+def _mixture(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)  # three sources back to back: half, a third, the rest
+    sizes = [size // 2, size // 3, size - size // 2 - size // 3]
+    sampler = MixtureSampler(sizes, [0.2, 0.3, 0.5], stop="all_exhausted", seed=DEMO_SEED)
+    return DataLoader(dataset, batch_size=32, sampler=sampler), sampler
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("ShardedSampler", _sharded, "drop-in DistributedSampler, O(1) memory shuffle"),
+    Scenario("shard_batches(BatchSampler)", _any_batch_sampler, "any batch sampler, dealt by position"),
+    Scenario("BucketBatchSampler", _bucket, "length-aware batches under a 4096-token budget"),
+    Scenario(
+        "TwoStreamBatchSampler", _two_stream, "labelled pass + unlabelled stream",
+        tracked=lambda size: set(range(size // 4, size)),
+    ),
+    Scenario("ClassBalancedBatchSampler", _class_balanced, "4 classes x 8 samples", tracked=lambda size: None),
+    Scenario("WeightedSampler", _weighted, "weighted draws with replacement", tracked=lambda size: None),
+    Scenario("ScheduledBatchSampler", _scheduled, "batch size 32 -> 16 mid-epoch, in lockstep"),
+    Scenario(
+        "MixtureSampler", _mixture, "3 sources at 2:3:5, exact per block, until all are used up",
+        tracked=lambda size: None,
+    ),
+]
+
+
+def _rank_main(rank: int, world_size: int, names: list[str], size: int, epochs: int) -> dict[str, Any]:
+    """One rank: iterate every scenario like a DDP loop, all_reduce each step, report what it saw."""
+    import torch.distributed as dist
+
+    report: dict[str, Any] = {}
+    scenarios = {s.name: s for s in SCENARIOS}
+    for name in names:
+        loader, sampler = scenarios[name].build(size)
+        seen: list[list[int]] = []
+        steps: list[int] = []
+        started = time.perf_counter()
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            drawn: list[int] = []
+            step = 0
+            for batch in loader:
+                # Every rank must reach every collective: a rank with one batch more would hang here.
+                count = torch.tensor([len(batch)], dtype=torch.int64)
+                dist.all_reduce(count)
+                drawn += batch.tolist()
+                step += 1
+            seen.append(drawn)
+            steps.append(step)
+        report[name] = {
+            "seen": seen,
+            "steps": steps,
+            "seconds": time.perf_counter() - started,
+            "describe": sampler.describe(),
+        }
+    return report
+
+
+@dataclass(frozen=True)
+class Row:
+    scenario: str
+    epoch: int
+    rank: int
+    batches: int
+    samples: int
+    overlap: int | None
+    padding: int | None
+    coverage: float | None
+    seed: int
+
+    @property
+    def ok(self) -> bool:
+        if self.overlap is None or self.padding is None or self.coverage is None:
+            return True  # draws with replacement: only equal steps are required
+        return self.overlap <= self.padding and self.coverage >= 1.0
+
+
+def summarise(reports: list[dict[str, Any]], size: int) -> list[Row]:
+    """Turn every rank's report into table rows, checking overlap and coverage per epoch."""
+    scenarios = {s.name: s for s in SCENARIOS}
+    rows = []
+    for name in reports[0]:
+        tracked = scenarios[name].tracked(size)
+        for epoch in range(len(reports[0][name]["seen"])):
+            per_rank = [Counter(report[name]["seen"][epoch]) for report in reports]
+            covered = padding = None
+            if tracked is not None:
+                union: Counter[int] = Counter()
+                for counts in per_rank:
+                    union.update({i: c for i, c in counts.items() if i in tracked})
+                covered = len(union) / len(tracked) if tracked else 1.0
+                padding = max(sum(union.values()) - len(tracked), 0)
+            for rank, counts in enumerate(per_rank):
+                overlap = None
+                if tracked is not None:
+                    others = set().union(*(set(c) for r, c in enumerate(per_rank) if r != rank))
+                    overlap = len(set(counts) & others & tracked)
+                rows.append(
+                    Row(
+                        scenario=name,
+                        epoch=epoch,
+                        rank=rank,
+                        batches=reports[rank][name]["steps"][epoch],
+                        samples=sum(counts.values()),
+                        overlap=overlap,
+                        padding=padding,
+                        coverage=covered,
+                        seed=reports[rank][name]["describe"]["seed"],
+                    )
+                )
+    return rows
+
+
+def run_demo(
+    *, world_size: int = 2, size: int = 9_600, epochs: int = 2, names: list[str] | None = None, timeout: float = 300.0
+) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Run the demo and return its rows (and the raw per-rank reports)."""
+    names = names or [s.name for s in SCENARIOS]
+    reports = run_distributed(_rank_main, world_size, names, size, epochs, timeout=timeout)
+    return summarise(reports, size), reports
+
+
+def epochs_differ(reports: list[dict[str, Any]]) -> dict[str, bool]:
+    """Whether rank 0's order differs between consecutive epochs, per scenario."""
+    return {
+        name: all(
+            not np.array_equal(reports[0][name]["seen"][e], reports[0][name]["seen"][e + 1])
+            for e in range(len(reports[0][name]["seen"]) - 1)
+        )
+        for name in reports[0]
+    }

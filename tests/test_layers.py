@@ -1,0 +1,88 @@
+"""The layering of docs/design.md, guarded: imports point downward only, and ``import shardwise`` stays light."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shardwise
+
+PACKAGE = Path(shardwise.__file__).parent
+
+# Each layer and the shardwise subpackages it may import (besides itself). Anything not listed is refused.
+ALLOWED: dict[str, set[str]] = {
+    "_core": set(),
+    "index": {"_core"},
+    "data": {"_core", "index"},
+    "samplers": {"_core", "index"},
+    "integrations": {"_core", "index", "samplers", "data"},
+    "tools": {"_core", "index", "samplers", "data"},
+}
+THIRD_PARTY_REFUSED = {"_core": {"torch"}, "index": {"torch"}}
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else ""
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module a file imports, absolute (``shardwise.samplers.base``, ``torch.utils.data``), with its line."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    # The package a relative import starts from: a module's folder (for __init__.py, its own folder).
+    package = ["shardwise", *path.relative_to(PACKAGE).with_suffix("").parts][:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            if node.module is None or node.level:  # `from . import x` imports submodule x
+                found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if _layer(p))
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_downward(path: Path) -> None:
+    """A module imports only its own layer and the layers below it (core < samplers, data < integrations, tools)."""
+    layer = _layer(path)
+    allowed = ALLOWED[layer] | {layer}
+    wrong = []
+    for line, module in _imports(path):
+        parts = module.split(".")
+        if parts[0] == "shardwise":
+            target = parts[1] if len(parts) > 1 else ""
+            if target not in allowed and not (target in {"", "__init__"} and module == "shardwise"):
+                wrong.append(f"line {line}: {module}")
+            if module == "shardwise":
+                wrong.append(f"line {line}: the package root (import the defining module instead)")
+        elif parts[0] in THIRD_PARTY_REFUSED.get(layer, set()):
+            wrong.append(f"line {line}: {module}")
+    assert not wrong, f"{path.relative_to(PACKAGE)} ({layer}) may import only {sorted(allowed)}: {wrong}"
+
+
+def test_every_subpackage_has_a_rule() -> None:
+    """A new folder under shardwise/ must be given its place in the layering here."""
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders <= set(ALLOWED), sorted(folders - set(ALLOWED))
+
+
+def test_import_shardwise_stays_light() -> None:
+    """``import shardwise`` in a fresh process imports no framework, no plotting and no CLI library."""
+    heavy = ["lightning", "pytorch_lightning", "accelerate", "transformers", "torchdata", "matplotlib", "typer", "rich"]
+    code = f"import sys, shardwise; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,0 +1,188 @@
+"""HF transformers Trainer: 2 real processes (torchrun, gloo) running examples/transformers_trainer.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "transformers_trainer.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+BATCH, PER_EPOCH = 4, 12  # 96 samples, 4 per batch, 2 ranks: 12 batches per rank and epoch
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("transformers_trainer_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _launch(out: Path, world_size: int, *options: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size), "--standalone",
+               str(EXAMPLE), "--out", str(out), *options]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def _seen(out: Path, phase: str, world_size: int = 2) -> list[list[list[int]]]:
+    """Per rank, the samples of every trained batch (global step dropped)."""
+    ranks = [json.loads((out / f"{phase}-rank{rank}.json").read_text()) for rank in range(world_size)]
+    return [[batch[1:] for batch in rank["seen"]] for rank in ranks]
+
+
+def _epochs(ranks: list[list[list[int]]]) -> list[list[int]]:
+    """All samples trained per epoch, over both ranks (PER_EPOCH batches per rank and epoch)."""
+    return [[i for rank in ranks for batch in rank[e * PER_EPOCH:(e + 1) * PER_EPOCH] for i in batch] for e in (0, 1)]
+
+
+def _waste(batches: list[list[int]], lengths: np.ndarray) -> float:
+    """Padded positions over all positions when each batch is padded to its longest sample."""
+    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+    return 1 - sum(int(lengths[b].sum()) for b in batches) / padded
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_trainer_two_ranks_every_sample_once_and_resume_without_replay(tmp_path: Path) -> None:
+    """random: every sample once per epoch, equal steps, new order; a mid-epoch checkpoint resumes exactly, on 2 or 1 ranks."""
+    _launch(tmp_path, 2, "--strategy", "random", "--save-steps", "5", "--workers", "2")
+    run = _seen(tmp_path, "run")
+    assert len(run[0]) == len(run[1]) == 2 * PER_EPOCH
+    first, second = _epochs(run)
+    assert Counter(first) == Counter(second) == Counter(range(96))
+    assert first != second
+    # The checkpoint after 5 steps: the resumed run (no workers, new processes) trains exactly the rest.
+    _launch(tmp_path, 2, "--strategy", "random", "--resume", str(tmp_path / "checkpoints" / "checkpoint-5"))
+    resumed = _seen(tmp_path, "resume")
+    assert [rank[5:] for rank in run] == resumed
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-5" / "shardwise_sampler.json").read_text())
+    assert (state["sampler"]["epoch"], state["sampler"]["consumed"], state["world_size"]) == (0, 5 * BATCH * 2, 2)
+    # The same checkpoint on ONE process: the rest of epoch 0 is exactly the samples the 2 ranks had not trained.
+    _launch(tmp_path, 1, "--strategy", "random", "--phase", "elastic",
+            "--resume", str(tmp_path / "checkpoints" / "checkpoint-5"))  # fmt: skip
+    elastic = _seen(tmp_path, "elastic", world_size=1)[0]
+    rest = 96 // BATCH - 5 * 2  # batches of 4 left in epoch 0 at world size 1
+    before = [i for rank in run for batch in rank[:5] for i in batch]
+    assert Counter(before + [i for batch in elastic[:rest] for i in batch]) == Counter(range(96))
+    assert len(elastic) == rest + 96 // BATCH
+    assert Counter(i for batch in elastic[rest:] for i in batch) == Counter(range(96))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(tmp_path: Path) -> None:
+    """group_by_length: BucketBatchSampler, less padding than LengthGroupedSampler; resume on 1 rank continues the plan."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    _launch(tmp_path, 2, "--strategy", "group_by_length", "--grad-accum", "2", "--save-steps", "2")
+    run = _seen(tmp_path, "run")
+    assert len(run[0]) == len(run[1]) == 2 * PER_EPOCH
+    first, second = _epochs(run)
+    assert Counter(first) == Counter(second) == Counter(range(96))
+    assert first != second
+
+    lengths = np.array([len(s) for s in _example().TokenDataset(96).samples])
+    ours = _waste([batch for rank in run for batch in rank], lengths)
+    theirs = []
+    for seed in range(4):  # what Trainer's own group_by_length trains on, over the same data and batch size
+        order = list(LengthGroupedSampler(BATCH * 2, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(seed)))
+        theirs.append(_waste([order[i:i + BATCH] for i in range(0, 96, BATCH)], lengths))
+    assert ours < 0.5 * float(np.mean(theirs)), (ours, theirs)
+
+    # checkpoint-2 (2 optimizer steps x 2 accumulated batches per rank), resumed on ONE process with
+    # 2 workers: it trains the rest of the global plan in plan order, i.e. the 2 ranks' batches interleaved.
+    _launch(tmp_path, 1, "--strategy", "group_by_length", "--grad-accum", "2", "--workers", "2",
+            "--resume", str(tmp_path / "checkpoints" / "checkpoint-2"))  # fmt: skip
+    resumed = _seen(tmp_path, "resume", world_size=1)[0]
+    assert resumed == [run[rank][step] for step in range(4, 2 * PER_EPOCH) for rank in (0, 1)]
+    final: dict[str, Any] = json.loads((tmp_path / "resume-rank0.json").read_text())
+    assert final["global_step"] == 2 + (2 * 2 * PER_EPOCH - 8) // 2  # the step budget follows the world size
+
+
+def test_default_sampler_follows_training_arguments() -> None:
+    """train_sampling_strategy picks ShardedSampler (shuffled or not) or BucketBatchSampler; others are refused."""
+    from transformers import TrainingArguments
+
+    import shardwise
+    from shardwise.integrations.transformers import default_train_sampler
+
+    data = [{"input_ids": [1] * (i % 7 + 1)} for i in range(20)]
+
+    def args(strategy: str) -> Any:
+        return TrainingArguments("unused", train_sampling_strategy=strategy, per_device_train_batch_size=3,
+                                 seed=5, report_to="none", use_cpu=True)  # fmt: skip
+
+    random, sequential = default_train_sampler(data, args("random")), default_train_sampler(data, args("sequential"))
+    assert isinstance(random, shardwise.ShardedSampler) and random.shuffle and random.seed == 5
+    assert isinstance(sequential, shardwise.ShardedSampler) and not sequential.shuffle
+    bucket = default_train_sampler(data, args("group_by_length"))
+    assert isinstance(bucket, shardwise.BucketBatchSampler) and bucket.batch_size == 3
+    assert bucket.lengths.tolist() == [i % 7 + 1 for i in range(20)]
+    with pytest.raises(ValueError, match=r"train_sampling_strategy='batch_rebalance'.*train_sampler="):
+        default_train_sampler(data, args("batch_rebalance"))
+    with pytest.raises(ValueError, match=r"reads lengths from each sample's 'input_ids'"):
+        default_train_sampler([{"text": [1]}] * 4, args("group_by_length"))
+
+
+def test_trainer_refuses_a_train_sampler_that_is_not_shardwise() -> None:
+    """train_sampler must be a shardwise sampler or a factory; the message names the value."""
+    from shardwise.integrations.transformers import ShardwiseTrainer
+
+    with pytest.raises(TypeError, match=r"train_sampler should be a shardwise sampler.*got train_sampler=3"):
+        ShardwiseTrainer(train_sampler=3)
+
+
+def test_missing_transformers_names_the_install_command() -> None:
+    """Without transformers, importing the integration says exactly what to install."""
+    code = "import sys; sys.modules['transformers'] = None; import shardwise.integrations.transformers"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=ENV)
+    assert result.returncode != 0
+    assert "shardwise.integrations.transformers needs 'transformers'; install it with: pip install " \
+           "'shardwise[transformers]'" in result.stderr  # fmt: skip
+
+
+def test_single_process_resume_with_drop_last_and_from_a_plain_trainer_checkpoint(tmp_path: Path, caplog: Any) -> None:
+    """One process, ShardedSampler with drop_last: resume equals the rest; without the shardwise file, Trainer replays."""
+    import shutil
+
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    import shardwise
+
+    example = _example()
+
+    def train(resume: str | None) -> list[list[int]]:
+        args = TrainingArguments(str(tmp_path / "checkpoints"), per_device_train_batch_size=BATCH, num_train_epochs=2,
+                                 save_strategy="steps", save_steps=2, dataloader_drop_last=True, use_cpu=True,
+                                 remove_unused_columns=False, report_to="none", disable_tqdm=True, logging_strategy="no")  # fmt: skip
+        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+        data = example.TokenDataset(22)  # 5 batches of 4 per epoch, 2 samples dropped
+        trainer = example.RecordingTrainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
+                                           data_collator=example.collate, train_sampler=shardwise.ShardedSampler(data, seed=3))  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return [batch[1:] for batch in trainer.seen]
+
+    run = train(None)
+    assert len(run) == 10 and all(len(batch) == BATCH for batch in run)
+    assert train(str(tmp_path / "checkpoints" / "checkpoint-6")) == run[6:]  # mid-epoch 1
+    plain = tmp_path / "plain-checkpoint"
+    shutil.copytree(tmp_path / "checkpoints" / "checkpoint-6", plain)
+    (plain / "shardwise_sampler.json").unlink()
+    with caplog.at_level("WARNING", logger="shardwise"):
+        assert train(str(plain)) == run[6:]
+    assert "resuming as Trainer does, by replaying" in caplog.text
