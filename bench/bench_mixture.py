@@ -251,7 +251,7 @@ def main() -> None:
     random = run_child("random", big)
     rows.append({"arm": "random draws", "n": f"{big:.0e}", "build + first index": f"{1e3 * random['build_s']:.3f} ms",
                  "RssAnon growth (build + 1e6 indices)": f"{random['rss_anon_growth'] / 2**20:.1f} MB"})  # fmt: skip
-    for n in ((10**6, 10**7) if args.quick else (10**7, 10**8)):
+    for n in (10**6, 10**7) if args.quick else (10**7, 10**8):
         greedy = run_child("greedy", n)
         growth = f"{greedy['rss_anon_growth'] / 2**20:.1f} MB"
         rows.append({"arm": "greedy index", "n": f"{n:.0e}", "build + first index": f"{greedy['build_s']:.2f} s",

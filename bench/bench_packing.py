@@ -339,6 +339,7 @@ def table(name: str, lengths: np.ndarray, max_len: int, rows: int) -> None:
 
 def scale(n: int, max_len: int, rows: int) -> None:
     """Plan time, first-batch latency and private memory at n documents drawn from the WikiText-2 lengths."""
+
     def rss_anon() -> int:
         with open(f"/proc/{os.getpid()}/status") as status:
             for line in status:

@@ -75,7 +75,7 @@ class Segments:
             offsets = torch.arange(width)
             valid = offsets[None, :] < lengths[members][:, None]  # (g, width)
             gather = (starts[members][:, None] + offsets[None, :]).clamp(max=int(cu_seqlens[-1]) - 1)
-            mask = (valid[:, None, None, :] & torch.ones(width, width, dtype=torch.bool).tril())  # (g, 1, w, w)
+            mask = valid[:, None, None, :] & torch.ones(width, width, dtype=torch.bool).tril()  # (g, 1, w, w)
             self.blocks.append((gather, valid, mask))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -105,8 +105,11 @@ class Block(nn.Module):
             flat = (t.reshape(rows * length, self.heads, -1) for t in (q, k, v))
             attended = mask.attend(*flat).reshape(rows, length, dim)
         else:  # q, k, v: (rows, heads, length, head_dim); mask: (rows, 1, length, length), True = may attend
-            attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                      attn_mask=mask).transpose(1, 2).reshape(rows, length, dim)
+            attended = (
+                F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+                .transpose(1, 2)
+                .reshape(rows, length, dim)
+            )
         x = x + self.out(attended)
         return x + self.mlp(self.norm2(x))
 
@@ -301,8 +304,10 @@ def main() -> None:
         rate = r["tokens"] / r["seconds"]
         print(f"| {LABELS[r['arm']]} | {r['seconds']:.1f} | {rate:.0f} | {rate / base:.2f} | {r['steps']} | "
               f"{1 - r['tokens'] / r['slots']:.1%} | {r['held_out']:.3f} |")  # fmt: skip
-    print(f"packed vs BucketBatchSampler: {results[1]['seconds'] / packed['seconds']:.2f}x faster; "
-          f"loss curves: {args.plot}; held-out perplexity {math.exp(packed['held_out']):.0f}")
+    print(
+        f"packed vs BucketBatchSampler: {results[1]['seconds'] / packed['seconds']:.2f}x faster; "
+        f"loss curves: {args.plot}; held-out perplexity {math.exp(packed['held_out']):.0f}"
+    )
     plot(results, args.plot)
 
 

@@ -13,6 +13,7 @@ Each rank writes the batches it trained on to ``<out>/<phase>-rank<r>.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 
@@ -41,14 +42,29 @@ def main() -> None:
     # use_stateful_dataloader: save_state stores the loader's state, which holds the sampler's
     # O(1) global position; load_state restores it without replaying a batch.
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    seen, forgot = train(accelerator, os.path.join(args.out, "state"), resume=args.resume)
+    phase = "resume" if args.resume else "run"
+    with open(os.path.join(args.out, f"{phase}-rank{accelerator.process_index}.json"), "w") as file:
+        json.dump({"seen": seen, "forgot": forgot, "world": accelerator.num_processes}, file)
+    # A clean exit with gloo: no collective in flight, every object that holds the process group
+    # (the DDP model, gathered tensors) freed while the interpreter is alive, then the group destroyed.
+    accelerator.wait_for_everyone()
+    accelerator.free_memory()
+    gc.collect()
+    accelerator.end_training()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def train(accelerator: Accelerator, state_dir: str, *, resume: bool) -> tuple[list[list[int]], str]:
+    """Two epochs; the first run saves its state after SAVE_AT steps, the resumed run loads it."""
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     loader = prepare_data_loader(accelerator, build_loader())  # NOT accelerator.prepare(loader): see docs
-    state_dir = os.path.join(args.out, "state")
 
     forgot = ""
-    if not args.resume:
+    if not resume:
         # What plain accelerator.prepare does to a shardwise loader: refused before any step.
         try:
             next(iter(accelerator.prepare(build_loader())))
@@ -67,15 +83,9 @@ def main() -> None:
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-            if not args.resume and epoch == 0 and step + 1 == SAVE_AT:
+            if not resume and epoch == 0 and step + 1 == SAVE_AT:
                 accelerator.save_state(state_dir)
-    phase = "resume" if args.resume else "run"
-    with open(os.path.join(args.out, f"{phase}-rank{accelerator.process_index}.json"), "w") as file:
-        json.dump({"seen": seen, "forgot": forgot, "world": accelerator.num_processes}, file)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # a clean exit: no gloo thread left running
+    return seen, forgot
 
 
 if __name__ == "__main__":

@@ -86,8 +86,9 @@ def main() -> None:
     options = parser.parse_args()
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-                        eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     model = GPT2LMHeadModel(config)
     args = TrainingArguments(
         output_dir=os.path.join(options.out, "checkpoints"),
