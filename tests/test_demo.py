@@ -30,6 +30,9 @@ def test_demo_command_line() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "equal steps on every rank: True" in result.stdout
     assert "FAIL" not in result.stdout
+    # The verify step: the ShardedSampler loader passes, a RandomSampler on every rank is caught (overlap).
+    assert "verify caught the broken loader and passed the shardwise one: True" in result.stdout
+    assert "    overlap: ranks train on the same samples" in result.stdout
 
 
 def test_check_command_describes_resolution() -> None:

@@ -73,7 +73,7 @@ def _app() -> Any:
         """Spawn a real torch.distributed (gloo, CPU) job; every rank iterates each sampler with an
         all_reduce per step; print what every rank drew."""
         check_environment(launcher=False)  # the demo sets its ranks' RANK/WORLD_SIZE itself
-        from .demo import SCENARIOS, epochs_differ, run_demo
+        from .demo import SCENARIOS, epochs_differ, run_demo, run_verify
 
         console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers; {size} samples; {epochs} epochs")
         rows, reports = run_demo(world_size=world_size, size=size, epochs=epochs, timeout=timeout)
@@ -92,7 +92,17 @@ def _app() -> Any:
             len({tuple(report[name]["steps"]) for report in reports}) == 1 for name in reports[0]
         )
         console.print(f"equal steps on every rank: {steps_equal}; epoch orders differ: {differ}")
-        if not (all(row.ok for row in rows) and steps_equal):
+        ranks = max(world_size, 2)  # one rank cannot overlap with another
+        console.print(f"\nshardwise verify, before training ({ranks} simulated ranks, 2 epochs):")
+        verified = run_verify(world_size=ranks, timeout=timeout)
+        for what, _, report in verified:
+            console.print(f"  {what}: {'safe, no finding' if report.ok else 'UNSAFE'}", markup=False)
+            for finding in report.findings:
+                console.print(f"    {finding.check}: {finding.message.split('. ')[0]}", markup=False)
+                console.print(f"      fix: {finding.fix.split('. ')[0]}", markup=False)
+        expected = all(report.ok == should_pass for _, should_pass, report in verified)
+        console.print(f"verify caught the broken loader and passed the shardwise one: {expected}")
+        if not (all(row.ok for row in rows) and steps_equal and expected):
             raise typer.Exit(1)
 
     @app.command()

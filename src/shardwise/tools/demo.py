@@ -7,6 +7,10 @@ rank the batches and samples, the overlap with other ranks (0 but for the docume
 the coverage of the dataset, and the seed every rank resolved.
 
 A later sampler joins the demo by adding one ``Scenario`` to ``SCENARIOS``.
+
+The demo ends with ``shardwise.verify`` run before training on two loaders (``VERIFIED``): the
+ShardedSampler one, which must pass, and the classic mistake, a plain ``RandomSampler`` on every
+rank, which must be caught.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from .._core.schedule import BatchSizeSchedule
 from ..samplers.bucket import BucketBatchSampler
 from ..samplers.class_balanced import ClassBalancedBatchSampler
 from ..samplers.mixture import MixtureSampler
+from ..samplers.packed import PackedBatchSampler
 from ..samplers.scheduled import ScheduledBatchSampler
 from ..samplers.sharded import ShardedSampler
 from ..samplers.two_stream import TwoStreamBatchSampler
@@ -122,6 +127,13 @@ def _mixture(size: int) -> tuple[DataLoader[Any], Any]:
     return DataLoader(dataset, batch_size=32, sampler=sampler), sampler
 
 
+def _packed(size: int) -> tuple[DataLoader[Any], Any]:
+    dataset = IndexDataset(size)
+    lengths = np.arange(size) * 7919 % 500 + 1  # the same spread of lengths as the bucket scenario
+    sampler = PackedBatchSampler(lengths, max_len=1024, rows_per_batch=4, balance="attention", seed=DEMO_SEED)
+    return DataLoader(dataset, batch_sampler=sampler), sampler
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("ShardedSampler", _sharded, "drop-in DistributedSampler, O(1) memory shuffle"),
     Scenario("shard_batches(BatchSampler)", _any_batch_sampler, "any batch sampler, dealt by position"),
@@ -137,7 +149,35 @@ SCENARIOS: list[Scenario] = [
         "MixtureSampler", _mixture, "3 sources at 2:3:5, exact per block, until all are used up",
         tracked=lambda size: None,
     ),
+    Scenario("PackedBatchSampler", _packed, "documents packed into 4 rows of 1024 tokens, balanced by attention"),
 ]
+
+
+VERIFY_SIZE = 4_800
+VERIFIED: list[tuple[str, str, bool]] = [
+    ("DataLoader(sampler=ShardedSampler)", "shardwise.tools.demo:sharded_loader", True),
+    ("DataLoader(sampler=RandomSampler) on every rank", "shardwise.tools.demo:unsharded_loader", False),
+]
+"""``(what, factory, should pass)`` for the verify step of the demo."""
+
+
+def sharded_loader() -> DataLoader[Any]:
+    """The ShardedSampler scenario's loader: the verifier finds nothing."""
+    return _sharded(VERIFY_SIZE)[0]
+
+
+def unsharded_loader() -> DataLoader[Any]:
+    """The classic mistake: each rank shuffles the whole dataset, seeded differently; the verifier catches it."""
+    dataset = IndexDataset(VERIFY_SIZE)
+    return DataLoader(dataset, batch_size=32, sampler=RandomSampler(dataset))
+
+
+def run_verify(*, world_size: int = 2, timeout: float = 300.0) -> list[tuple[str, bool, Any]]:
+    """``(what, should pass, VerifyReport)`` for every loader of ``VERIFIED``."""
+    from .verify import verify_many
+
+    reports = verify_many([factory for _, factory, _ in VERIFIED], world_size=world_size, epochs=2, timeout=timeout)
+    return [(what, should, report) for (what, _, should), report in zip(VERIFIED, reports, strict=True)]
 
 
 def _rank_main(rank: int, world_size: int, names: list[str], size: int, epochs: int) -> dict[str, Any]:
