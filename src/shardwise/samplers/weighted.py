@@ -62,6 +62,9 @@ WITHOUT_REPLACEMENT = "weighted-distinct"
 WEIGHT_TABLE = "weight-table-v1"
 """Cache kind of the weight table (cumulative quantised weights, guide table, positive count, digest)."""
 
+DISTINCT_PLAN = "weighted-distinct-v1"
+"""Cache kind of one epoch's plan without replacement (``num_samples`` distinct int64 indices)."""
+
 _BLOCK = 1 << 20  # weights converted / summed per step while building: bounds temporary memory
 _BITS = 62
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -250,15 +253,21 @@ def _rebuild_table(*parts: tuple[Any, tuple[Any, ...]]) -> WeightTable:
     return WeightTable(cdf, guide)
 
 
-def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.ndarray:
+def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
     """The first ``count`` distinct items of the with-replacement stream: successive sampling.
 
     Once the items drawn hold half of the table's weight, the table is rebuilt without them and a
     new stream (keyed by the round) continues: the next new item then has the same distribution,
     the remaining weights renormalised, and repeats stay rare.
+
+    The items are written into ``out`` (``count`` int64, e.g. a writable memmap of the cache
+    entry), or into a new array, and returned. Private memory besides ``out``: a bit per item
+    (``n / 8`` bytes), a block of at most 2**20 draws, and the rebuilt table while there is one.
     """
+    plan = np.empty(count, dtype=np.int64) if out is None else out
+    if plan.shape != (count,) or plan.dtype != np.int64:
+        raise ValueError(f"out should be a ({count},) int64 array, but got {plan.dtype} of shape {plan.shape}")
     seen = np.zeros((len(table) >> 3) + 1, dtype=np.uint8)  # a bit per item: n / 8 bytes
-    found: list[np.ndarray] = [np.empty(0, dtype=np.int64)]
     have, position, taken, round_ = 0, 0, 0, 0
     while have < count:
         keys = derive_words(seed, epoch, WITHOUT_REPLACEMENT, round_, count=2)
@@ -269,7 +278,7 @@ def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.
         new = ~has_bits(seen, items)
         fresh = items[new][np.argsort(first[new], kind="stable")][: count - have]
         mark_bits(seen, fresh)
-        found.append(fresh)
+        plan[have : have + len(fresh)] = fresh
         have += len(fresh)
         taken += int((table.cdf[fresh] - np.where(fresh > 0, table.cdf[fresh - 1], 0)).sum())
         if 2 * taken > table.total and have < count:
@@ -277,7 +286,7 @@ def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.
             units[np.unpackbits(seen, count=len(units), bitorder="little").view(bool)] = 0
             table = WeightTable(np.cumsum(units))
             position, taken, round_ = 0, 0, round_ + 1
-    return np.concatenate(found)
+    return plan
 
 
 def _weights_array(weights: object) -> np.ndarray:
@@ -377,6 +386,7 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
                     f"num_samples should be at most the {positive} positive weights with replacement=False, but got "
                     f"num_samples={self.num_samples}; pass replacement=True to draw more"
                 )
+        self._cache_dir = cache_dir
         self._cached: tuple[int, int, np.ndarray] | None = None
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
 
@@ -390,8 +400,39 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
 
     def _distinct(self, seed: int, epoch: int) -> np.ndarray:
         if self._cached is None or self._cached[:2] != (seed, epoch):
-            self._cached = (seed, epoch, distinct_draws(self._table, self.num_samples, seed, epoch))
+            self._cached = (seed, epoch, self._open_distinct(seed, epoch))
         return self._cached[2]
+
+    def _open_distinct(self, seed: int, epoch: int) -> np.ndarray:
+        """The epoch's plan without replacement: built once per node into the index cache, then mapped.
+
+        The process that builds epoch ``e`` removes this sampler's plans of other epochs but
+        ``e - 1`` (a rank or worker one epoch behind may still open it; one that already mapped a
+        removed plan keeps reading it).
+        """
+        table, count = self._table, self.num_samples
+        if count == 0:
+            return np.empty(0, dtype=np.int64)
+
+        def build(allocate: Allocate) -> None:
+            distinct_draws(table, count, seed, epoch, allocate("plan", count, np.int64))
+
+        sampler = f"weights={self._digest} num_samples={count} seed={seed}"
+        kept = {str(epoch), str(epoch - 1)}
+
+        def replaces(key: str) -> bool:
+            head, _, other = key.rpartition(" epoch=")
+            return head == sampler and other not in kept
+
+        plan = shared_arrays(
+            DISTINCT_PLAN,
+            f"{sampler} epoch={epoch}",
+            build,
+            size=len(table),
+            cache_dir=self._cache_dir,
+            replaces=replaces,
+        )
+        return plan["plan"]
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         if not self.replacement:
@@ -416,6 +457,10 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         return f"weights={len(self._table)}"
 
     def __getstate__(self) -> dict[str, Any]:
+        # The table pickles by reference (WeightTable.__reduce__). The plan is not sent at all: the
+        # receiving process opens it from the cache by its key, O(1), which also holds when a later
+        # epoch's builder has removed the file meanwhile (it is then rebuilt), where a reference
+        # to the file would not.
         state = super().__getstate__()
         state["_cached"] = None
         return state
