@@ -93,6 +93,62 @@ def test_damaged_entry_is_rebuilt(tmp_path: Path, damage: str, caplog: pytest.Lo
     np.testing.assert_array_equal(arrays["values"], values)
 
 
+def _entries(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if not p.name.startswith(".")}
+
+
+def test_remove_entries_matches_the_manifest_key_of_one_kind(tmp_path: Path) -> None:
+    """remove_entries removes the entries of one kind whose recorded key is stale: not other kinds, not others' keys."""
+    for kind, key in (("plan", "a e=0"), ("plan", "a e=1"), ("plan", "b e=0"), ("other", "a e=0")):
+        build_or_open(kind, key, _builder(np.arange(3)), cache_dir=tmp_path)
+    mapped = build_or_open("plan", "a e=0", _builder(np.arange(3)), cache_dir=tmp_path)["values"]
+    assert index.remove_entries(tmp_path, "plan", lambda key: key.startswith("a ")) == 2
+    assert _entries(tmp_path) == {index.entry_name("plan", "b e=0"), index.entry_name("other", "a e=0")}
+    np.testing.assert_array_equal(mapped, np.arange(3))  # a reader that mapped it keeps its data
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".old", ".partial"))]
+    assert index.remove_entries(tmp_path, "plan", lambda key: key.startswith("a ")) == 0
+    assert index.remove_entries(tmp_path / "missing", "plan", lambda key: True) == 0
+
+
+def test_remove_entries_skips_vanished_or_unreadable_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry removed by another process meanwhile, or with an unreadable manifest, is skipped, not an error."""
+    for key in ("k0", "k1", "k2"):
+        build_or_open("plan", key, _builder(np.arange(3)), cache_dir=tmp_path)
+    (tmp_path / index.entry_name("plan", "k2") / "manifest.json").write_text("{not json")
+    real_remove, real_rename = cache_module._remove, os.rename
+
+    def gone_before(entry: Path, root: Path) -> bool:  # another process removed it after we read its manifest
+        if entry.name == index.entry_name("plan", "k0"):
+            shutil.rmtree(entry)
+        return real_remove(entry, root)
+
+    def gone_during(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        if Path(source).name == index.entry_name("plan", "k1"):  # ... or between its exists() and its rename
+            shutil.rmtree(source)
+        real_rename(source, target)
+
+    monkeypatch.setattr(cache_module, "_remove", gone_before)
+    monkeypatch.setattr(os, "rename", gone_during)
+    assert index.remove_entries(tmp_path, "plan", lambda key: True) == 0
+    monkeypatch.undo()
+    assert _entries(tmp_path) == {index.entry_name("plan", "k2")}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".old")]
+
+
+def test_a_new_entry_removes_the_entries_it_replaces(tmp_path: Path) -> None:
+    """build_or_open(replaces=...) removes superseded entries only when it builds: never itself, not on open."""
+    for epoch in range(3):
+        previous = f"e{epoch - 1}"
+        build_or_open(
+            "plan", f"e{epoch}", _builder(np.arange(3)), cache_dir=tmp_path, replaces=lambda key: key != previous
+        )
+    assert _entries(tmp_path) == {index.entry_name("plan", "e1"), index.entry_name("plan", "e2")}
+    build_or_open("plan", "e1", _builder(np.arange(3)), cache_dir=tmp_path, replaces=lambda key: True)  # opened
+    assert len(_entries(tmp_path)) == 2
+    build_or_open("plan", "e3", _builder(np.arange(3)), cache_dir=tmp_path, replaces=lambda key: True)
+    assert _entries(tmp_path) == {index.entry_name("plan", "e3")}
+
+
 def test_disabled_cache_builds_in_memory_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SHARDWISE_CACHE=off or cache_dir=False builds in memory and warns once, stating the cost."""
     monkeypatch.setattr(cache_module, "_warned", set())

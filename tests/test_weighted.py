@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import pickle
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +16,16 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from shardwise import StateMismatchError, WeightedSampler
-from shardwise.samplers.weighted import WeightTable, counter_hash, mul_wide, quantise, uniform_below
+from shardwise.samplers import weighted
+from shardwise.samplers.weighted import (
+    DISTINCT_PLAN,
+    WeightTable,
+    counter_hash,
+    distinct_draws,
+    mul_wide,
+    quantise,
+    uniform_below,
+)
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
 from tests.memcap import first_units_under_cap
@@ -265,6 +277,157 @@ def test_pickles_memory_mapped_tables_by_reference(tmp_path) -> None:
     blob = pickle.dumps(sampler)
     assert len(blob) < 20_000
     assert list(pickle.loads(blob)) == list(sampler)
+
+
+# -- replacement=False: the epoch's plan in the node's index cache ---------------------------------------
+HEAVY = np.random.default_rng(2**17).exponential(size=2**17) ** 4  # >= SHARED_MIN: the cache path; rebuilds the table
+PINNED = {0: "bd740e8534cdbda1", 1: "2aa0a6c8c87a6311"}  # sha256 of the plans before they moved to the cache
+
+
+def _distinct(weights=HEAVY, **kw) -> WeightedSampler:
+    options = {"num_samples": 2**15, "replacement": False, "num_replicas": 1, "rank": 0, "seed": 3}
+    options.update(kw)
+    return WeightedSampler(weights, **options)
+
+
+def _sha(plan: object) -> str:
+    return hashlib.sha256(np.asarray(plan, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def _plan_entries(cache: Path) -> dict[str, Path]:
+    """{key: entry} of the plan entries in ``cache``."""
+    entries = {}
+    for entry in cache.glob(f"{DISTINCT_PLAN}-*"):
+        entries[json.loads((entry / "manifest.json").read_text())["key"]] = entry
+    return entries
+
+
+def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = weighted.distinct_draws
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(weighted, "distinct_draws", counted)
+    return calls
+
+
+def test_distinct_plan_is_unchanged_in_memory_cached_and_reopened(tmp_path, monkeypatch) -> None:
+    """Over 2**17 weights (3 table rebuilds): the plan pinned before the cache, with cache_dir=False, cached, reopened."""
+    calls = _count_builds(monkeypatch)
+    cached = _distinct(cache_dir=tmp_path)
+    with pytest.warns(RuntimeWarning, match="private memory"):
+        uncached = _distinct(cache_dir=False)
+        for epoch, pinned in PINNED.items():
+            uncached.set_epoch(epoch)
+            assert _sha(list(uncached)) == pinned
+    for epoch, pinned in PINNED.items():
+        cached.set_epoch(epoch)
+        assert _sha(list(cached)) == pinned
+        assert isinstance(cached._cached[2], np.memmap) and not cached._cached[2].flags.writeable  # type: ignore[index]
+    assert _sha(distinct_draws(cached._table, 2**15, 3, 1)) == PINNED[1]  # the plain function, in memory
+    assert len(calls) == 4
+    entry = _plan_entries(tmp_path)[f"weights={cached._digest} num_samples={2**15} seed=3 epoch=1"]
+    stamp = (entry / "plan.npy").stat().st_mtime_ns
+    again = _distinct(cache_dir=tmp_path)
+    again.set_epoch(1)
+    assert _sha(list(again)) == PINNED[1]
+    assert len(calls) == 4 and (entry / "plan.npy").stat().st_mtime_ns == stamp  # opened, not rebuilt
+
+
+def test_distinct_draws_fills_the_given_array() -> None:
+    """distinct_draws writes into out and returns it; a wrong shape or dtype is refused."""
+    table = WeightTable(quantise(np.asarray(HEAVY[:5_000])))
+    out = np.full(1_000, -1, dtype=np.int64)
+    assert distinct_draws(table, 1_000, 3, 0, out) is out
+    np.testing.assert_array_equal(out, distinct_draws(table, 1_000, 3, 0))
+    assert len(set(out.tolist())) == 1_000
+    with pytest.raises(ValueError, match=r"out should be a \(1000,\) int64 array"):
+        distinct_draws(table, 1_000, 3, 0, np.empty(999, dtype=np.int64))
+
+
+def test_plans_of_older_epochs_are_removed_when_epoch_e_plus_2_is_built(tmp_path, monkeypatch) -> None:
+    """Building epoch e removes this sampler's plans but e and e - 1; other seeds' plans and the table stay."""
+    calls = _count_builds(monkeypatch)
+    other = _distinct(num_samples=1_000, seed=4, cache_dir=tmp_path)
+    next(iter(other))
+    sampler = _distinct(num_samples=1_000, cache_dir=tmp_path)
+    mine = f"weights={sampler._digest} num_samples=1000 seed=3 epoch="
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        plan = list(sampler)
+        assert len(set(plan)) == 1_000
+        assert set(_plan_entries(tmp_path)) == {
+            *(mine + str(e) for e in range(max(0, epoch - 1), epoch + 1)),
+            mine.replace("seed=3", "seed=4") + "0",
+        }
+    readers = _distinct(num_samples=1_000, cache_dir=tmp_path)  # a worker one epoch behind opens epoch 2: kept
+    readers.set_epoch(2)
+    assert len(list(readers)) == 1_000 and len(calls) == 5
+    sampler.set_epoch(0)  # going back (a resume) rebuilds epoch 0 and removes 2 and 3
+    assert _sha(list(sampler)) == _sha(list(_distinct(num_samples=1_000, cache_dir=False)))
+    assert {key.rpartition("=")[2] for key in _plan_entries(tmp_path) if key.startswith(mine)} == {"0"}
+    assert len(list(tmp_path.glob(f"{weighted.WEIGHT_TABLE}-*"))) == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".old", ".partial"))]
+
+
+def test_pickled_distinct_sampler_carries_no_plan(tmp_path) -> None:
+    """A sampler whose epoch plan is mapped pickles small (no plan, the table by reference) and plans alike."""
+    sampler = _distinct(num_samples=60_000, cache_dir=tmp_path)
+    plan = list(sampler)
+    sampler.set_epoch(0)
+    blob = pickle.dumps(sampler)
+    assert len(blob) < 20_000
+    assert list(pickle.loads(blob)) == plan
+
+
+def _distinct_main(rank: int, world_size: int, cache_dir: str) -> tuple[str, int]:
+    import torch.distributed as dist
+
+    calls = []
+    real = weighted.distinct_draws
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    weighted.distinct_draws = counted
+    dist.barrier()  # start together, on an empty cache
+    sampler = _distinct(cache_dir=cache_dir)
+    sampler.set_epoch(1)
+    return _sha(list(sampler)), len(calls)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_three_processes_build_one_plan_and_agree(tmp_path) -> None:
+    """3 processes starting at once on an empty cache: one builds the plan, all plan alike, one entry, no litter."""
+    reports = run_distributed(_distinct_main, 3, str(tmp_path), timeout=180)
+    assert [digest for digest, _ in reports] == [PINNED[1]] * 3
+    assert sum(builds for _, builds in reports) == 1
+    assert len(_plan_entries(tmp_path)) == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".old", ".partial"))]
+
+
+@pytest.mark.timeout(300)
+def test_rank_opening_a_built_plan_holds_no_private_copy(tmp_path) -> None:
+    """4e6 weights, a plan of 3e6 (24 MB): a process capped at 16 MiB of private memory opens it and draws."""
+    n, count = 4_000_000, 3_000_000
+    weights = np.lib.format.open_memmap(tmp_path / "weights.npy", mode="w+", dtype=np.float32, shape=(n,))
+    weights[:] = np.random.default_rng(0).exponential(size=n).astype(np.float32)
+    weights.flush()
+    options = {"num_samples": count, "replacement": False, "num_replicas": 8, "rank": 3, "seed": 1}
+    built = WeightedSampler(weights, cache_dir=tmp_path / "cache", **options)  # the node's first rank builds
+    draws = iter(built)
+    expected = str([next(draws) for _ in range(20)])
+    first = first_units_under_cap(
+        f"weights = np.load({str(tmp_path / 'weights.npy')!r}, mmap_mode='r')",
+        f"shardwise.WeightedSampler(weights, cache_dir={str(tmp_path / 'cache')!r}, **{options!r})",
+        n=n, first=20, skip=count // 8 - 20, mib=16,
+    )  # fmt: skip
+    assert first == expected
 
 
 def test_docstring_example_runs() -> None:

@@ -17,7 +17,10 @@ API (stable; samplers and other layers build on it):
   one warning stating the cost; a ``cache_dir`` that is a file or cannot be created raises
   :class:`IndexCacheError` (a ``ValueError``) naming ``cache_dir``. Default directory:
   ``$SHARDWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardwise``, else ``~/.cache/shardwise``
-  (:func:`default_cache_dir`).
+  (:func:`default_cache_dir`). ``replaces=`` (a predicate on keys of the same kind) lets the
+  process that builds an entry remove the entries it supersedes, e.g. earlier epochs' plans.
+- :func:`remove_entries(root, kind, stale) <remove_entries>`: remove the entries of ``kind`` in a
+  cache directory whose manifest key satisfies ``stale``; tolerant of concurrent removal.
 - :func:`key_of(values) <key_of>`: a content key that is O(1) for memory-mapped arrays (file
   identity + sampled blocks) and ragged stores (their offsets checksum), a full BLAKE2b for
   in-memory arrays (see :mod:`shardwise.index.keys` for the trade-off).
@@ -46,6 +49,7 @@ from .cache import (
     cache_enabled,
     default_cache_dir,
     entry_name,
+    remove_entries,
 )
 from .grouped import GroupedIndex, group_keys, permute_within
 from .keys import key_of
@@ -70,5 +74,6 @@ __all__ = [
     "length_index",
     "order_by_key",
     "permute_within",
+    "remove_entries",
     "store_index_dir",
 ]

@@ -13,6 +13,10 @@
   directory, loaded into private memory and deleted, with one warning per process and kind that
   states the memory this costs.
 
+Entries are never deleted automatically, except those a new entry *replaces*: a per-epoch index
+(e.g. a sampler's epoch plan) passes ``replaces=`` so that the process that builds epoch ``e``
+removes the entries of other epochs it no longer needs (:func:`remove_entries`).
+
 Integrity: the manifest records, for each file, its byte size, dtype, shape and header size,
 and a CRC-32 of 16 blocks spread over its data plus its header. A file of another size, another
 header or other sampled bytes makes the entry invalid and it is rebuilt (logged). A flipped byte
@@ -103,6 +107,7 @@ def build_or_open(
     *,
     cache_dir: CacheDir = None,
     timeout: float = DEFAULT_TIMEOUT,
+    replaces: Callable[[str], bool] | None = None,
 ) -> dict[str, np.ndarray]:
     """The arrays of the index ``(kind, key)``: opened from the cache, or built once and cached.
 
@@ -115,6 +120,10 @@ def build_or_open(
         cache_dir: where entries live: ``None`` for :func:`default_cache_dir`, a path, or
             ``False`` to build in memory without a cache.
         timeout: seconds to wait for another process that is building the same entry.
+        replaces: the keys (of the same ``kind``) that this entry supersedes: the one process
+            that builds the entry into the cache then removes them (:func:`remove_entries`), e.g.
+            the plans of earlier epochs. Never the entry ``(kind, key)`` itself. Nothing is removed
+            when the entry is opened, or built in memory.
 
     Returns:
         ``{name: array}`` for every ``<name>.npy`` that ``build`` wrote: read-only
@@ -143,7 +152,7 @@ def build_or_open(
     problem = _prepare_root(root, explicit)
     if problem is not None:
         return _build_in_memory(kind, build, problem)
-    return _build_locked(root, name, kind, key, build, timeout)
+    return _build_locked(root, name, kind, key, build, timeout, replaces)
 
 
 def _prepare_root(root: Path, explicit: bool) -> str | None:
@@ -168,7 +177,13 @@ def _prepare_root(root: Path, explicit: bool) -> str | None:
 
 
 def _build_locked(
-    root: Path, name: str, kind: str, key: str, build: Callable[[Path], None], timeout: float
+    root: Path,
+    name: str,
+    kind: str,
+    key: str,
+    build: Callable[[Path], None],
+    timeout: float,
+    replaces: Callable[[str], bool] | None = None,
 ) -> dict[str, np.ndarray]:
     from filelock import FileLock, Timeout  # comes with torch; imported here to keep `import shardwise` light
 
@@ -204,6 +219,8 @@ def _build_locked(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         _fsync(root)
+        if replaces is not None:
+            remove_entries(root, kind, lambda other: other != key and replaces(other))
     finally:
         lock.release()
     opened, problem = _open_entry(entry, kind, key)
@@ -212,15 +229,57 @@ def _build_locked(
     return opened
 
 
-def _remove(entry: Path, root: Path) -> None:
+def _remove(entry: Path, root: Path) -> bool:
+    """Remove ``entry`` (atomically, if a directory); False if it was already gone."""
     if not entry.exists():
-        return
+        return False
     if entry.is_dir():
         trash = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".old", dir=root))
-        os.rename(entry, trash / "entry")  # atomic: readers see the old entry or none
-        shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.rename(entry, trash / "entry")  # atomic: readers see the old entry or none
+        finally:
+            shutil.rmtree(trash, ignore_errors=True)
     else:
         entry.unlink()
+    return True
+
+
+def remove_entries(root: str | os.PathLike[str], kind: str, stale: Callable[[str], bool]) -> int:
+    """Remove the entries of ``kind`` in the cache directory ``root`` whose key satisfies ``stale``.
+
+    The key is the one each entry's manifest records (what :func:`build_or_open` was given).
+    Safe while other processes use the cache: a process that already mapped a removed entry's
+    files keeps reading them (an unlinked file lives until its last mapping goes), and one that
+    opens it afterwards finds it missing and rebuilds it. Entries that vanish meanwhile (another
+    process removed them), unreadable manifests, entries being built (``.partial``) and files that
+    cannot be removed (a read-only cache) are skipped, never an error: this is housekeeping.
+
+    Returns:
+        How many entries this call removed.
+    """
+    kind = _check_kind(kind)
+    root = Path(root)
+    removed = 0
+    try:
+        candidates = sorted(root.glob(f"{kind}-*"))
+    except OSError:
+        return 0
+    for entry in candidates:
+        try:
+            manifest = json.loads((entry / MANIFEST).read_text())
+            if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("kind") != kind:
+                continue
+            key = manifest.get("key")
+            if not isinstance(key, str) or not stale(key) or not _remove(entry, root):
+                continue
+        except FileNotFoundError:
+            continue  # removed or being replaced by another process
+        except (OSError, ValueError) as error:
+            logger.debug("shardwise index cache: not removing %s (%s)", entry, error)
+            continue
+        removed += 1
+        logger.info("shardwise index cache: removed %s (key %r, replaced)", entry, key)
+    return removed
 
 
 def _build_in_memory(kind: str, build: Callable[[Path], None], reason: str) -> dict[str, np.ndarray]:

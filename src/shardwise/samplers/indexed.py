@@ -61,6 +61,7 @@ def shared_arrays(
     size: int,
     cache_dir: CacheDir = None,
     timeout: float = DEFAULT_TIMEOUT,
+    replaces: Callable[[str], bool] | None = None,
 ) -> dict[str, np.ndarray]:
     """``{name: array}`` of what ``builder`` writes: from the node's cache, or in memory for small inputs.
 
@@ -71,6 +72,8 @@ def shared_arrays(
         size: entries of the input (below ``SHARED_MIN``: built in memory, no cache).
         cache_dir: ``None`` (the default directory), a path, or ``False`` (no cache: private memory, with a warning).
         timeout: seconds to wait for another process building the same table.
+        replaces: keys of the same kind this table supersedes (e.g. earlier epochs' plans): the
+            process that builds it into the cache removes them (``build_or_open(replaces=...)``).
     """
     if size < SHARED_MIN:
         arrays: dict[str, np.ndarray] = {}
@@ -97,7 +100,7 @@ def shared_arrays(
             array.flush()
         opened.clear()  # build_or_open reopens the files read-only; keep no writable map alive
 
-    return build_or_open(kind, key, build, cache_dir=cache_dir, timeout=timeout)
+    return build_or_open(kind, key, build, cache_dir=cache_dir, timeout=timeout, replaces=replaces)
 
 
 # -- pickling by reference ---------------------------------------------------------------------------

@@ -23,19 +23,26 @@ state, and any position can be drawn without drawing the ones before it (O(1) re
 
 Sampling without replacement is *successive sampling*, the distribution of
 ``torch.multinomial(..., replacement=False)``: the plan is the sequence of first occurrences in
-the with-replacement stream. It is computed once per epoch by every rank; whenever the items
-already drawn hold half of the remaining weight, the table is rebuilt without them (at most 62
-rebuilds, since each halves an integer total below ``2**62``) so skipping repeats stays cheap.
+the with-replacement stream. That order depends on every draw before it (no position-addressable
+exact algorithm with bounded memory is known), so the epoch's whole plan is computed, but once
+per node and epoch: one process builds it into the index cache (kind ``"weighted-distinct-v1"``,
+under the cache's lock; the others wait) and every rank and DataLoader worker maps it read-only.
+While building, whenever the items already drawn hold half of the remaining weight, the table is
+rebuilt without them (at most 62 rebuilds, since each halves an integer total below ``2**62``)
+so skipping repeats stays cheap.
 
 Cost at 1e9 weights. With replacement: the shared table is 12 GB on disk and in the page cache
 (16 GB beyond 2**31 weights), built once per node (two streaming passes over the weights,
 private memory O(1M weights)); per rank, a chunk of 65,536 draws at a time, nothing O(n); first
-draw in milliseconds once the table exists. Without replacement the first epoch's draws are the
-exception to O(1) private memory, kept on purpose: the plan is an order that depends on every
-draw before it, so each rank keeps, per epoch, a bit per weight (125 MB at 1e9), the plan
-(8 bytes per ``num_samples``) and, when the drawn weight passes half, a rebuilt table (12 bytes
-per weight, transient). No position-addressable exact algorithm with bounded memory is known
-here; use ``replacement=True`` (or a smaller ``num_samples``) at that scale.
+draw in milliseconds once the table exists. Without replacement, per node: the table, plus the
+epoch's plan file, 8 bytes per ``num_samples`` (8 GB for 1e9 draws), two epochs kept at most (the
+process that builds epoch ``e`` removes this sampler's plans of other epochs but ``e - 1``);
+transiently, in the one process that builds the plan, a bit per weight (125 MB at 1e9) and, once
+the drawn weight passes half, a rebuilt private table (12 bytes per weight, 16 beyond 2**31; up to
+about 28 bytes per weight at the moment of a rebuild) for the rest of that build. Per rank, O(1)
+private memory, as with replacement; the first batch of an epoch waits for that epoch's build
+(seconds at 1e7 weights, minutes at 1e9); every other process of the node opens the plan in
+milliseconds.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ WITHOUT_REPLACEMENT = "weighted-distinct"
 
 WEIGHT_TABLE = "weight-table-v1"
 """Cache kind of the weight table (cumulative quantised weights, guide table, positive count, digest)."""
+
+DISTINCT_PLAN = "weighted-distinct-v1"
+"""Cache kind of one epoch's plan without replacement (``num_samples`` distinct int64 indices)."""
 
 _BLOCK = 1 << 20  # weights converted / summed per step while building: bounds temporary memory
 _BITS = 62
@@ -250,15 +260,21 @@ def _rebuild_table(*parts: tuple[Any, tuple[Any, ...]]) -> WeightTable:
     return WeightTable(cdf, guide)
 
 
-def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.ndarray:
+def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
     """The first ``count`` distinct items of the with-replacement stream: successive sampling.
 
     Once the items drawn hold half of the table's weight, the table is rebuilt without them and a
     new stream (keyed by the round) continues: the next new item then has the same distribution,
     the remaining weights renormalised, and repeats stay rare.
+
+    The items are written into ``out`` (``count`` int64, e.g. a writable memmap of the cache
+    entry), or into a new array, and returned. Private memory besides ``out``: a bit per item
+    (``n / 8`` bytes), a block of at most 2**20 draws, and the rebuilt table while there is one.
     """
+    plan = np.empty(count, dtype=np.int64) if out is None else out
+    if plan.shape != (count,) or plan.dtype != np.int64:
+        raise ValueError(f"out should be a ({count},) int64 array, but got {plan.dtype} of shape {plan.shape}")
     seen = np.zeros((len(table) >> 3) + 1, dtype=np.uint8)  # a bit per item: n / 8 bytes
-    found: list[np.ndarray] = [np.empty(0, dtype=np.int64)]
     have, position, taken, round_ = 0, 0, 0, 0
     while have < count:
         keys = derive_words(seed, epoch, WITHOUT_REPLACEMENT, round_, count=2)
@@ -269,15 +285,15 @@ def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int) -> np.
         new = ~has_bits(seen, items)
         fresh = items[new][np.argsort(first[new], kind="stable")][: count - have]
         mark_bits(seen, fresh)
-        found.append(fresh)
+        plan[have : have + len(fresh)] = fresh
         have += len(fresh)
         taken += int((table.cdf[fresh] - np.where(fresh > 0, table.cdf[fresh - 1], 0)).sum())
         if 2 * taken > table.total and have < count:
             units = np.diff(table.cdf, prepend=0)
             units[np.unpackbits(seen, count=len(units), bitorder="little").view(bool)] = 0
-            table = WeightTable(np.cumsum(units))
+            table = WeightTable(np.cumsum(units, out=units))  # in place: one O(n) array, not two
             position, taken, round_ = 0, 0, round_ + 1
-    return np.concatenate(found)
+    return plan
 
 
 def _weights_array(weights: object) -> np.ndarray:
@@ -303,8 +319,11 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
     the per-rank count.
 
     Cost at 1e9 weights: a 12 GB table (cumulative weights + guide) shared by every process of
-    the node through the index cache, built once; per rank O(1) with replacement. Without
-    replacement, O(n) per rank and epoch (see the module docstring).
+    the node through the index cache, built once; per rank O(1) private memory. Without
+    replacement, each epoch's plan too is a file of the node's cache (8 bytes per
+    ``num_samples``, two epochs kept), built by one process (which transiently holds a bit per
+    weight and, past half the weight, a rebuilt table) and mapped by every rank: still O(1) per
+    rank (see the module docstring).
 
     Args:
         weights: 1-D non-negative finite weights (any real dtype, list, array or CPU tensor), not
@@ -313,13 +332,15 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             becomes 0).
         num_samples: draws per epoch, all ranks together.
         replacement: draw with replacement (default). ``False`` draws ``num_samples`` distinct
-            indices by successive sampling (as ``torch.multinomial(replacement=False)``); the
-            epoch's plan is then computed once per epoch by every rank, O(len(weights)) time and
-            private memory.
-        cache_dir: where the weight table is shared (see ``shardwise.index.build_or_open``):
-            ``None`` for the default per-user cache (``SHARDWISE_CACHE_DIR`` overrides it), a
-            path, or ``False`` to build it in this process's memory (with a warning). Below
-            65,536 weights the table is always built in memory.
+            indices by successive sampling (as ``torch.multinomial(replacement=False)``); each
+            epoch's plan is then built once per node into the index cache, by one process in
+            O(len(weights)) time with a transient O(len(weights)) private memory, and mapped by
+            every rank and worker (O(1) private memory each).
+        cache_dir: where the weight table (and, with ``replacement=False``, each epoch's plan)
+            is shared (see ``shardwise.index.build_or_open``): ``None`` for the default per-user
+            cache (``SHARDWISE_CACHE_DIR`` overrides it), a path, or ``False`` to build them in
+            this process's memory (with a warning; every rank then builds each epoch's plan).
+            Below 65,536 weights they are always built in memory.
         seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
@@ -377,6 +398,7 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
                     f"num_samples should be at most the {positive} positive weights with replacement=False, but got "
                     f"num_samples={self.num_samples}; pass replacement=True to draw more"
                 )
+        self._cache_dir = cache_dir
         self._cached: tuple[int, int, np.ndarray] | None = None
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
 
@@ -390,8 +412,39 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
 
     def _distinct(self, seed: int, epoch: int) -> np.ndarray:
         if self._cached is None or self._cached[:2] != (seed, epoch):
-            self._cached = (seed, epoch, distinct_draws(self._table, self.num_samples, seed, epoch))
+            self._cached = (seed, epoch, self._open_distinct(seed, epoch))
         return self._cached[2]
+
+    def _open_distinct(self, seed: int, epoch: int) -> np.ndarray:
+        """The epoch's plan without replacement: built once per node into the index cache, then mapped.
+
+        The process that builds epoch ``e`` removes this sampler's plans of other epochs but
+        ``e - 1`` (a rank or worker one epoch behind may still open it; one that already mapped a
+        removed plan keeps reading it).
+        """
+        table, count = self._table, self.num_samples
+        if count == 0:
+            return np.empty(0, dtype=np.int64)
+
+        def build(allocate: Allocate) -> None:
+            distinct_draws(table, count, seed, epoch, allocate("plan", count, np.int64))
+
+        sampler = f"weights={self._digest} num_samples={count} seed={seed}"
+        kept = {str(epoch), str(epoch - 1)}
+
+        def replaces(key: str) -> bool:
+            head, _, other = key.rpartition(" epoch=")
+            return head == sampler and other not in kept
+
+        plan = shared_arrays(
+            DISTINCT_PLAN,
+            f"{sampler} epoch={epoch}",
+            build,
+            size=len(table),
+            cache_dir=self._cache_dir,
+            replaces=replaces,
+        )
+        return plan["plan"]
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         if not self.replacement:
@@ -416,6 +469,10 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         return f"weights={len(self._table)}"
 
     def __getstate__(self) -> dict[str, Any]:
+        # The table pickles by reference (WeightTable.__reduce__). The plan is not sent at all: the
+        # receiving process opens it from the cache by its key, O(1), which also holds when a later
+        # epoch's builder has removed the file meanwhile (it is then rebuilt), where a reference
+        # to the file would not.
         state = super().__getstate__()
         state["_cached"] = None
         return state
