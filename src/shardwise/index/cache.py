@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.errors import check_seconds
 from .._core.files import fsync_path, sampled_crc
 
 logger = logging.getLogger("shardwise")
@@ -95,9 +96,7 @@ def _check_kind(kind: object) -> str:
 
 
 def _check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ValueError(f"timeout should be a non-negative number of seconds, but got timeout={timeout!r}")
-    return float(timeout)
+    return check_seconds("timeout", timeout)
 
 
 def build_or_open(
