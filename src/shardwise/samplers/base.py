@@ -295,6 +295,10 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             pending = lightning_pending_epoch(caller)
             if pending is not None and pending != self._progress.upcoming_epoch():
                 self.set_epoch(pending)
+        # Drop the frame before suspending: it holds the loader iterator (its ``self``), which holds
+        # this generator, and that cycle would keep the iterator, and its worker processes, alive
+        # after the loop is left, until a garbage collection.
+        del caller
         live, chunks = self._start_pass(restored=restored)
         live.driver = driver
         yield from chunks

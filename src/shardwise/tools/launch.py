@@ -118,8 +118,12 @@ def run_distributed(
                     process.join()
             results.close()
     if failures:
-        first = min(failures)
-        raise RuntimeError(f"rank {first} of {world_size} failed in {fn.__name__}:\n{failures[first]}")
+        # A rank that died without a result (killed, crashed) is usually why the others failed in a
+        # collective: name it first, and list every failed rank.
+        first = min(failures, key=lambda r: ("no result" not in failures[r], r))
+        others = "".join(f"\nrank {r}: {failures[r].strip().splitlines()[-1]}" for r in sorted(failures) if r != first)
+        also = f"\nother ranks that failed (last line of each):{others}" if others else ""
+        raise RuntimeError(f"rank {first} of {world_size} failed in {fn.__name__}:\n{failures[first]}{also}")
     return [values[rank] for rank in range(world_size)]
 
 
