@@ -4,7 +4,7 @@ Run (serialised with the other benchmarks; the 1e8 rows need ~10 GB of disk unde
 
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e6 1e7 1e8
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e9 --samplers Bucket --no-node
-    git archive 3f86430 src | tar -x -C /tmp/before-3f86430   # an older src directory, for before/after rows
+    mkdir -p /tmp/before-3f86430 && git archive 3f86430 src | tar -x -C /tmp/before-3f86430   # an older src
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e7 --samplers ClassBalanced \
         --before /tmp/before-3f86430/src
 
@@ -22,7 +22,7 @@ index cache in ``SHARDWISE_CACHE_DIR``:
   constructor, over construction and iteration;
 - rate: units (batches, or indices for index samplers) per second over the first ~2 s of iteration;
 - shared files: bytes of the index cache after the run;
-- node: 8 processes (ranks 0..7) at once on the warm cache, each builds and iterates ~1 s, then all
+- node: 8 processes (ranks 0..7) at once on the warm cache, each builds and iterates ~2 s, then all
   read /proc/self/smaps_rollup while all are alive: the sum of PSS over the 8, of which anonymous.
 
 Samplers: ClassBalanced 32 classes x 8 samples; Weighted ``num_samples=n`` with replacement;
@@ -30,10 +30,10 @@ Weighted-distinct ``replacement=False, num_samples=n // 100``; TwoStream 32 + 96
 a ``BatchSizeSchedule.by_samples({0: 64, n/2: 128})`` over Weighted.
 
 Before/after: ``--before SRC`` runs every sampler's children a second time with ``PYTHONPATH`` on
-another ``src`` directory (e.g. ``git archive <commit> src | tar -x -C DIR``), cold and warm on a
-cache of its own, as a row labelled ``(before: DIR)`` above the current code's row, for sizes up to
-``--before-max`` (older O(n) samplers may need many GB at 1e8). torch rows and node totals are not
-repeated.
+another ``src`` directory (e.g. ``git archive <commit> src | tar -x -C DIR``, then ``--before
+DIR/src``), cold and warm on a cache of its own, as a row labelled ``(before: <name of DIR>)`` above
+the current code's row, for sizes up to ``--before-max`` (default 1e7: older O(n) samplers may
+need many GB at 1e8). torch rows and node totals are not repeated.
 
 Baseline, side by side: torch ``DistributedSampler(range(n)) + BatchSampler(batch_size=256)``.
 The numpy floor of a cold build: ``np.argsort(lengths, kind="stable")`` of the same lengths, in a
