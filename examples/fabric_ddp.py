@@ -8,7 +8,17 @@ Run (Fabric starts the second process itself)::
 
     python examples/fabric_ddp.py --out /tmp/fabric
 
-Each rank writes, per sampler kind, the batches it trained on to ``<out>/rank<r>.json``.
+Resume: ``--save`` trains each kind up to its save point (mid-epoch 1, or just after epoch 0's
+loop), saves a checkpoint with ``fabric.save`` and stops there, as a crashed run would;
+``--resume`` (a new run, any number of devices) loads it and trains to the end. Fabric's own epoch
+count restarts at 0 in a new process; ``shardwise.integrations.fabric.load_state_dict`` makes it
+continue from the sampler's saved epoch::
+
+    python examples/fabric_ddp.py --out /tmp/fabric --save
+    python examples/fabric_ddp.py --out /tmp/fabric --resume
+
+Each rank writes, per sampler kind, the batches it trained on to ``<out>/<phase>-rank<r>.json``
+(phase ``run``, ``save`` or ``resume``).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from lightning.fabric import Fabric
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 import shardwise
+from shardwise.integrations import fabric as shardwise_fabric
 
 N, BATCH, EPOCHS = 48, 4, 2
 LENGTHS = np.arange(N) * 7 % 13 + 1
@@ -56,12 +67,22 @@ def build_loader(kind: str, **world: Any) -> DataLoader[Any]:
     return DataLoader(list(range(N)), batch_sampler=sampler)
 
 
+def save_point(kind: str) -> tuple[int, int | None]:
+    """Where ``--save`` checkpoints ``kind``: ``(epoch, after that many steps)``, or after the epoch's loop (None)."""
+    return (1, 2) if list(KINDS).index(kind) % 2 == 0 else (0, None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--devices", type=int, default=2)
+    phases = parser.add_mutually_exclusive_group()
+    phases.add_argument("--save", action="store_true", help="stop every kind at its save point, with a checkpoint")
+    phases.add_argument("--resume", action="store_true", help="load every kind's checkpoint and train to the end")
     args = parser.parse_args()
+    phase = "save" if args.save else "resume" if args.resume else "run"
 
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy="ddp")
     fabric.launch()
     model = torch.nn.Linear(1, 1)
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
@@ -69,18 +90,30 @@ def main() -> None:
     seen: dict[str, list[list[int]]] = {}
     for kind in KINDS:
         loader = fabric.setup_dataloaders(build_loader(kind))  # the default: use_distributed_sampler=True
+        checkpoint = os.path.join(args.out, f"{kind}.ckpt")
+        start = 0
+        if phase == "resume":
+            remainder = fabric.load(checkpoint, {"model": model, "optimizer": optimizer})
+            start = shardwise_fabric.load_state_dict(loader, remainder["sampler"])  # the epoch to continue
         seen[kind] = []
-        for epoch in range(EPOCHS):  # Fabric calls set_epoch(epoch) on the sampler at every iter(loader)
-            for batch in loader:
+        stop_epoch, stop_step = save_point(kind) if phase == "save" else (None, None)
+        for epoch in range(start, EPOCHS):  # Fabric calls set_epoch on the sampler at every iter(loader)
+            for step, batch in enumerate(loader, start=1):
                 loss = model(batch.float().unsqueeze(1)).sum() * 0.0  # DDP all-reduces: ranks stay in lockstep
                 fabric.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
                 seen[kind].append([epoch, *batch.tolist()])
-    with open(os.path.join(args.out, f"rank{fabric.global_rank}.json"), "w") as file:
+                if epoch == stop_epoch and step == stop_step:
+                    break
+            if epoch == stop_epoch:
+                state = {"model": model, "optimizer": optimizer, "sampler": shardwise_fabric.state_dict(loader)}
+                fabric.save(checkpoint, state)
+                break  # the "crash": nothing after the checkpoint is trained
+    with open(os.path.join(args.out, f"{phase}-rank{fabric.global_rank}.json"), "w") as file:
         json.dump(seen, file)
     if fabric.global_rank == 0:
-        print(" ".join(f"{kind}: {len(batches)} batches" for kind, batches in seen.items()))
+        print(phase, " ".join(f"{kind}: {len(batches)} batches" for kind, batches in seen.items()))
     # A clean exit with gloo: no collective in flight, the DDP model freed before the process group.
     fabric.barrier()
     del model, optimizer

@@ -366,6 +366,19 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("schedule-ramp-end-below-start", lambda tmp: BatchSizeSchedule.ramp(start=8, end=4, increment=1, over_samples=8), V, ("end", "4")),
     ("schedule-ramp-not-multiple", lambda tmp: BatchSizeSchedule.ramp(start=1, end=4, increment=2, over_samples=8), V, ("increment", "2")),
     ("schedule-ramp-start-bool", lambda tmp: BatchSizeSchedule.ramp(start=True, end=4, increment=1, over_samples=8), T, ("start", "True")),
+    # -- cache_timeout: one check (_core.errors.check_seconds) for every sampler with a shared index ---
+    ("bucket-cache-timeout-negative", _bucket(cache_timeout=-1), V, ("cache_timeout", "-1")),
+    ("bucket-cache-timeout-nan", _bucket(cache_timeout=float("nan")), V, ("cache_timeout", "nan")),
+    ("bucket-cache-timeout-str", _bucket(cache_timeout="10"), T, ("cache_timeout", "'10'")),
+    ("balanced-cache-timeout-negative", _balanced(cache_timeout=-0.5), V, ("cache_timeout", "-0.5")),
+    ("balanced-cache-timeout-bool", _balanced(cache_timeout=True), T, ("cache_timeout", "True")),
+    ("two-cache-timeout-inf", _two(cache_timeout=float("inf")), V, ("cache_timeout", "inf")),
+    ("two-cache-timeout-none", _two(cache_timeout=None), T, ("cache_timeout", "None")),
+    ("weighted-cache-timeout-negative", _weighted(cache_timeout=-2), V, ("cache_timeout", "-2")),
+    ("weighted-cache-timeout-str", _weighted(cache_timeout="1"), T, ("cache_timeout", "'1'")),
+    ("packed-cache-timeout-negative", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2,
+                                                                      cache_timeout=-1), V, ("cache_timeout", "-1")),
+    ("verify-timeout-bool", lambda tmp: shardwise.verify(ZOO, timeout=True), T, ("timeout", "True")),
 ]
 
 

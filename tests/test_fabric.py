@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def test_fabric_setup_dataloaders_deals_every_sampler_kind_as_planned(tmp_path: 
     command = [sys.executable, str(EXAMPLE), "--out", str(tmp_path)]
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = [json.loads((tmp_path / f"run-rank{rank}.json").read_text()) for rank in (0, 1)]
     example = _example()
     assert set(ranks[0]) == set(example.KINDS)
     for kind in example.KINDS:
@@ -57,3 +58,62 @@ def test_fabric_setup_dataloaders_deals_every_sampler_kind_as_planned(tmp_path: 
         assert epochs[0] != epochs[1], kind
         if kind in ONCE_PER_EPOCH:  # every sample in every epoch (a plan that does not divide by 2 pads one batch)
             assert set(epochs[0]) == set(epochs[1]) == set(range(example.N)), kind
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_fabric_resume_in_a_new_run_continues_every_sampler_kind_exactly(tmp_path: Path) -> None:
+    """--save stops each kind mid-epoch 1 or after epoch 0's loop; --resume (new processes) trains the rest exactly.
+
+    Fabric's epoch count restarts at 0 in the new run: without load_state_dict moving it, the first
+    iter(loader) would set epoch 0 and the resumed run would train epoch 0 again.
+    """
+    for phase in ("--save", "--resume"):
+        command = [sys.executable, str(EXAMPLE), "--out", str(tmp_path), phase]
+        result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
+        assert result.returncode == 0, (phase, result.stderr[-4000:])
+    example = _example()
+    for rank in (0, 1):
+        saved, resumed = (
+            json.loads((tmp_path / f"{phase}-rank{rank}.json").read_text()) for phase in ("save", "resume")
+        )
+        for kind in example.KINDS:
+            epoch, steps = example.save_point(kind)
+            assert resumed[kind][0][0] == 1, kind  # the first resumed batch is in epoch 1 in both save points
+            assert saved[kind] + resumed[kind] == _planned(example, kind, rank), (kind, rank, epoch, steps)
+
+
+def test_load_state_dict_continues_fabric_epoch_count_and_refuses_other_loaders() -> None:
+    """One process: the next epoch after a mid-epoch and an epoch-end state; clear errors for other loaders."""
+    import torch
+    from lightning.fabric.wrappers import _FabricDataLoader
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from shardwise.integrations import fabric as shardwise_fabric
+
+    example = _example()
+
+    def fabric_loader() -> Any:
+        return _FabricDataLoader(example.build_loader("BucketBatchSampler", num_replicas=2, rank=1))
+
+    whole = _planned(example, "BucketBatchSampler", 1)
+    first = fabric_loader()
+    trained = []
+    for epoch, steps in ((0, None), (1, 2)):
+        for step, batch in enumerate(first, start=1):
+            trained.append([epoch, *batch.tolist()])
+            if step == steps:
+                break
+        state = shardwise_fabric.state_dict(first)
+        resumed = fabric_loader()
+        start = shardwise_fabric.load_state_dict(resumed, state)
+        assert start == 1  # after epoch 0's loop: epoch 1; mid-epoch 1: epoch 1
+        rest = [[e, *batch.tolist()] for e in range(start, example.EPOCHS) for batch in resumed]
+        assert trained + rest == whole, (epoch, steps)
+
+    with pytest.raises(TypeError, match=r"fabric\.setup_dataloaders"):
+        shardwise_fabric.load_state_dict(example.build_loader("ShardedSampler", num_replicas=2, rank=0), state)
+    plain = _FabricDataLoader(DataLoader(list(range(8)), sampler=RandomSampler(range(8)), batch_size=2))
+    with pytest.raises(TypeError, match=r"sampler=<shardwise sampler>.*BatchSampler over RandomSampler"):
+        shardwise_fabric.state_dict(plain)
+    assert torch.is_tensor(next(iter(plain)))

@@ -24,8 +24,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from shardwise import BucketBatchSampler, PadCollate, RaggedArray, RaggedStoreError, RaggedWriter, ShardedSampler
+from shardwise._core.files import sampled_crc
 from shardwise.data.ragged import MANIFEST, OFFSETS, VALUES
-from shardwise.data.ragged.format import sampled_crc
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 import numbers
 import os
 from collections.abc import Callable, Iterable
@@ -76,6 +77,15 @@ def check_number(name: str, value: object, *, allow_bool: bool = False) -> int |
             f"{name} should be a number, but got {shown(name, value)} ({type(value).__name__})"
         )
     return value  # type: ignore[return-value]
+
+
+def check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
+    """``value`` as finite seconds (``>= 0``, or ``> 0`` without ``allow_zero``), or raise naming ``name``."""
+    check_number(name, value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        accepted = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{name} should be {accepted}, finite number of seconds, but got {shown(name, value)}")
+    return float(value)
 
 
 def check_path(name: str, value: object) -> str:

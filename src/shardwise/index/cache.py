@@ -39,6 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from .._core.errors import check_seconds
+from .._core.files import fsync_path, sampled_crc
+
 logger = logging.getLogger("shardwise")
 
 FORMAT = "shardwise.index"
@@ -47,8 +50,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DEFAULT_TIMEOUT = 600.0
 """Seconds a process waits for another one building the same entry (a 1e9-entry build takes minutes)."""
-SAMPLE_BLOCKS = 16
-BLOCK_BYTES = 4096
 ENV_DIR = "SHARDWISE_CACHE_DIR"
 ENV_SWITCH = "SHARDWISE_CACHE"
 _OFF = {"off", "0", "false", "no", "disabled"}
@@ -95,9 +96,7 @@ def _check_kind(kind: object) -> str:
 
 
 def _check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ValueError(f"timeout should be a non-negative number of seconds, but got timeout={timeout!r}")
-    return float(timeout)
+    return check_seconds("timeout", timeout)
 
 
 def build_or_open(
@@ -213,12 +212,12 @@ def _build_locked(
             build(tmp)
             _write_manifest(tmp, kind, key)
             tmp.chmod(0o755)  # mkdtemp makes it private; an entry is read by every user of a shared cache
-            _fsync(tmp)
+            fsync_path(tmp)
             os.rename(tmp, entry)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync(root)
+        fsync_path(root)
         if replaces is not None:
             remove_entries(root, kind, lambda other: other != key and replaces(other))
     finally:
@@ -304,21 +303,6 @@ def _build_in_memory(kind: str, build: Callable[[Path], None], reason: str) -> d
 
 
 # -- manifest and integrity ------------------------------------------------------------------------
-def _data_crc(path: Path, start: int, end: int) -> int:
-    """CRC-32 of ``SAMPLE_BLOCKS`` blocks spread evenly over bytes ``[start, end)`` (all of it if small)."""
-    span = end - start
-    with open(path, "rb") as file:
-        file.seek(start)
-        if span <= SAMPLE_BLOCKS * BLOCK_BYTES:
-            return zlib.crc32(file.read(span))
-        crc = 0
-        last = span - BLOCK_BYTES
-        for k in range(SAMPLE_BLOCKS):
-            file.seek(start + last * k // (SAMPLE_BLOCKS - 1))
-            crc = zlib.crc32(file.read(BLOCK_BYTES), crc)
-    return crc
-
-
 def _head(path: Path, size: int) -> bytes:
     with open(path, "rb") as file:
         return file.read(size)
@@ -352,9 +336,9 @@ def _write_manifest(directory: Path, kind: str, key: str) -> None:
             "dtype": dtype.str,
             "shape": list(shape),
             "header_bytes": header,
-            "crc32": zlib.crc32(_head(path, header), _data_crc(path, header, size)),
+            "crc32": zlib.crc32(_head(path, header), sampled_crc(path, header, size)),
         }
-        _fsync(path)
+        fsync_path(path)
     others = [p.name for p in directory.iterdir() if p.suffix != ".npy"]
     if others:
         raise IndexCacheError(f"the index builder should write only .npy files, but it also wrote {sorted(others)}")
@@ -400,7 +384,7 @@ def _open_checked(entry: Path, kind: str, key: str) -> dict[str, np.ndarray]:
         dtype, shape, header = _npy_layout(path)
         if dtype.str != info["dtype"] or list(shape) != info["shape"] or header != info["header_bytes"]:
             raise _Invalid(f"{file_name} has another header than the manifest records")
-        if zlib.crc32(_head(path, header), _data_crc(path, header, size)) != info["crc32"]:
+        if zlib.crc32(_head(path, header), sampled_crc(path, header, size)) != info["crc32"]:
             raise _Invalid(f"{file_name} fails its sampled checksum (corrupted)")
         arrays[Path(file_name).stem] = _map(path, dtype, shape, header)
     return arrays
@@ -412,11 +396,3 @@ def _map(path: Path, dtype: np.dtype[Any], shape: tuple[int, ...], header: int) 
         empty.flags.writeable = False
         return empty
     return np.memmap(path, dtype=dtype, mode="r", offset=header, shape=shape)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,6 +4,10 @@
   callback for batch samplers nested where Lightning does not look.
 - :mod:`shardwise.integrations.accelerate`: ``prepare_data_loader(accelerator, loader)``, the one
   line Accelerate needs so it does not shard an already distributed sampler a second time.
+- :mod:`shardwise.integrations.fabric`: nothing to train; ``state_dict(loader)`` and
+  ``load_state_dict(loader, state)`` to resume, since Fabric's epoch count restarts at 0.
+- :mod:`shardwise.integrations.transformers`: ``ShardwiseTrainer``, any shardwise sampler in
+  ``transformers.Trainer`` with exact resume from its checkpoints.
 - :mod:`shardwise.integrations.torchdata`: ``to_stateful(loader)``, a ``StatefulDataLoader`` with the
   same configuration, for mid-epoch resume.
 

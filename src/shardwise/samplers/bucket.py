@@ -39,7 +39,7 @@ from torch.utils.data import Sampler
 
 from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.batching import BatchPlan, SortedBucketPlan, bucket_plan, shuffled, span_positions
-from .._core.errors import check_bool, check_choice, check_int
+from .._core.errors import check_bool, check_choice, check_int, check_seconds
 from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.seeds import derive_seed
@@ -223,11 +223,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._store: Any = lengths if is_ragged_store(lengths) else None
         self._source: Any = OffsetLengths(lengths.offsets) if self._store is not None else lengths_array(lengths)
         self._cache_dir = cache_dir
-        if isinstance(cache_timeout, bool) or not isinstance(cache_timeout, (int, float)) or not cache_timeout >= 0:
-            raise ValueError(
-                f"cache_timeout should be a non-negative number of seconds, but got cache_timeout={cache_timeout!r}"
-            )
-        self._cache_timeout = float(cache_timeout)
+        self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
         self._lengths: np.ndarray | None = None  # the sort_window path's private copy
         self._index: GroupedIndex | None = None
         if self.sort_window is not None:

@@ -50,11 +50,12 @@ from .._core.classes import (
     member_keys,
     member_ranks,
 )
-from .._core.errors import check_bool, check_choice, check_int
+from .._core.errors import check_bool, check_choice, check_int, check_seconds
 from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.state import Fingerprint
 from .._core.world import World
+from ..index import DEFAULT_TIMEOUT
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
 
@@ -120,6 +121,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             ``None`` for the default per-user cache (``SHARDWISE_CACHE_DIR`` overrides it), a
             path, or ``False`` to build it in this process's memory (with a warning). Labels
             below 65,536 entries are always indexed in memory.
+        cache_timeout: seconds to wait for another process of the node building the same index
+            (default 600); then ``IndexCacheTimeout``, never a hang.
 
     Attributes:
         batch_size: ``P * K``, what frameworks read.
@@ -155,6 +158,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         rank: int | None = None,
         drop_last: bool = False,
         cache_dir: CacheDir = None,
+        cache_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.labels = _labels_array(labels)
         # classes_per_batch may be a per-epoch BatchSizeSchedule; the attribute holds epoch 0's value.
@@ -174,7 +178,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(labels_)), dtype=np.uint8)
 
         # The class index: built once per labels and node (a chunked counting sort), then mapped.
-        index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=cache_dir)
+        index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=cache_dir,
+                              timeout=check_seconds("cache_timeout", cache_timeout))
         classes, sizes = index["classes"], np.asarray(index["counts"])
         small = sizes < self.samples_per_class
         if small.any() and self.small_classes is SmallClasses.ERROR:

@@ -29,7 +29,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest
-from .._core.errors import check_bool, check_int
+from .._core.errors import check_bool, check_int, check_seconds
 from .._core.indices import Arange, IndexList, check_values, index_list, shared_indices, take
 from .._core.permutation import Permutation
 from .._core.plan import Even
@@ -37,6 +37,7 @@ from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
+from ..index import DEFAULT_TIMEOUT
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
 from .weighted import counter_hash
@@ -155,6 +156,8 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         cache_dir: where the result of the O(n) input checks is kept, so that later starts skip
             them (see ``shardwise.index.build_or_open``): ``None`` for the default per-user
             cache, a path, or ``False`` for none (with a warning).
+        cache_timeout: seconds to wait for another process of the node building the same index
+            (default 600); then ``IndexCacheTimeout``, never a hang.
 
     Attributes:
         batch_size: ``primary_batch_size + secondary_batch_size``, what frameworks read.
@@ -191,6 +194,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         rank: int | None = None,
         drop_last: bool = True,
         cache_dir: CacheDir = None,
+        cache_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         # Used as they are (a memmap stays on disk, a range stays three integers): never copied.
         self.primary_indices: IndexList = index_list("primary_indices", primary_indices)
@@ -237,6 +241,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             build,
             size=0 if ranges else len(primary_) + len(secondary_),
             cache_dir=cache_dir,
+            timeout=check_seconds("cache_timeout", cache_timeout),
         )
         shared, example = (int(value) for value in checked["overlap"])
         digests = bytes(checked["digests"]).hex()

@@ -53,13 +53,14 @@ import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.arrays import digest, one_dimensional
-from .._core.errors import check_bool, check_int
+from .._core.errors import check_bool, check_int, check_seconds
 from .._core.indices import has_bits, mark_bits
 from .._core.permutation import mix64
 from .._core.plan import Even
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
+from ..index import DEFAULT_TIMEOUT
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
 
@@ -341,6 +342,8 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             cache (``SHARDWISE_CACHE_DIR`` overrides it), a path, or ``False`` to build them in
             this process's memory (with a warning; every rank then builds each epoch's plan).
             Below 65,536 weights they are always built in memory.
+        cache_timeout: seconds to wait for another process of the node building the same index
+            (default 600); then ``IndexCacheTimeout``, never a hang.
         seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
@@ -372,11 +375,13 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         rank: int | None = None,
         drop_last: bool = False,
         cache_dir: CacheDir = None,
+        cache_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         weights = _weights_array(weights)
         self.num_samples = check_int("num_samples", num_samples, minimum=0)
         self.replacement = check_bool("replacement", replacement)
         self.drop_last = check_bool("drop_last", drop_last)
+        self._cache_dir, self._cache_timeout = cache_dir, check_seconds("cache_timeout", cache_timeout)
         self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
 
         def build(allocate: Allocate) -> None:
@@ -388,7 +393,8 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(cdf)), dtype=np.uint8)
 
         # The table (cumulative weights + guide) is built once per weights and node, then mapped.
-        table = shared_arrays(WEIGHT_TABLE, input_key(weights), build, size=len(weights), cache_dir=cache_dir)
+        table = shared_arrays(WEIGHT_TABLE, input_key(weights), build, size=len(weights), cache_dir=cache_dir,
+                              timeout=self._cache_timeout)
         self._table = WeightTable(table["cdf"], table["guide"])
         self._digest = bytes(table["digest"]).hex()
         if not self.replacement:
@@ -398,7 +404,6 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
                     f"num_samples should be at most the {positive} positive weights with replacement=False, but got "
                     f"num_samples={self.num_samples}; pass replacement=True to draw more"
                 )
-        self._cache_dir = cache_dir
         self._cached: tuple[int, int, np.ndarray] | None = None
         self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
 
@@ -442,6 +447,7 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             build,
             size=len(table),
             cache_dir=self._cache_dir,
+            timeout=self._cache_timeout,
             replaces=replaces,
         )
         return plan["plan"]

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +17,6 @@ MANIFEST = "manifest.json"
 VALUES = "values.npy"
 OFFSETS = "offsets.npy"
 
-SAMPLE_BLOCKS = 16
-"""Blocks of the values file whose CRC-32 is checked at every open (evenly spaced, first and last included)."""
-BLOCK_BYTES = 4096
 CRC_CHUNK = 1 << 24  # bytes read at a time by verify(), and offsets checked at a time at open
 OFFSET_BUFFER = 1 << 16  # offsets a writer holds before flushing them to disk
 NPY_ALIGN = 64
@@ -63,29 +58,6 @@ def header_size(dtype: np.dtype[Any], feature_shape: tuple[int, ...]) -> int:
     text = npy_header(dtype, (MAX_ROWS_DIGITS, *feature_shape), 1 << 16).rstrip(b" \n")
     needed = len(text) + 1
     return -(-needed // NPY_ALIGN) * NPY_ALIGN
-
-
-def sampled_crc(path: Path, start: int, end: int) -> int:
-    """CRC-32 of ``SAMPLE_BLOCKS`` blocks of ``BLOCK_BYTES`` spread evenly over bytes ``[start, end)``."""
-    span = end - start
-    crc = 0
-    with open(path, "rb") as file:
-        if span <= SAMPLE_BLOCKS * BLOCK_BYTES:
-            file.seek(start)
-            return zlib.crc32(file.read(span))
-        last = span - BLOCK_BYTES
-        for k in range(SAMPLE_BLOCKS):
-            file.seek(start + last * k // (SAMPLE_BLOCKS - 1))
-            crc = zlib.crc32(file.read(BLOCK_BYTES), crc)
-    return crc
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def is_replaceable(path: Path) -> bool:

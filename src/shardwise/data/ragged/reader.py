@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from ..._core.arrays import as_array
 from ..._core.errors import check_bool, check_iterable, check_path
+from ..._core.files import sampled_crc
 from .checks import CORRUPTED, check_file, check_offsets, layout, mmap, read_manifest
 from .format import (
     CRC_CHUNK,
@@ -25,7 +26,6 @@ from .format import (
     RaggedStoreError,
     check_dtype,
     check_feature_shape,
-    sampled_crc,
 )
 from .writer import RaggedWriter
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..._core.arrays import as_array
 from ..._core.errors import check_bool, check_iterable, check_path
+from ..._core.files import fsync_path, sampled_crc
 from ...index.lengths import prebuild_store_index
 from .format import (
     FORMAT,
@@ -28,10 +29,8 @@ from .format import (
     check_dtype,
     check_feature_shape,
     check_target,
-    fsync_dir,
     header_size,
     npy_header,
-    sampled_crc,
 )
 from .partial import Claim, remove_stale
 
@@ -248,9 +247,9 @@ class RaggedWriter:
             file.write("\n")
             file.flush()
             os.fsync(file.fileno())
-        fsync_dir(self._tmp)
+        fsync_path(self._tmp)
         self._publish()
-        fsync_dir(self.path.parent)
+        fsync_path(self.path.parent)
 
     def _publish(self) -> None:
         """Rename the finished directory to ``path``; with another writer publishing at once, the last wins."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._core.errors import check_int
+from ..._core.errors import check_int, check_seconds
 from ...samplers.bucket import as_lengths
 from .report import ERROR, WARNING, CheckResult, Finding, VerificationError, VerifyReport
 from .target import TargetError, as_ref
@@ -85,8 +85,7 @@ def verify_many(
     if not factories:
         return []
     setup = _setup(world_size, epochs, dataset_size, lengths, spawn)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout should be a positive number of seconds, but got timeout={timeout!r}")
+    timeout = check_seconds("timeout", timeout, allow_zero=False)
     refs = [as_ref(f) for f in factories]
     observed = observe(refs, [setup] * len(refs), spawn=spawn, timeout=float(timeout), processes=processes)
     mode = f"spawn ({setup.world_size} gloo processes)" if spawn else "simulated"

@@ -1,0 +1,42 @@
+"""Durable files: fsync a file or directory, and a CRC-32 of sampled blocks (O(1) in the file's size).
+
+The ragged store (``data/ragged``) and the index cache (``index/cache.py``) both write files that
+other processes map, rename them into place atomically, and check them cheaply on open with
+:func:`sampled_crc`. Both formats record that checksum, so ``SAMPLE_BLOCKS`` and ``BLOCK_BYTES``
+are part of them: changing either makes every existing store and cache entry fail its check.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+SAMPLE_BLOCKS = 16
+"""Blocks read by :func:`sampled_crc`, spread evenly from the first to the last byte."""
+BLOCK_BYTES = 4096
+"""Bytes of each sampled block (a page)."""
+
+
+def sampled_crc(path: Path, start: int, end: int) -> int:
+    """CRC-32 of ``SAMPLE_BLOCKS`` blocks of ``BLOCK_BYTES`` spread evenly over bytes ``[start, end)``, all if small."""
+    span = end - start
+    crc = 0
+    with open(path, "rb") as file:
+        if span <= SAMPLE_BLOCKS * BLOCK_BYTES:
+            file.seek(start)
+            return zlib.crc32(file.read(span))
+        last = span - BLOCK_BYTES
+        for k in range(SAMPLE_BLOCKS):
+            file.seek(start + last * k // (SAMPLE_BLOCKS - 1))
+            crc = zlib.crc32(file.read(BLOCK_BYTES), crc)
+    return crc
+
+
+def fsync_path(path: Path) -> None:
+    """``fsync`` a file or a directory (a directory: so that a rename into it is durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
