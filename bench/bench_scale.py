@@ -4,11 +4,15 @@ Run (serialised with the other benchmarks; the 1e8 rows need ~10 GB of disk unde
 
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e6 1e7 1e8
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e9 --samplers Bucket --no-node
+    mkdir -p /tmp/before-3f86430 && git archive 3f86430 src | tar -x -C /tmp/before-3f86430   # an older src
+    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e7 --samplers ClassBalanced \
+        --before /tmp/before-3f86430/src
 
 Inputs are ``.npy`` files opened with ``np.load(mmap_mode="r")`` (generated once under ``--dir``):
 lengths int32 (log-normal, 1..8192 tokens), labels int32 (100,000 classes), weights float32, the
 labelled / unlabelled index lists of TwoStream (10% / 90%, int64). Every measurement runs in a
-fresh process (``--one``), rank 3 of W=8, shardwise index cache in ``SHARDWISE_CACHE_DIR``:
+fresh process (``--one``) with ``PYTHONPATH`` on this checkout's ``src``, rank 3 of W=8, shardwise
+index cache in ``SHARDWISE_CACHE_DIR``:
 
 - cold: an empty index cache (the first rank or run builds the shared index);
 - warm: the next process on the same cache (what the 7 other ranks and every later run see);
@@ -18,8 +22,18 @@ fresh process (``--one``), rank 3 of W=8, shardwise index cache in ``SHARDWISE_C
   constructor, over construction and iteration;
 - rate: units (batches, or indices for index samplers) per second over the first ~2 s of iteration;
 - shared files: bytes of the index cache after the run;
-- node: 8 processes (ranks 0..7) at once on the warm cache, each builds and iterates ~1 s, then all
+- node: 8 processes (ranks 0..7) at once on the warm cache, each builds and iterates ~2 s, then all
   read /proc/self/smaps_rollup while all are alive: the sum of PSS over the 8, of which anonymous.
+
+Samplers: ClassBalanced 32 classes x 8 samples; Weighted ``num_samples=n`` with replacement;
+Weighted-distinct ``replacement=False, num_samples=n // 100``; TwoStream 32 + 96 a batch; Scheduled
+a ``BatchSizeSchedule.by_samples({0: 64, n/2: 128})`` over Weighted.
+
+Before/after: ``--before SRC`` runs every sampler's children a second time with ``PYTHONPATH`` on
+another ``src`` directory (e.g. ``git archive <commit> src | tar -x -C DIR``, then ``--before
+DIR/src``), cold and warm on a cache of its own, as a row labelled ``(before: <name of DIR>)`` above
+the current code's row, for sizes up to ``--before-max`` (default 1e7: older O(n) samplers may
+need many GB at 1e8). torch rows and node totals are not repeated.
 
 Baseline, side by side: torch ``DistributedSampler(range(n)) + BatchSampler(batch_size=256)``.
 The numpy floor of a cold build: ``np.argsort(lengths, kind="stable")`` of the same lengths, in a
@@ -42,7 +56,8 @@ from typing import Any
 
 import numpy as np
 
-SAMPLERS = ["torch", "Sharded", "Bucket", "ClassBalanced", "Weighted", "TwoStream", "Scheduled"]
+SAMPLERS = ["torch", "Sharded", "Bucket", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream", "Scheduled"]
+SRC = Path(__file__).resolve().parents[1] / "src"  # the code measured, unless --before names another src
 WORLD, RANK = 8, 3
 CLASSES = 100_000
 RATE_SECONDS = 2.0
@@ -76,7 +91,7 @@ def make_inputs(directory: Path, n: int, names: set[str]) -> None:
                   lambda rng, a, b: np.clip(rng.lognormal(5.5, 1.0, b - a), 1, 8192).astype(np.int32))  # fmt: skip
     if names & {"ClassBalanced"}:
         _generate(directory / f"labels-{n}.npy", n, np.int32, lambda rng, a, b: rng.integers(0, CLASSES, b - a))
-    if names & {"Weighted", "Scheduled"}:
+    if names & {"Weighted", "Weighted-distinct", "Scheduled"}:
         _generate(directory / f"weights-{n}.npy", n, np.float32,
                   lambda rng, a, b: rng.exponential(1.0, b - a).astype(np.float32))  # fmt: skip
     if names & {"TwoStream"}:
@@ -106,6 +121,8 @@ def build_sampler(name: str, n: int, directory: Path, rank: int) -> Any:  # noqa
                                                    **common)  # fmt: skip
     if name == "Weighted":
         return shardwise.WeightedSampler(mapped("weights"), num_samples=n, **common)
+    if name == "Weighted-distinct":  # the successive-sampling plan of an epoch, without replacement
+        return shardwise.WeightedSampler(mapped("weights"), num_samples=n // 100, replacement=False, **common)
     if name == "TwoStream":
         return shardwise.TwoStreamBatchSampler(mapped("labelled"), mapped("unlabelled"), primary_batch_size=32,
                                                secondary_batch_size=96, **common)  # fmt: skip
@@ -138,7 +155,7 @@ def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dic
     """Construct, take the first unit, iterate ~2 s; the parent samples RssAnon meanwhile."""
     import torch  # noqa: F401  (imported before the baseline, as in a training script)
 
-    import shardwise  # noqa: F401
+    import shardwise
 
     np.random.PCG64  # noqa: B018  (numpy.random loads lazily)
     ready_anon = _status("self", "RssAnon")
@@ -159,7 +176,8 @@ def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dic
     seconds = time.perf_counter() - began
     result = {"name": name, "n": n, "rank": rank, "ready": ready, "ready_anon": ready_anon,
               "construct_s": constructed, "first_batch_s": first_batch, "units_per_s": (units - 1) / seconds,
-              "samples_per_s": samples / (seconds + 1e-9), "end_anon": _status("self", "RssAnon")}  # fmt: skip
+              "samples_per_s": samples / (seconds + 1e-9), "end_anon": _status("self", "RssAnon"),
+              "module": shardwise.__file__}  # fmt: skip
     if sync is not None:  # node measurement: read PSS while all 8 processes still map what they use
         (sync / f"iterated-{rank}").touch()
         _wait_for(sync, "iterated-", WORLD)
@@ -177,58 +195,44 @@ def _wait_for(sync: Path, prefix: str, count: int, timeout: float = 900.0) -> No
         time.sleep(0.02)
 
 
-def run_one(name: str, n: int, directory: Path, cache: Path, rank: int = RANK) -> dict[str, Any]:
-    """A fresh process for one measurement; this process samples its RssAnon every 5 ms."""
-    env = {**os.environ, "SHARDWISE_CACHE_DIR": str(cache)}
+def _child(name: str, n: int, directory: Path, cache: Path, rank: int, src: Path, sync: Path | None = None) -> Any:
+    """Start one ``--one`` process on the code in ``src``, with its own index cache."""
+    path = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "SHARDWISE_CACHE_DIR": str(cache), "PYTHONPATH": path}
     command = [sys.executable, __file__, "--one", name, str(n), "--dir", str(directory), "--rank", str(rank)]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    command += ["--sync", str(sync)] if sync is not None else []
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _result(name: str, n: int, child: Any, out: str, err: str, src: Path) -> dict[str, Any]:
+    if child.returncode:
+        raise RuntimeError(f"{name} n={n} ({src}) failed:\n{err[-3000:]}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    if not Path(result["module"]).resolve().is_relative_to(src.resolve()):
+        raise RuntimeError(f"{name} n={n}: the child imported {result['module']}, not the code in {src}")
+    return result
+
+
+def run_one(name: str, n: int, directory: Path, cache: Path, rank: int = RANK, src: Path = SRC) -> dict[str, Any]:
+    """A fresh process for one measurement; this process samples its RssAnon every 5 ms."""
+    child = _child(name, n, directory, cache, rank, src)
     samples: list[tuple[float, int]] = []
     while child.poll() is None:
         with contextlib.suppress(OSError, ValueError):  # the child may exit between poll and read
             samples.append((time.time(), _status(child.pid, "RssAnon")))
         time.sleep(0.005)
-    out, err = child.communicate()
-    if child.returncode:
-        raise RuntimeError(f"{name} n={n} failed:\n{err[-3000:]}")
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result = _result(name, n, child, *child.communicate(), src)
     after = [anon for t, anon in samples if t >= result["ready"]]
     result["peak_growth"] = max([*after, result["end_anon"]]) - result["ready_anon"]
-    result["shared_bytes"] = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    result["shared_bytes"] = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
     return result
 
 
 def run_node(name: str, n: int, directory: Path, cache: Path) -> dict[str, Any]:
     """8 processes at once on a warm cache; the sum of their PSS while all are alive."""
     sync = Path(tempfile.mkdtemp(prefix="shardwise-node-"))
-    env = {**os.environ, "SHARDWISE_CACHE_DIR": str(cache)}
-    children = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--one",
-                name,
-                str(n),
-                "--dir",
-                str(directory),
-                "--rank",
-                str(r),
-                "--sync",
-                str(sync),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in range(WORLD)
-    ]
-    results = []
-    for child in children:
-        out, err = child.communicate(timeout=1800)
-        if child.returncode:
-            raise RuntimeError(f"node {name} n={n} failed:\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    children = [_child(name, n, directory, cache, r, SRC, sync) for r in range(WORLD)]
+    results = [_result(f"node {name}", n, child, *child.communicate(timeout=1800), SRC) for child in children]
     shutil.rmtree(sync, ignore_errors=True)
     pss = sum(r["rollup"]["Pss"] for r in results)
     anon = sum(r["rollup"].get("Pss_Anon", 0) for r in results)
@@ -251,10 +255,16 @@ def mb(value: float) -> str:
     return f"{value / 2**20:,.1f} MB" if value < 2**30 else f"{value / 2**30:,.2f} GB"
 
 
+def row(n: int, label: str, cold: dict[str, Any], warm: dict[str, Any], node: str = "") -> str:
+    return (f"| {n:.0e} | {label} | {cold['first_batch_s']:.3f} s | {warm['first_batch_s']:.3f} s "
+            f"| {mb(cold['peak_growth'])} / {mb(warm['peak_growth'])} | {mb(warm['shared_bytes'])} "
+            f"| {warm['units_per_s']:,.0f} | {node} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["1e6", "1e7", "1e8"])
-    parser.add_argument("--samplers", nargs="+", default=SAMPLERS)
+    parser.add_argument("--samplers", nargs="+", default=SAMPLERS, choices=SAMPLERS)
     parser.add_argument("--dir", default="/tmp/shardwise-bench-scale", help="inputs (and caches) live here")
     parser.add_argument("--no-node", action="store_true", help="skip the 8-process node totals")
     parser.add_argument("--node-sizes", nargs="*", default=["1e8"], help="sizes that get the node totals")
@@ -265,6 +275,9 @@ def main() -> None:
         help="samplers that get the node totals (8 x an O(n) sampler's memory may not fit)",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the numpy argsort floor (needs 3x n x 4 B)")
+    parser.add_argument("--before", type=Path, default=None, metavar="SRC",
+                        help="also run each sampler on the code in this src directory (before/after rows)")  # fmt: skip
+    parser.add_argument("--before-max", default="1e7", help="largest n that gets a before row (default 1e7)")
     parser.add_argument("--one", nargs=2, metavar=("SAMPLER", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=RANK, help=argparse.SUPPRESS)
     parser.add_argument("--sync", default=None, help=argparse.SUPPRESS)
@@ -276,9 +289,12 @@ def main() -> None:
         return
     import torch
 
-    load = os.getloadavg()
+    if args.before is not None and not (args.before / "shardwise").is_dir():
+        parser.error(f"--before {args.before}: no shardwise package in it")
+    load, now = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"bench_scale: W={WORLD}, rank {RANK}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {time.strftime('%H:%M UTC', time.gmtime())}\n")  # fmt: skip
+          f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {now}")  # fmt: skip
+    print(f"code: {SRC}" + (f"; before: {args.before}" if args.before is not None else "") + "\n")
     print("| n | sampler | cold first batch | warm first batch | private growth cold / warm | shared files "
           "| units/s (warm) | node: 8 ranks sum PSS (anon) |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -289,6 +305,13 @@ def main() -> None:
             floor = argsort_floor(n, directory)
             print(f"| {n:.0e} | numpy argsort(lengths, kind='stable') | {floor:.2f} s | | | | | |")
         for name in args.samplers:
+            if args.before is not None and name != "torch" and n <= int(float(args.before_max)):
+                cache = directory / f"cache-{name}-{n}-before"
+                shutil.rmtree(cache, ignore_errors=True)
+                cold = run_one(name, n, directory, cache, src=args.before)
+                warm = run_one(name, n, directory, cache, src=args.before)
+                print(row(n, f"{name} (before: {args.before.parent.name})", cold, warm), flush=True)
+                shutil.rmtree(cache, ignore_errors=True)
             cache = directory / f"cache-{name}-{n}"
             shutil.rmtree(cache, ignore_errors=True)
             cold = run_one(name, n, directory, cache)
@@ -297,9 +320,7 @@ def main() -> None:
             if not args.no_node and name in args.node_samplers and n in {int(float(s)) for s in args.node_sizes}:
                 totals = run_node(name, n, directory, cache)
                 node = f"{mb(totals['pss'])} ({mb(totals['pss_anon'])})"
-            print(f"| {n:.0e} | {name} | {cold['first_batch_s']:.3f} s | {warm['first_batch_s']:.3f} s "
-                  f"| {mb(cold['peak_growth'])} / {mb(warm['peak_growth'])} | {mb(warm['shared_bytes'])} "
-                  f"| {warm['units_per_s']:,.0f} | {node} |", flush=True)  # fmt: skip
+            print(row(n, name, cold, warm, node), flush=True)
             shutil.rmtree(cache, ignore_errors=True)
     load = os.getloadavg()
     print(f"\nload at end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
