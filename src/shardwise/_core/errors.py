@@ -84,7 +84,7 @@ def check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float
     check_number(name, value)
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         accepted = "a non-negative" if allow_zero else "a positive"
-        raise ValueError(f"{name} should be {accepted}, finite number of seconds, but got {shown(name, value)}")
+        raise ValueError(f"{name} should be {accepted} number of seconds (finite), but got {shown(name, value)}")
     return float(value)
 
 
