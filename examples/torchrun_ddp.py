@@ -12,6 +12,7 @@ or a world size: shardwise resolves them from the process group (or torchrun's `
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -72,6 +73,11 @@ def main() -> None:
             seen.append({"epoch": epoch, "indices": indices.tolist(), "noise": noise.tolist()})
     with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as file:
         json.dump(seen, file)
+    # A clean exit with gloo: no collective in flight, the DDP model (which holds the process group)
+    # freed while the interpreter is alive, then the group destroyed.
+    dist.barrier()
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -7,6 +7,7 @@ still running when the deadline passes and raises ``TimeoutError``.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -43,6 +44,9 @@ def _child(
         try:
             value = fn(rank, world_size, *args)
         finally:
+            # What ``fn`` left in reference cycles (a DDP model holds the group) is freed while the
+            # interpreter is alive: gloo work released during interpreter shutdown aborts the process.
+            gc.collect()
             dist.destroy_process_group()
         results.put((rank, True, value))
     except BaseException:
