@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -17,26 +15,7 @@ from shardwise import BucketBatchSampler, RaggedArray
 from shardwise._core.batching import SortedBucketPlan, balanced_batch_order, bucket_plan, span_positions
 from shardwise._core.seeds import derive_seed
 from shardwise.index import cache as cache_module
-
-_CAPPED = """
-import resource, sys
-import numpy as np
-from shardwise import BucketBatchSampler
-
-def vm_data():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData"))
-
-lengths = np.load(sys.argv[1], mmap_mode="r")
-headroom = int(sys.argv[3])
-resource.setrlimit(resource.RLIMIT_DATA, (vm_data() + headroom, resource.RLIM_INFINITY))
-sampler = BucketBatchSampler(lengths, max_tokens=4096, cache_dir=sys.argv[2], num_replicas=8, rank=3, seed=1)
-batches = samples = 0
-for batch in sampler:
-    batches += 1
-    samples += len(batch)
-print(batches, samples, len(sampler))
-"""
+from tests.memcap import run_capped
 
 
 def _write_lengths(path: Path, n: int, high: int = 512, seed: int = 0) -> None:
@@ -53,13 +32,21 @@ def test_bucket_over_1e7_mapped_lengths_runs_under_a_data_cap(tmp_path: Path) ->
     """1e7 memory-mapped int64 lengths (80 MB): build the index and iterate with 48 MB of private memory to spare."""
     n = 10_000_000
     _write_lengths(tmp_path / "lengths.npy", n)
-    headroom = 48 << 20  # an argsort of the lengths alone needs 80 MB
-    out = subprocess.run(
-        [sys.executable, "-c", _CAPPED, str(tmp_path / "lengths.npy"), str(tmp_path / "cache"), str(headroom)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    batches, samples, length = map(int, out.stdout.split())
+    out = run_capped(
+        f"""
+lengths = np.load({str(tmp_path / "lengths.npy")!r}, mmap_mode="r")
+cap(48)  # MiB of private memory to spare: an argsort of the lengths alone needs 80 MB
+sampler = shardwise.BucketBatchSampler(lengths, max_tokens=4096, cache_dir={str(tmp_path / "cache")!r},
+                                       num_replicas=8, rank=3, seed=1)
+batches = samples = 0
+for batch in sampler:
+    batches += 1
+    samples += len(batch)
+print(batches, samples, len(sampler))
+""",
+        timeout=300,
+    )
+    batches, samples, length = map(int, out.split())
     assert batches == length > 0 and samples > n // 8 * 0.9
     assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 1
 
