@@ -42,9 +42,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from _common import wikitext_lengths
 from shardwise import BucketBatchSampler
 
-DATA = "/work/shared/data/wikitext-2"
 WORLD = 4
 BATCH = 16
 MAX_TOKENS = 4096
@@ -52,17 +52,6 @@ MEGABATCH = 50 * BATCH
 SEED = 0
 
 Batches = list[list[int]]
-
-
-def wikitext_lengths() -> np.ndarray:
-    lengths = []
-    for split in ("valid", "test"):
-        with open(f"{DATA}/{split}.txt", encoding="utf-8") as lines:
-            for line in lines:
-                if not line.strip() or line.startswith(" = "):
-                    continue
-                lengths.append(len(line.split()))
-    return np.array(lengths, dtype=np.int64)
 
 
 def rng_for(epoch: int) -> np.random.Generator:

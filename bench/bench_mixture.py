@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from _common import status_bytes
+
 SIZES = [400_000_000, 300_000_000, 200_000_000, 50_000_000, 50_000_000]
 WEIGHTS = [0.4, 0.3, 0.15, 0.1, 0.05]
 WINDOWS = [1_000, 10_000, 1_000_000]
@@ -68,15 +70,6 @@ void build_blending_indices(uint8_t *dataset_index, int64_t *dataset_sample_inde
     }
 }
 """
-
-
-def rss_anon() -> int:
-    """Private anonymous memory of this process, in bytes (RssAnon)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
 
 
 def greedy_library() -> Any:
@@ -156,7 +149,7 @@ def child(arm: str, n: int) -> dict[str, Any]:
 
     import shardwise
 
-    before = rss_anon()
+    before = status_bytes("RssAnon")
     start = time.perf_counter()
     if arm == "shardwise":
         sampler = shardwise.MixtureSampler(SIZES, WEIGHTS, num_samples=n, seed=0, num_replicas=8, rank=3)
@@ -175,8 +168,8 @@ def child(arm: str, n: int) -> dict[str, Any]:
         start = time.perf_counter()
         index = greedy_index(n, lib)
         built = time.perf_counter()
-        return {"build_s": built - start, "rss_anon_growth": rss_anon() - before, "entries": len(index[0])}
-    return {"build_s": built - start, "rss_anon_growth": rss_anon() - before}
+        return {"build_s": built - start, "rss_anon_growth": status_bytes("RssAnon") - before, "entries": len(index[0])}
+    return {"build_s": built - start, "rss_anon_growth": status_bytes("RssAnon") - before}
 
 
 def run_child(arm: str, n: int) -> dict[str, Any]:

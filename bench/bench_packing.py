@@ -46,7 +46,6 @@ Metrics (Multipack's notebook definitions, over 3 epochs):
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import sysconfig
@@ -58,9 +57,9 @@ from pathlib import Path
 
 import numpy as np
 
+from _common import status_bytes, wikitext_lengths
 from shardwise import BucketBatchSampler, PackedBatchSampler
 
-DATA = "/work/shared/data/wikitext-2"
 WORLD = 8
 EPOCHS = 3
 SEED = 0
@@ -74,17 +73,6 @@ except ImportError:  # pragma: no cover - numba missing: plain Python, plan time
 
 
 # -- data ------------------------------------------------------------------------------------------
-def wikitext_lengths() -> np.ndarray:
-    lengths = []
-    for split in ("valid", "test"):
-        with open(f"{DATA}/{split}.txt", encoding="utf-8") as lines:
-            for line in lines:
-                if not line.strip() or line.startswith(" = "):
-                    continue
-                lengths.append(len(line.split()))
-    return np.array(lengths, dtype=np.int64)
-
-
 TOKEN = re.compile(r"\w+|[^\w\s]")
 TOP_LEVEL = re.compile(r"(?m)^(?=(?:async def|def|class) )")
 
@@ -340,13 +328,6 @@ def table(name: str, lengths: np.ndarray, max_len: int, rows: int) -> None:
 def scale(n: int, max_len: int, rows: int) -> None:
     """Plan time, first-batch latency and private memory at n documents drawn from the WikiText-2 lengths."""
 
-    def rss_anon() -> int:
-        with open(f"/proc/{os.getpid()}/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
     lengths = np.random.default_rng(5).choice(wikitext_lengths(), size=n).astype(np.uint16)
     cache = tempfile.mkdtemp(prefix="shardwise-bench-")  # a fresh node cache: the build is timed, not a hit
 
@@ -354,7 +335,7 @@ def scale(n: int, max_len: int, rows: int) -> None:
         return PackedBatchSampler(lengths, max_len=max_len, rows_per_batch=rows, seed=SEED, num_replicas=WORLD,
                                   rank=0, cache_dir=cache)  # fmt: skip
 
-    before = rss_anon()
+    before = status_bytes("RssAnon")
     start = time.perf_counter()
     construct()
     built = time.perf_counter() - start
@@ -369,7 +350,7 @@ def scale(n: int, max_len: int, rows: int) -> None:
     count = 1 + sum(1 for _ in iterator)
     rest = time.perf_counter() - start
     print(f"| {n:.0e} | {sampler.num_strata} | {built:.2f} | {opened * 1e3:.0f} | {first * 1e3:.0f} | "
-          f"{first + rest:.2f} | {count} | {(rss_anon() - before) / 2**20:.0f} |")  # fmt: skip
+          f"{first + rest:.2f} | {count} | {(status_bytes('RssAnon') - before) / 2**20:.0f} |")  # fmt: skip
     shutil.rmtree(cache)
 
 

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from _common import smaps_rollup
 from shardwise import BucketBatchSampler, RaggedArray, pad_collate
 from shardwise.data.ragged import MANIFEST, OFFSETS, VALUES
 from shardwise.tools.launch import run_distributed
@@ -71,13 +72,8 @@ def mem_available() -> int:
 
 def pss() -> dict[str, int]:
     """This process's Pss, Pss_Anon and Pss_File in bytes, from /proc/self/smaps_rollup."""
-    out = {}
-    with open("/proc/self/smaps_rollup") as rollup:
-        for line in rollup:
-            key, _, rest = line.partition(":")
-            if key in ("Pss", "Pss_Anon", "Pss_File"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
+    rollup = smaps_rollup()
+    return {key: rollup[key] for key in ("Pss", "Pss_Anon", "Pss_File") if key in rollup}
 
 
 def write_store(path: Path, target_bytes: int, seed: int = 0) -> RaggedArray:

@@ -56,6 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from _common import smaps_rollup, status_bytes
+
 SAMPLERS = ["torch", "Sharded", "Bucket", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream", "Scheduled"]
 SRC = Path(__file__).resolve().parents[1] / "src"  # the code measured, unless --before names another src
 WORLD, RANK = 8, 3
@@ -133,24 +135,6 @@ def build_sampler(name: str, n: int, directory: Path, rank: int) -> Any:  # noqa
     raise ValueError(f"unknown sampler {name!r}")
 
 
-def _status(pid: int | str, field: str) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _rollup() -> dict[str, int]:
-    values = {}
-    with open("/proc/self/smaps_rollup") as rollup:
-        for line in rollup:
-            parts = line.split()
-            if len(parts) == 3 and parts[2] == "kB":
-                values[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    return values
-
-
 def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dict[str, Any]:
     """Construct, take the first unit, iterate ~2 s; the parent samples RssAnon meanwhile."""
     import torch  # noqa: F401  (imported before the baseline, as in a training script)
@@ -158,7 +142,7 @@ def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dic
     import shardwise
 
     np.random.PCG64  # noqa: B018  (numpy.random loads lazily)
-    ready_anon = _status("self", "RssAnon")
+    ready_anon = status_bytes("RssAnon", "self")
     ready = time.time()
     start = time.perf_counter()
     sampler = build_sampler(name, n, directory, rank)
@@ -176,12 +160,12 @@ def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dic
     seconds = time.perf_counter() - began
     result = {"name": name, "n": n, "rank": rank, "ready": ready, "ready_anon": ready_anon,
               "construct_s": constructed, "first_batch_s": first_batch, "units_per_s": (units - 1) / seconds,
-              "samples_per_s": samples / (seconds + 1e-9), "end_anon": _status("self", "RssAnon"),
+              "samples_per_s": samples / (seconds + 1e-9), "end_anon": status_bytes("RssAnon", "self"),
               "module": shardwise.__file__}  # fmt: skip
     if sync is not None:  # node measurement: read PSS while all 8 processes still map what they use
         (sync / f"iterated-{rank}").touch()
         _wait_for(sync, "iterated-", WORLD)
-        result["rollup"] = _rollup()
+        result["rollup"] = smaps_rollup()
         (sync / f"read-{rank}").touch()
         _wait_for(sync, "read-", WORLD)
     return result
@@ -219,7 +203,7 @@ def run_one(name: str, n: int, directory: Path, cache: Path, rank: int = RANK, s
     samples: list[tuple[float, int]] = []
     while child.poll() is None:
         with contextlib.suppress(OSError, ValueError):  # the child may exit between poll and read
-            samples.append((time.time(), _status(child.pid, "RssAnon")))
+            samples.append((time.time(), status_bytes("RssAnon", child.pid)))
         time.sleep(0.005)
     result = _result(name, n, child, *child.communicate(), src)
     after = [anon for t, anon in samples if t >= result["ready"]]
