@@ -18,7 +18,8 @@ _NESTED = ("sampler", "batch_sampler", "dataset")
 _DEPTH = 4
 
 
-def _target(obj: object) -> object:
+def epoch_target(obj: object) -> object:
+    """The object whose ``set_epoch`` a framework's call on ``obj`` reaches (a relay stands for its owner)."""
     return obj.owner if isinstance(obj, EpochRelay) else obj
 
 
@@ -53,7 +54,7 @@ def set_epoch(obj: Any, epoch: int) -> list[Any]:
     for _ in range(_DEPTH):
         nested: list[object] = []
         for item in level:
-            target = _target(item)
+            target = epoch_target(item)
             if target is None or id(target) in seen:
                 continue
             seen.add(id(target))

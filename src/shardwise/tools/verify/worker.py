@@ -32,8 +32,14 @@ from .target import FactoryRef, TargetError, call_factory
 RUN_ID = "shardwise-verify"
 MASTER_PORT = "29500"
 _CLEARED_ENV = (
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
 )
 PATHS = ("loader.sampler", "loader.batch_sampler", "loader.batch_sampler.sampler")
 """Where frameworks call ``set_epoch``; a bare sampler is seen as the DataLoader it would be put in."""
@@ -81,7 +87,7 @@ class Epoch:
     def tail(self, k: int) -> Epoch:
         """Steps ``k`` onwards (what a resume at step ``k`` must yield)."""
         k = min(k, self.steps)
-        return Epoch(self.flat[self.offsets[k]:], self.offsets[k:] - self.offsets[k], None)
+        return Epoch(self.flat[self.offsets[k] :], self.offsets[k:] - self.offsets[k], None)
 
     def same(self, other: Epoch) -> bool:
         return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.flat, other.flat)
@@ -252,16 +258,12 @@ def _peek_kind(obj: Any) -> str:
     return "index" if first is None or scalar else "batch"
 
 
-def _owner(obj: Any) -> Any:
-    from ...samplers.frameworks import EpochRelay
-
-    return obj.owner if isinstance(obj, EpochRelay) else obj
-
-
 def _call_set_epoch(objects: list[Any], epoch: int) -> None:
+    from ...samplers.set_epoch import epoch_target
+
     seen: set[int] = set()
     for obj in objects:
-        target = _owner(obj)
+        target = epoch_target(obj)
         if target is None or id(target) in seen:
             continue
         seen.add(id(target))
@@ -421,20 +423,22 @@ class Worker:
         holder = _holder(view)
         holder_obj = view[holder] if holder else None
         from ...samplers.base import PlanSampler
+        from ...samplers.set_epoch import epoch_target
 
         walked = _walk(base.obj, "loader" if base.loader else "sampler")
-        called = {id(_owner(v)) for v in view.values() if v is not None}
+        called = {id(epoch_target(v)) for v in view.values() if v is not None}
         return Probe(
             kind=base.kind,
             loader=base.loader,
             set_epoch_on={
-                path: _label(_owner(obj)) if callable(getattr(_owner(obj), "set_epoch", None)) else None
+                path: _label(epoch_target(obj)) if callable(getattr(epoch_target(obj), "set_epoch", None)) else None
                 for path, obj in view.items()
             },
             frameworks=reached,
             changes_without_calls=not second.same(first),
             unreached=[
-                f"{name} ({_label(obj)})" for name, obj in walked
+                f"{name} ({_label(obj)})"
+                for name, obj in walked
                 if id(obj) not in called and callable(getattr(obj, "set_epoch", None))
             ],
             not_shuffled=any(vars(obj).get("shuffle") is False for _, obj in walked if hasattr(obj, "__dict__")),
@@ -483,8 +487,10 @@ def _holder(view: dict[str, Any]) -> str | None:
     """The path of the object whose state a checkpoint saves: the batch sampler's, else the sampler's."""
     for path in ("loader.batch_sampler", "loader.sampler", "loader.batch_sampler.sampler"):
         obj = view[path]
-        if obj is not None and callable(getattr(obj, "state_dict", None)) and callable(
-            getattr(obj, "load_state_dict", None)
+        if (
+            obj is not None
+            and callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
         ):
             return path
     return None
@@ -610,4 +616,3 @@ def main(argv: list[str]) -> int:
     with open(result_path, "wb") as handle:
         pickle.dump(out, handle, protocol=pickle.HIGHEST_PROTOCOL)
     return 0
-
