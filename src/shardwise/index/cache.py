@@ -95,10 +95,6 @@ def _check_kind(kind: object) -> str:
     return kind
 
 
-def _check_timeout(timeout: object) -> float:
-    return check_seconds("timeout", timeout)
-
-
 def build_or_open(
     kind: str,
     key: str,
@@ -135,7 +131,7 @@ def build_or_open(
     kind = _check_kind(kind)
     if not isinstance(key, str):
         raise TypeError(f"key should be a str, but got key={key!r}")
-    timeout = _check_timeout(timeout)
+    timeout = check_seconds("timeout", timeout)
     if cache_dir is False or not cache_enabled():
         why = "cache_dir=False" if cache_dir is False else f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}"
         return _build_in_memory(kind, build, f"the index cache is disabled ({why})")

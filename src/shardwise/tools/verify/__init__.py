@@ -87,7 +87,7 @@ def verify_many(
     setup = _setup(world_size, epochs, dataset_size, lengths, spawn)
     timeout = check_seconds("timeout", timeout, allow_zero=False)
     refs = [as_ref(f) for f in factories]
-    observed = observe(refs, [setup] * len(refs), spawn=spawn, timeout=float(timeout), processes=processes)
+    observed = observe(refs, [setup] * len(refs), spawn=spawn, timeout=timeout, processes=processes)
     mode = f"spawn ({setup.world_size} gloo processes)" if spawn else "simulated"
     return [build_report(obs, mode) for obs in observed]
 
