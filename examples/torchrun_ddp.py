@@ -39,8 +39,9 @@ class Noisy(Dataset[tuple[int, float]]):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="folder for rank<r>.json (created if missing)")
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # every rank may create it: exist_ok makes that race harmless
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # shows the worker-seed log lines
 
     dist.init_process_group("gloo")

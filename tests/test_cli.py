@@ -104,3 +104,38 @@ def test_help_and_a_good_check_still_exit_0(monkeypatch: pytest.MonkeyPatch, cap
     assert caught.value.code == 0
     out = capsys.readouterr().out
     assert "seed: 7" in out and "rank: 1" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """shardwise --version prints the package version and exits 0."""
+    import shardwise
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out == f"shardwise {shardwise.__version__}\n"
+
+
+def test_verify_help_states_the_factory_contract_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """shardwise verify --help says what the factory must be and what each exit status means."""
+    with pytest.raises(SystemExit) as caught:
+        main(["verify", "--help"])
+    assert caught.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("module-level function that returns a Sampler", "rank=/world_size=", "Exit status: 0 safe",
+                  "1 a finding would break training", "2 a usage error"):  # fmt: skip
+        assert words in text, words
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_verify_output_into_a_missing_folder_is_refused_before_any_work(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json/--plot into a folder that does not exist: one line naming the option and folder, exit 2, nothing run."""
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(SystemExit) as caught:
+        main(["verify", "tests.verify_zoo:sharded_env", option, str(missing / "report.out")])
+    assert caught.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err  # no table: verify never ran
+    assert option in err and str(missing) in err and "does not exist" in err

@@ -28,9 +28,10 @@ def _ranks(out: Path) -> list[list[dict[str, object]] | list[list[int]]]:
 @pytest.mark.timeout(180)
 def test_torchrun_example(tmp_path: Path) -> None:
     """torchrun, 2 ranks x 2 workers: primary once per epoch across ranks, every worker stream distinct."""
+    out = tmp_path / "run"  # does not exist yet, as with the documented command's /tmp/run
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-          "examples/torchrun_ddp.py", "--out", str(tmp_path)])  # fmt: skip
-    ranks = _ranks(tmp_path)
+          "examples/torchrun_ddp.py", "--out", str(out)])  # fmt: skip
+    ranks = _ranks(out)
     for epoch in (0, 1):
         primary = [i for rank in ranks for b in rank if b["epoch"] == epoch for i in b["indices"][:4]]  # type: ignore[index, call-overload]
         assert Counter(primary) == Counter(range(24))

@@ -175,3 +175,65 @@ def test_a_factory_defined_in_a_script_run_as_main(tmp_path: Path) -> None:
     env = {**os.environ, "SHARDWISE_VERIFY_PROCESSES": "1"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, check=True)
     assert out.stdout.split() == [f"{script}:make", "True", "[34,", "34,", "34]"], out.stderr
+
+
+def test_spawn_takes_only_a_bool() -> None:
+    """spawn=1 or spawn='no' is refused by name, before any process starts (a truthy value is not a choice)."""
+    for value in (1, "no", None):
+        with pytest.raises(TypeError, match=f"spawn should be True or False, but got spawn={value!r}"):
+            verify(zoo.sharded_env, spawn=value)  # type: ignore[arg-type]
+
+
+SCRIPT_FACTORIES = (
+    "import functools, shardwise\n"
+    "from torch.utils.data import DistributedSampler\n\n"
+    "def make(rank, world_size, n=101):\n"
+    "    return DistributedSampler(range(n), num_replicas=world_size, rank=rank)\n\n"
+    "def nested():\n"
+    "    def inner():\n"
+    "        return None\n"
+    "    return inner\n\n"
+    "for factory in (lambda: None, nested(), functools.partial(make, n=7)):\n"
+    "    try:\n"
+    "        shardwise.verify(factory)\n"
+    "    except ValueError as error:  # shardwise.tools.verify.TargetError\n"
+    "        print('refused:', error)\n"
+)
+
+
+def test_a_lambda_or_nested_factory_of_a_script_is_refused_in_the_caller(tmp_path: Path) -> None:
+    """In a script run as __main__, a lambda, a nested function or a partial of a script function fail at once."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_FACTORIES)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    assert "is a lambda" in lines[0] and "define it at module level" in lines[0]
+    assert "is a nested function" in lines[1]
+    assert "functools.partial of a function of the script run as __main__" in lines[2]
+
+
+def test_a_factory_of_an_interactive_session_is_refused_in_the_caller() -> None:
+    """A function defined under python -c (no file to import) is refused at once, naming the fix."""
+    code = ("import shardwise\ndef make():\n    return range(3)\n"
+            "try:\n    shardwise.verify(make)\nexcept ValueError as error:\n    print(error)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "interactive session" in out.stdout and "path/to/file.py:function" in out.stdout, out.stderr
+
+
+def test_a_script_without_a_main_guard_is_verified(tmp_path: Path) -> None:
+    """A script calling verify() at top level works: the children import it only up to that call."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import shardwise\n"
+        "from torch.utils.data import DistributedSampler\n\n"
+        "def make(rank, world_size):\n"
+        "    return DistributedSampler(range(101), num_replicas=world_size, rank=rank)\n\n"
+        "report = shardwise.verify(make, world_size=3)\n"
+        "print('verified', report.ok, report.data['steps'][0])\n"
+    )
+    env = {**os.environ, "SHARDWISE_VERIFY_PROCESSES": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, check=True)
+    assert out.stdout.split() == ["verified", "True", "[34,", "34,", "34]"], out.stderr
+    # The same file named as a target (the CLI's form) imports in the caller up to the same call.
+    assert verify(f"{script}:make", world_size=2).ok

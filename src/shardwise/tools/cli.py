@@ -1,4 +1,6 @@
-"""The ``shardwise`` command: ``demo`` (a real multi-process run) and ``check`` (what this process resolves).
+"""The ``shardwise`` command: ``demo`` (a real multi-process run), ``check`` (what this process resolves), ``verify``.
+
+Each sub-command is added to the app by one function (``_add_verify`` is the pattern for a new one).
 
 Needs the ``cli`` extra (typer, rich); imported only when the command runs. A command-line error
 (a bad option value, an unknown option, a bad launcher environment) is one line on stderr naming
@@ -61,6 +63,14 @@ def _app() -> Any:
     # Piped output (CI logs) gets a wide table instead of rich's 80-column default.
     console = Console(width=None if sys.stdout.isatty() else 140)
 
+    @app.callback()
+    def root(
+        version: bool = typer.Option(
+            False, "--version", callback=_print_version, is_eager=True, help="Print the shardwise version and exit."
+        ),
+    ) -> None:
+        """shardwise: distributed data sampling."""
+
     @app.command()
     def demo(
         world_size: int = typer.Option(2, "--world-size", "-w", min=1, max=16, help="Processes to spawn (gloo)."),
@@ -109,7 +119,11 @@ def _app() -> Any:
     def check(
         size: int = typer.Option(1000, "--size", "-n", min=0, help="Dataset size for the example sampler."),
     ) -> None:
-        """Show how this process resolves rank, world size and seed (run it under torchrun or srun)."""
+        """Show how this process resolves rank, world size and seed (run it under a launcher).
+
+        Under torchrun: torchrun --nproc-per-node 2 -m shardwise check (torchrun runs a module with -m,
+        or the installed command with --no-python shardwise check); under Slurm: srun shardwise check.
+        """
         check_environment(launcher=True)
         from ..samplers.sharded import ShardedSampler
 
@@ -119,6 +133,16 @@ def _app() -> Any:
 
     _add_verify(app, console)
     return app
+
+
+def _print_version(value: bool) -> None:
+    import typer
+
+    if value:
+        from .. import __version__
+
+        print(f"shardwise {__version__}")
+        raise typer.Exit(0)
 
 
 def _click_exceptions() -> Any:
@@ -170,11 +194,35 @@ def _verify_exit(message: str, code: int) -> Any:
     return typer.Exit(code)
 
 
+VERIFY_EPILOG = (
+    "The factory: a module-level function that returns a Sampler, a batch sampler or a map-style DataLoader. "
+    "It is called once per rank in fresh processes, with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set "
+    "and rank=/world_size= keywords if it names them; a script without an if __name__ == '__main__': guard "
+    "is imported only up to its own verify() call.\n\n"
+    "Exit status: 0 safe (warnings allowed); 1 a finding would break training, the sampler raised, or "
+    "verify timed out; 2 a usage error (bad option, target that cannot be imported or called, or that "
+    "returns something else than a sampler; --json/--plot into a folder that does not exist)."
+)
+
+
+def _writable(option: str, path: Path | None) -> None:
+    """Refuse, before any work, an output path whose folder does not exist."""
+    if path is None:
+        return
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise _verify_exit(
+            f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first (mkdir -p)", 2
+        )
+    if path.is_dir():
+        raise _verify_exit(f"{option} {str(path)!r} is a folder; give a file name, e.g. {path / 'report'}", 2)
+
+
 def _add_verify(app: Any, console: Any) -> None:
     """The ``verify`` command: exit 0 when safe, 1 when a finding breaks training, 2 on usage errors."""
     import typer
 
-    @app.command("verify")  # type: ignore[untyped-decorator]
+    @app.command("verify", epilog=VERIFY_EPILOG)  # type: ignore[untyped-decorator]
     def verify_command(
         target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
         world_size: int = typer.Option(4, "--world-size", "-w", min=1, max=256, help="Ranks to verify."),
@@ -190,6 +238,8 @@ def _add_verify(app: Any, console: Any) -> None:
         """Prove a sampler, batch sampler or DataLoader safe for distributed training, before the run."""
         from rich.table import Table
 
+        _writable("--json", json_path)
+        _writable("--plot", plot_path)
         from .verify import TargetError, verify
         from .verify.report import ERROR, PASS, SKIPPED, WARNING
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..._core.errors import check_int, check_seconds
+from ..._core.errors import check_bool, check_int, check_seconds
 from ...samplers.bucket import as_lengths
 from .report import ERROR, WARNING, CheckResult, Finding, VerificationError, VerifyReport
-from .target import TargetError, as_ref
+from .target import TargetError, as_ref, stop_if_importing_a_target
 from .worker import Setup, nodes_for
 
 __all__ = [
@@ -82,6 +82,8 @@ def verify_many(
     from .checks import build_report
     from .runner import observe
 
+    stop_if_importing_a_target()  # a verify process importing a script that calls verify() unguarded
+    spawn = check_bool("spawn", spawn)
     if not factories:
         return []
     setup = _setup(world_size, epochs, dataset_size, lengths, spawn)

@@ -3,7 +3,9 @@
 A target is ``package.module:function`` or ``path/to/file.py:function`` (the CLI's form), or a
 plain callable (the API's form) that pickles by reference: a module-level function or a
 ``functools.partial`` of one. A function defined in a script run as ``__main__`` is turned into
-its file's path, since the fresh processes have another ``__main__``.
+its file's path, since the fresh processes have another ``__main__``; importing that file in them
+stops at the script's own ``verify()`` call if it has no main guard. A lambda, a nested function
+or a function of an interactive session is refused in the caller, at once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,26 @@ from typing import Any
 
 class TargetError(ValueError):
     """The factory cannot be imported, called, or did not return a sampler, batch sampler or DataLoader."""
+
+
+class _StopAtVerifyCall(BaseException):
+    """Raised by a ``verify()`` call made while a target file is being imported (a script with no main guard)."""
+
+
+_importing: list[str] = []  # target files being imported in this process, innermost last
+
+
+def stop_if_importing_a_target() -> None:
+    """End the import of a target file at its own ``verify()`` call (a script without a main guard).
+
+    A verify process imports the factory's file, which runs the script again: without an
+    ``if __name__ == "__main__":`` guard it would call ``verify()`` once more, in every child. The
+    import stops there instead, like a main guard would, keeping what the script defined above the
+    call (the factory, in the usual script). Raising a ``BaseException`` gets past the script's own
+    ``except Exception`` clauses.
+    """
+    if _importing:
+        raise _StopAtVerifyCall
 
 
 @dataclass(frozen=True)
@@ -85,11 +107,16 @@ def _load_file(path: str) -> Any:
         raise TargetError(f"target file {path!r} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before exec: classes defined in the file pickle by this name
+    _importing.append(full)
     try:
         spec.loader.exec_module(module)
+    except _StopAtVerifyCall:
+        pass  # the script's own verify() call: what it defined above the call is the module
     except Exception as error:
         del sys.modules[name]
         raise TargetError(f"importing {path!r} raised {_one_line(error)}") from None
+    finally:
+        _importing.pop()
     return module
 
 
@@ -134,9 +161,10 @@ def as_ref(factory: Callable[..., Any] | str) -> FactoryRef:
         return FactoryRef(spec=factory)
     if not callable(factory):
         raise TargetError(f"factory should be a callable or a 'module:function' string, but got {factory!r}")
-    module = getattr(factory, "__module__", None)
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if module == "__main__" and main_file and "<locals>" not in getattr(factory, "__qualname__", "<locals>"):
+    _refuse_unimportable(factory)
+    inner = getattr(factory, "func", factory)
+    main_file = str(getattr(sys.modules.get("__main__"), "__file__", ""))
+    if getattr(factory, "__module__", None) == "__main__" and inner is factory:
         return FactoryRef(spec=f"{os.path.abspath(main_file)}:{factory.__qualname__}")
     try:
         pickled = pickle.dumps(factory)
@@ -146,6 +174,33 @@ def as_ref(factory: Callable[..., Any] | str) -> FactoryRef:
             "define it at module level (not a lambda or a nested function), or pass 'path/to/file.py:function'"
         ) from None
     return FactoryRef(pickled=pickled)
+
+
+def _refuse_unimportable(factory: Callable[..., Any]) -> None:
+    """Refuse, in the caller and at once, a factory that no fresh process could import by its name."""
+    inner = getattr(factory, "func", factory)  # functools.partial: the function it calls
+    qualname = getattr(inner, "__qualname__", "")
+    label = _callable_label(factory)
+    fix = "define it at module level with def, or pass 'path/to/file.py:function' or 'package.module:function'"
+    if getattr(inner, "__name__", "") == "<lambda>":
+        raise TargetError(f"factory {label} is a lambda, which a fresh process cannot import by name; {fix}")
+    if "<locals>" in qualname:
+        raise TargetError(f"factory {label} is a nested function, which a fresh process cannot import; {fix}")
+    if getattr(inner, "__module__", None) != "__main__":
+        return
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None) is None:
+        raise TargetError(
+            f"factory {label} is defined in an interactive session (a notebook, python -c or a REPL), which "
+            "a fresh process cannot import; put it in a .py file and pass 'path/to/file.py:function'"
+        )
+    if getattr(main, qualname, None) is not inner:
+        raise TargetError(f"factory {label} is not the module-level name {qualname!r} of {main.__file__}; {fix}")  # type: ignore[union-attr]
+    if inner is not factory:
+        raise TargetError(
+            f"factory {label} is a functools.partial of a function of the script run as __main__, which a fresh "
+            "process cannot import; pass the function itself, or a partial of a function in an importable module"
+        )
 
 
 def call_factory(factory: Callable[..., Any], rank: int, world_size: int) -> Any:

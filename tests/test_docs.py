@@ -1,0 +1,201 @@
+"""Every code block of README.md and docs/*.md runs as written, on CPU.
+
+Each page is one script: its ```python blocks, in order, each at its own line number (a traceback's
+``page.md.py, line 57`` is line 57 of the page), run in a fresh interpreter in a temporary folder
+(``examples/`` and ``bench/`` linked in) with a timeout. A page is one test; every block that is
+not run is a test of its own that is skipped with the reason the page gives. Blocks fenced with
+```bash run where marked, as shell commands at their place in the page's script; blocks fenced
+with a bare ``` are text (usage lines, file layouts) and are not code.
+
+What is run is chosen in the markdown, by an HTML comment (invisible when rendered) on the lines
+right before a fence:
+
+    <!-- doc-test: skip REASON -->        the next block is not run; its test is skipped with REASON
+    <!-- doc-test: requires PKG ... -->   the next block is skipped, naming the module, if one is missing
+    <!-- doc-test: gpu -->                the next block is skipped unless CUDA is available
+    <!-- doc-test: run -->                the next ```bash block runs (every bash block needs run or skip)
+    <!-- doc-test: setup
+    dataset = list(range(1000))          hidden Python run right before the next block: what the page
+    -->                                   leaves to the reader (``dataset``, ``model``, a file to read)
+
+A ```python block runs unless it is marked; a ```bash block without ``run`` or ``skip`` fails the
+page's test, so that nothing is left out silently. New pages under docs/ are picked up as they are.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+TIMEOUT = 240.0  # seconds per page (a loaded 2-core machine); the pages together take well under this
+LINKED = ("examples", "bench")  # folders the pages' commands name, linked into the temporary folder
+LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SHARDWISE_SEED")  # fmt: skip
+
+FENCE = re.compile(r"^```(\w*)\s*$")
+MARKER = re.compile(r"^<!--\s*doc-test:\s*(\w+)\s*(.*?)\s*(-->)?\s*$")
+HELPER = (
+    "import subprocess as _s, sys as _y\n"
+    "def sh(command, line):\n"
+    "    print(f'$ {command}', flush=True)\n"
+    "    done = _s.run(command, shell=True, executable='/bin/bash')\n"
+    "    if done.returncode:\n"
+    "        raise SystemExit(f'line {line}: the command exited with status {done.returncode}: {command}')\n"
+)
+
+
+@dataclass
+class Block:
+    """One fenced block of a page, and what its markers say."""
+
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: list[str]
+    setup: list[tuple[int, list[str]]] = field(default_factory=list)  # (first line, lines)
+    skip: str | None = None
+    requires: list[str] = field(default_factory=list)
+    gpu: bool = False
+    run: bool = False
+
+    def why_not_run(self) -> str | None:
+        """The reason this block is not run here, or None."""
+        if self.skip is not None:
+            return self.skip or "marked skip"
+        missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
+        if missing:
+            return f"needs {', '.join(missing)}, which is not installed"
+        if self.gpu:
+            import torch
+
+            if not torch.cuda.is_available():
+                return "needs a CUDA GPU"
+        return None  # an unmarked bash block is the page's error, reported by its test
+
+
+def _mark(block: Block, kind: str, rest: str, where: str) -> None:
+    if kind == "skip":
+        block.skip = rest
+    elif kind == "requires":
+        block.requires += rest.split()
+    elif kind == "gpu":
+        block.gpu = True
+    elif kind == "run":
+        block.run = True
+    else:
+        raise ValueError(f"{where}: unknown doc-test marker {kind!r} (skip, requires, gpu, run, setup)")
+
+
+def parse(page: Path) -> list[Block]:
+    """The page's ```python and ```bash blocks with their markers."""
+    lines = page.read_text().splitlines()
+    blocks: list[Block] = []
+    pending = Block(0, "", [])
+    i = 0
+    while i < len(lines):
+        text = lines[i]
+        marker = MARKER.match(text)
+        fence = FENCE.match(text)
+        if marker:
+            kind, rest, closed = marker.group(1), marker.group(2), marker.group(3)
+            if kind == "setup":
+                body: list[str] = []
+                start = i + 2
+                while not closed:
+                    i += 1
+                    if i >= len(lines):
+                        raise ValueError(f"{page.name}:{start - 1}: a doc-test setup comment is never closed by -->")
+                    if lines[i].strip() == "-->":
+                        break
+                    body.append(lines[i])
+                pending.setup.append((start, body))
+            else:
+                _mark(pending, kind, rest, f"{page.name}:{i + 1}")
+        elif fence:
+            language = fence.group(1)
+            start = i
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                i += 1
+            if language in ("python", "bash", "sh"):
+                pending.line, pending.language, pending.code = start + 1, "bash" if language == "sh" else language, \
+                    lines[start + 1:i]  # fmt: skip
+                blocks.append(pending)
+                pending = Block(0, "", [])
+        i += 1
+    if pending.setup:  # setup after the last block: run at the end of the page
+        pending.language, pending.line = "python", len(lines) + 1
+        blocks.append(pending)
+    return blocks
+
+
+def script(page: Path, blocks: list[Block]) -> str:
+    """The page as one Python script whose line numbers are the page's."""
+    out = [""] * (len(page.read_text().splitlines()) + 2)
+    out[0] = "from _doc_test_helper import sh as _doc_test_sh  # noqa"
+    for block in blocks:
+        if block.why_not_run() is not None:
+            continue
+        for start, body in block.setup:
+            for k, text in enumerate(body):
+                out[start - 1 + k] = text
+        if block.language == "python":
+            for k, text in enumerate(block.code):
+                out[block.line + k] = text
+        elif block.language == "bash" and block.run and block.code:
+            command = "\n".join(block.code)
+            out[block.line] = f"_doc_test_sh({command!r}, {block.line + 1})"
+    return "\n".join(out) + "\n"
+
+
+def _cases() -> list[object]:
+    cases: list[object] = []
+    for page in PAGES:
+        name = page.relative_to(ROOT).as_posix()
+        blocks = parse(page)
+        cases.append(pytest.param(page, None, id=name))
+        for block in blocks:
+            if block.code and block.why_not_run() is not None:
+                cases.append(pytest.param(page, block.line, id=f"{name}:{block.line}"))
+    return cases
+
+
+@pytest.mark.parametrize(("page", "line"), _cases())
+def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> None:
+    """The page's blocks, run in order as one script on CPU, exit 0; a block not run says why."""
+    blocks = parse(page)
+    if line is not None:
+        block = next(b for b in blocks if b.line == line)
+        pytest.skip(f"{page.name}:{line} ({block.language}): {block.why_not_run()}")
+    unmarked = [b.line for b in blocks if b.language == "bash" and not b.run and b.skip is None]
+    assert not unmarked, (
+        f"{page.name}: bash blocks at lines {unmarked} have no doc-test marker; put <!-- doc-test: run --> or "
+        "<!-- doc-test: skip REASON --> right before each"
+    )
+    if not any(b.why_not_run() is None and (b.language == "python" or b.run) for b in blocks):
+        pytest.skip(f"{page.name}: no block to run")
+    (tmp_path / "_doc_test_helper.py").write_text(HELPER)
+    for name in LINKED:
+        (tmp_path / name).symlink_to(ROOT / name)
+    path = tmp_path / f"{page.name}.py"
+    path.write_text(script(page, blocks))
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    env.update(PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", SHARDWISE_VERIFY_PROCESSES="1",
+               PYTHONWARNINGS="ignore")  # fmt: skip
+    try:
+        done = subprocess.run([sys.executable, path.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{page.name} did not finish within {TIMEOUT:.0f} s")
+    assert done.returncode == 0, (
+        f"{page.name} failed (line numbers are the page's):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )
