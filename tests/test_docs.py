@@ -41,6 +41,12 @@ LINKED = ("examples", "bench")  # folders the pages' commands name, linked into 
 LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SHARDWISE_SEED")  # fmt: skip
 
+# Pages another branch owns, whose snippet needs a fix there: run, and expected to fail until it lands.
+NOT_YET = {
+    "docs/scale.md": "line 109 reads lengths.npy and writes /shared/shardwise-cache: the page's owner adds a "
+    "<!-- doc-test: setup --> that saves lengths.npy and a relative cache_dir",
+}
+
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARKER = re.compile(r"^<!--\s*doc-test:\s*(\w+)\s*(.*?)\s*(-->)?\s*$")
 HELPER = (
@@ -161,7 +167,8 @@ def _cases() -> list[object]:
     for page in PAGES:
         name = page.relative_to(ROOT).as_posix()
         blocks = parse(page)
-        cases.append(pytest.param(page, None, id=name))
+        marks = [pytest.mark.xfail(reason=NOT_YET[name], strict=False)] if name in NOT_YET else []
+        cases.append(pytest.param(page, None, id=name, marks=marks))
         for block in blocks:
             if block.code and block.why_not_run() is not None:
                 cases.append(pytest.param(page, block.line, id=f"{name}:{block.line}"))
