@@ -206,3 +206,43 @@ def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> N
     assert done.returncode == 0, (
         f"{page.name} failed (line numbers are the page's):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     )
+
+
+def test_markers_choose_what_runs_and_keep_the_page_line_numbers(tmp_path: Path) -> None:
+    """setup runs hidden code before its block, skip/requires/gpu give reasons, code keeps its page line."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n"  # 1
+        "<!-- doc-test: setup\n"  # 2
+        "x = 40\n"  # 3
+        "-->\n"  # 4
+        "```python\n"  # 5
+        "y = x + 2\n"  # 6
+        "```\n"  # 7
+        "<!-- doc-test: skip needs a cluster -->\n"  # 8
+        "```python\n"  # 9
+        "raise SystemExit(1)\n"  # 10
+        "```\n"  # 11
+        "<!-- doc-test: requires no_such_module_here -->\n"  # 12
+        "```python\n"  # 13
+        "import no_such_module_here\n"  # 14
+        "```\n"  # 15
+        "```bash\n"  # 16
+        "echo unmarked\n"  # 17
+        "```\n"  # 18
+        "```\n"  # 19
+        "plain text, not code\n"  # 20
+        "```\n"  # 21
+    )
+    blocks = parse(page)
+    assert [(b.line, b.language) for b in blocks] == [(5, "python"), (9, "python"), (13, "python"), (16, "bash")]
+    assert [b.why_not_run() for b in blocks] == [
+        None, "needs a cluster", "needs no_such_module_here, which is not installed", None,
+    ]
+    assert not blocks[3].run and blocks[3].skip is None  # the page's test fails on this unmarked bash block
+    lines = script(page, blocks).splitlines()
+    assert lines[2] == "x = 40" and lines[5] == "y = x + 2"  # 0-based: page lines 3 and 6
+    assert "SystemExit" not in "\n".join(lines) and "no_such_module_here" not in "\n".join(lines)
+    with pytest.raises(ValueError, match="unknown doc-test marker 'skipp'"):
+        page.write_text("<!-- doc-test: skipp typo -->\n```python\npass\n```\n")
+        parse(page)
