@@ -117,7 +117,9 @@ def verify(
     Args:
         factory: a module-level callable (pickled by reference), or ``"package.module:function"``,
             or ``"path/to/file.py:function"``; it returns a ``Sampler``, a batch sampler or a
-            ``DataLoader`` (map-style).
+            ``DataLoader`` (map-style). A lambda, a nested function or one typed into a notebook is
+            refused at once; a script that calls ``verify`` without a main guard is imported by the
+            fresh processes only up to that call.
         world_size: ranks to verify.
         epochs: epochs every rank iterates (2 or more to check that the order changes).
         dataset_size: number of samples, for the coverage and index range checks (taken from
@@ -125,6 +127,7 @@ def verify(
         lengths: per-sample lengths (tokens) to judge per-step token balance (a sampler's own
             ``lengths`` attribute is used if not given).
         spawn: verify in a real ``torch.distributed`` gloo group of ``world_size`` processes.
+            ``True`` or ``False`` only.
         timeout: seconds for the whole verification.
 
     Returns:
