@@ -195,6 +195,8 @@ def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> N
     path = tmp_path / f"{page.name}.py"
     path.write_text(script(page, blocks))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    # The commands' python and shardwise are this interpreter's, activated or not.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", SHARDWISE_VERIFY_PROCESSES="1",
                PYTHONWARNINGS="ignore")  # fmt: skip
