@@ -49,3 +49,28 @@ def test_import_does_not_pull_optional_packages() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_public_classes_show_their_real_signature() -> None:
+    """inspect.signature, help() and IDEs see each class's parameters, not the metaclass's (*args, **kwargs)."""
+    import enum
+    import inspect
+
+    checked = 0
+    for name in shardwise.__all__:
+        obj = getattr(shardwise, name)
+        if not inspect.isclass(obj) or issubclass(obj, (BaseException, enum.Enum)):
+            continue
+        try:
+            signature = inspect.signature(obj)
+        except ValueError:  # builtins and enums without a Python signature
+            continue
+        kinds = {parameter.kind for parameter in signature.parameters.values()}
+        assert not ({inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds), (name, signature)
+        init = list(inspect.signature(obj.__init__).parameters)[1:]
+        if init and init not in (["args", "kwargs"], ["args", "kwds"]):
+            assert list(signature.parameters) == init, (name, signature)
+        checked += 1
+    assert checked >= 15
+    assert list(inspect.signature(shardwise.BucketBatchSampler).parameters)[:2] == ["lengths", "max_tokens"]
+    assert "self" not in inspect.signature(shardwise.ShardedSampler).parameters

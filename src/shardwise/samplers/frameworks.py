@@ -22,6 +22,7 @@ therefore leave it in place, and must still be able to set its epoch:
 
 from __future__ import annotations
 
+import inspect
 import sys
 from types import FrameType
 from typing import Any
@@ -53,7 +54,17 @@ class Keep:
 
 
 class PlanMeta(type):
-    """Metaclass of the sampler shell: honours :class:`Keep` so a framework's rebuild is the identity."""
+    """Metaclass of the sampler shell: honours :class:`Keep` so a framework's rebuild is the identity.
+
+    It also gives each class the signature of its ``__init__`` (without ``self``): otherwise
+    ``inspect.signature``, ``help()`` and IDEs would show this ``__call__``'s ``(*args, **kwargs)``.
+    """
+
+    def __init__(cls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(name, bases, namespace, **kwargs)
+        init = inspect.signature(cls.__init__)  # type: ignore[misc]
+        params = list(init.parameters.values())[1:]
+        cls.__signature__ = init.replace(parameters=params, return_annotation=inspect.Signature.empty)
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         kept: object = args[0].sampler if args and isinstance(args[0], Keep) else None
