@@ -8,12 +8,16 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
+
+import shardwise
 
 pytest.importorskip("transformers")
 
@@ -145,6 +149,63 @@ def test_trainer_refuses_a_train_sampler_that_is_not_shardwise() -> None:
 
     with pytest.raises(TypeError, match=r"train_sampler should be a shardwise sampler.*got train_sampler=3"):
         ShardwiseTrainer(train_sampler=3)
+
+
+WANTED = r"train_sampler should be a shardwise sampler or batch sampler instance, or a callable \(train_dataset, args\)"
+
+
+@pytest.mark.parametrize(
+    ("make", "names"),
+    [
+        pytest.param(lambda: shardwise.ShardedSampler,
+                     r"the class ShardedSampler\(dataset, \*, .*pass an instance instead: train_sampler=Sharded", id="class"),
+        pytest.param(lambda: shardwise.BucketBatchSampler,
+                     r"the class BucketBatchSampler\(lengths, .*does not take the 2 positional", id="batch-class"),
+        pytest.param(lambda: torch.utils.data.RandomSampler,
+                     r"the class RandomSampler, which is not a shardwise sampler or batch sampler", id="torch-class"),
+        pytest.param(lambda: torch.utils.data.RandomSampler(range(4)),
+                     r"got train_sampler=<torch.utils.data.sampler.RandomSampler object .*\(RandomSampler\)", id="torch"),
+        pytest.param(lambda: lambda dataset: 0,
+                     r"with signature \(dataset\), which does not take the 2 positional arguments", id="1-argument"),
+        pytest.param(lambda: lambda dataset, args, seed: 0,
+                     r"with signature \(dataset, args, seed\), which does not take the 2", id="3-arguments"),
+    ],
+)  # fmt: skip
+def test_trainer_refuses_a_sampler_class_or_a_factory_of_another_arity_at_construction(
+    make: Callable[[], object], names: str
+) -> None:
+    """A sampler class, a torch sampler, a factory of 1 or 3 arguments: TypeError at ShardwiseTrainer(), not at train()."""
+    from shardwise.integrations.transformers import ShardwiseTrainer
+
+    with pytest.raises(TypeError, match=WANTED + ".*" + names):
+        ShardwiseTrainer(train_sampler=make())
+
+
+def test_trainer_takes_a_sampler_an_instance_factory_or_a_sampler_class_of_the_factory_arity(tmp_path: Path) -> None:
+    """An instance, a (train_dataset, args) callable, a shardwise class built from (train_dataset, args): all train."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    import shardwise
+
+    example = _example()
+    data = example.TokenDataset(8)
+
+    class FromArgs(shardwise.ShardedSampler):
+        def __init__(self, dataset: Any, args: Any) -> None:
+            super().__init__(dataset, seed=args.seed)
+
+    def factory(dataset: Any, args: Any) -> shardwise.ShardedSampler:
+        return shardwise.ShardedSampler(dataset, seed=args.seed)
+
+    for source in (shardwise.ShardedSampler(data, seed=7), factory, FromArgs):
+        args = TrainingArguments(str(tmp_path), per_device_train_batch_size=BATCH, max_steps=2, use_cpu=True, seed=7,
+                                 remove_unused_columns=False, report_to="none", disable_tqdm=True, save_strategy="no")  # fmt: skip
+        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+        trainer = example.RecordingTrainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
+                                           data_collator=example.collate, train_sampler=source)  # fmt: skip
+        trainer.train()
+        assert isinstance(trainer.train_sampler, shardwise.ShardedSampler) and trainer.train_sampler.seed == 7
+        assert sorted(i for batch in trainer.seen for i in batch[1:]) == list(range(8))
 
 
 def test_missing_transformers_names_the_install_command() -> None:
