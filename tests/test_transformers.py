@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -116,6 +117,59 @@ def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(tmp
     assert resumed == [run[rank][step] for step in range(4, 2 * PER_EPOCH) for rank in (0, 1)]
     final: dict[str, Any] = json.loads((tmp_path / "resume-rank0.json").read_text())
     assert final["global_step"] == 2 + (2 * 2 * PER_EPOCH - 8) // 2  # the step budget follows the world size
+
+
+def _records(out: Path, phase: str, world_size: int) -> list[tuple[int, int, list[int]]]:
+    """Every batch trained, over all ranks: (global step before it, epoch, samples)."""
+    records = []
+    for rank in range(world_size):
+        saved = json.loads((out / f"{phase}-rank{rank}.json").read_text())
+        records += [(batch[0], epoch, batch[1:]) for batch, epoch in zip(saved["seen"], saved["epochs"], strict=True)]
+    return records
+
+
+def _states(out: Path) -> dict[int, dict[str, Any]]:
+    """shardwise_sampler.json of every checkpoint, by global step."""
+    folders = (out / "checkpoints").glob("checkpoint-*")
+    return {int(folder.name.split("-")[1]): json.loads((folder / "shardwise_sampler.json").read_text()) for folder in folders}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_trainer_resume_chains_from_a_plain_checkpoint_across_world_sizes(tmp_path: Path) -> None:
+    """plain -> shardwise -> shardwise on 2 ranks, and on 2 -> 1 -> 2, accumulating 2: nothing lost or repeated, states exact."""
+    options = ("--strategy", "random", "--grad-accum", "2", "--save-steps", "2")  # 6 optimizer steps an epoch on 2 ranks
+    _launch(tmp_path / "run", 2, *options)
+    plain = tmp_path / "plain"  # checkpoint-2 as a plain Trainer saves it: without shardwise_sampler.json
+    shutil.copytree(tmp_path / "run" / "checkpoints" / "checkpoint-2", plain)
+    (plain / "shardwise_sampler.json").unlink()
+    # link: (world size, resumed from (link, step)); "replay" replays 2 steps of 2 batches, with the warning.
+    links: dict[str, tuple[int, tuple[str, int] | None]] = {
+        "run": (2, None), "replay": (2, ("run", 2)), "same": (2, ("replay", 4)), "one": (1, ("replay", 4)),
+        "two": (2, ("one", 12)),  # world size 1 saves checkpoint-12 4 steps into epoch 1 (8 steps an epoch)
+    }  # fmt: skip
+    history: dict[str, list[tuple[int, int, list[int]]]] = {"run": _records(tmp_path / "run", "run", 2)}
+    for name, (world_size, origin) in links.items():
+        if origin is None:
+            continue
+        parent, step = origin
+        folder = plain if name == "replay" else tmp_path / parent / "checkpoints" / f"checkpoint-{step}"
+        _launch(tmp_path / name, world_size, *options, "--resume", str(folder))
+        # What the chain trained: the parent's history before the checkpoint, then this link's batches.
+        history[name] = [r for r in history[parent] if r[0] < step] + _records(tmp_path / name, "resume", world_size)
+
+    for name, records in history.items():
+        for epoch in (0, 1):  # every sample exactly once an epoch: 0 lost, 0 repeated
+            assert Counter(i for _, e, ids in records if e == epoch for i in ids) == Counter(range(96)), (name, epoch)
+        for step, state in _states(tmp_path / name).items():  # each saved position: the samples trained in its epoch
+            epoch, consumed = state["sampler"]["epoch"], state["sampler"]["consumed"]
+            trained = sum(len(ids) for s, e, ids in records if s < step and e == epoch)
+            assert (consumed, state["world_size"]) == (trained, links[name][0]), (name, step)
+    run, states = _seen(tmp_path / "run", "run"), _states(tmp_path / "run")
+    for name, start in (("replay", 2), ("same", 4)):  # same world size: the uninterrupted run's batches and states
+        assert _seen(tmp_path / name, "resume") == [rank[start * 2:] for rank in run], name
+        assert _states(tmp_path / name) == {step: states[step] for step in states if step > start}, name
+    assert json.loads((tmp_path / "two" / "resume-rank0.json").read_text())["global_step"] == 12 + 4
 
 
 def test_default_sampler_follows_training_arguments() -> None:
