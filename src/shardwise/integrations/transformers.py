@@ -29,7 +29,8 @@ What ``Trainer`` does with its training loader, and what this module changes:
   remaining batches are counted at the new size and, for epoch-driven runs (``max_steps`` unset),
   the run's step budget is adjusted so the epochs still end where they should; the learning-rate
   schedule, counted in optimizer steps, is Trainer's own business. A checkpoint without the file
-  (from a plain ``Trainer``) resumes as ``Trainer`` does, by replaying, with a warning.
+  (from a plain ``Trainer``) resumes as ``Trainer`` does, by replaying, with a warning; the
+  replayed batches count as trained, so every later checkpoint holds the uninterrupted run's state.
 
 Example:
     >>> from shardwise.integrations.transformers import ShardwiseTrainer  # doctest: +SKIP
