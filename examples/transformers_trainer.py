@@ -13,7 +13,7 @@ then resume from the checkpoint saved mid-epoch 0 (at any world size, e.g. ``--n
     python -m torch.distributed.run --nproc-per-node 2 --standalone examples/transformers_trainer.py \
         --out /tmp/hf --strategy group_by_length --resume /tmp/hf/checkpoints/checkpoint-3
 
-Each rank writes the samples it trained on, batch by batch, to ``<out>/<phase>-rank<r>.json``.
+Each rank writes the samples it trained on, batch by batch, with each batch's epoch, to ``<out>/<phase>-rank<r>.json``.
 """
 
 from __future__ import annotations
