@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -212,11 +213,15 @@ WANTED = r"train_sampler should be a shardwise sampler or batch sampler instance
     ("make", "names"),
     [
         pytest.param(lambda: shardwise.ShardedSampler,
-                     r"the class ShardedSampler\(dataset, \*, .*pass an instance instead: train_sampler=Sharded", id="class"),
+                     r"the class ShardedSampler with signature \(dataset, \*, .*instead: train_sampler=Sharded", id="class"),
         pytest.param(lambda: shardwise.BucketBatchSampler,
-                     r"the class BucketBatchSampler\(lengths, .*does not take the 2 positional", id="batch-class"),
+                     r"the class BucketBatchSampler with signature \(lengths, .*does not take the 2", id="batch-class"),
+        pytest.param(lambda: functools.partial(shardwise.ShardedSampler, seed=3),
+                     r"ShardedSampler'>, seed=3\) with signature \(dataset, \*, .*instead: train_sampler=", id="partial"),
         pytest.param(lambda: torch.utils.data.RandomSampler,
-                     r"the class RandomSampler, which is not a shardwise sampler or batch sampler", id="torch-class"),
+                     r"the class RandomSampler, which does not build a shardwise sampler or batch", id="torch-class"),
+        pytest.param(lambda: functools.partial(torch.utils.data.RandomSampler, replacement=True),
+                     r"RandomSampler'>, replacement=True\), which does not build a shardwise", id="torch-partial"),
         pytest.param(lambda: torch.utils.data.RandomSampler(range(4)),
                      r"got train_sampler=<torch.utils.data.sampler.RandomSampler object .*\(RandomSampler\)", id="torch"),
         pytest.param(lambda: lambda dataset: 0,
@@ -228,7 +233,7 @@ WANTED = r"train_sampler should be a shardwise sampler or batch sampler instance
 def test_trainer_refuses_a_sampler_class_or_a_factory_of_another_arity_at_construction(
     make: Callable[[], object], names: str
 ) -> None:
-    """A sampler class, a torch sampler, a factory of 1 or 3 arguments: TypeError at ShardwiseTrainer(), not at train()."""
+    """A sampler class (or partial), a torch sampler, a factory of 1 or 3 arguments: TypeError at construction."""
     from shardwise.integrations.transformers import ShardwiseTrainer
 
     with pytest.raises(TypeError, match=WANTED + ".*" + names):
