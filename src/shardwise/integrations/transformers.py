@@ -194,8 +194,9 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
 
     Raises:
         TypeError: at construction, ``train_sampler`` is neither a shardwise sampler instance nor a
-            callable taking ``(train_dataset, args)`` (a sampler class, a torch sampler, a factory of
-            another arity); when the loader is built, the factory returned something else.
+            callable taking ``(train_dataset, args)`` (a sampler class whose constructor takes other
+            arguments, a torch sampler, a factory of another arity); when the loader is built, the
+            factory returned something else.
 
     Example:
         >>> from trl import SFTTrainer  # doctest: +SKIP
