@@ -13,7 +13,7 @@ then resume from the checkpoint saved mid-epoch 0 (at any world size, e.g. ``--n
     python -m torch.distributed.run --nproc-per-node 2 --standalone examples/transformers_trainer.py \
         --out /tmp/hf --strategy group_by_length --resume /tmp/hf/checkpoints/checkpoint-3
 
-Each rank writes the samples it trained on, batch by batch, to ``<out>/<phase>-rank<r>.json``.
+Each rank writes the samples it trained on, batch by batch, with each batch's epoch, to ``<out>/<phase>-rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ class RecordingTrainer(ShardwiseTrainer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[list[int]] = []
+        self.epochs: list[int] = []  # the epoch of each batch of seen
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         self.seen.append([self.state.global_step, *inputs.pop("idx").tolist()])
+        self.epochs.append(int(self.state.epoch or 0))  # epoch + fraction done; below epoch + 1 until it ends
         return super().training_step(model, inputs, *args, **kwargs)
 
 
@@ -115,8 +117,8 @@ def main() -> None:
     phase = options.phase or ("resume" if options.resume else "run")
     rank = args.process_index
     with open(os.path.join(options.out, f"{phase}-rank{rank}.json"), "w") as file:
-        json.dump({"seen": trainer.seen, "world": args.world_size, "global_step": trainer.state.global_step,
-                   "sampler": repr(trainer.train_sampler)}, file)  # fmt: skip
+        json.dump({"seen": trainer.seen, "epochs": trainer.epochs, "world": args.world_size,
+                   "global_step": trainer.state.global_step, "sampler": repr(trainer.train_sampler)}, file)  # fmt: skip
     if rank == 0:
         print(f"{phase}: {trainer.train_sampler!r}: {len(trainer.seen)} batches on rank 0, "
               f"global step {trainer.state.global_step}")  # fmt: skip

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
+
+import shardwise
 
 pytest.importorskip("transformers")
 
@@ -114,6 +120,59 @@ def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(tmp
     assert final["global_step"] == 2 + (2 * 2 * PER_EPOCH - 8) // 2  # the step budget follows the world size
 
 
+def _records(out: Path, phase: str, world_size: int) -> list[tuple[int, int, list[int]]]:
+    """Every batch trained, over all ranks: (global step before it, epoch, samples)."""
+    records = []
+    for rank in range(world_size):
+        saved = json.loads((out / f"{phase}-rank{rank}.json").read_text())
+        records += [(batch[0], epoch, batch[1:]) for batch, epoch in zip(saved["seen"], saved["epochs"], strict=True)]
+    return records
+
+
+def _states(out: Path) -> dict[int, dict[str, Any]]:
+    """shardwise_sampler.json of every checkpoint, by global step."""
+    folders = (out / "checkpoints").glob("checkpoint-*")
+    return {int(folder.name.split("-")[1]): json.loads((folder / "shardwise_sampler.json").read_text()) for folder in folders}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_trainer_resume_chains_from_a_plain_checkpoint_across_world_sizes(tmp_path: Path) -> None:
+    """plain -> shardwise -> shardwise on 2 ranks, and on 2 -> 1 -> 2, accumulating 2: nothing lost or repeated, states exact."""
+    options = ("--strategy", "random", "--grad-accum", "2", "--save-steps", "2")  # 6 optimizer steps an epoch on 2 ranks
+    _launch(tmp_path / "run", 2, *options)
+    plain = tmp_path / "plain"  # checkpoint-2 as a plain Trainer saves it: without shardwise_sampler.json
+    shutil.copytree(tmp_path / "run" / "checkpoints" / "checkpoint-2", plain)
+    (plain / "shardwise_sampler.json").unlink()
+    # link: (world size, resumed from (link, step)); "replay" replays 2 steps of 2 batches, with the warning.
+    links: dict[str, tuple[int, tuple[str, int] | None]] = {
+        "run": (2, None), "replay": (2, ("run", 2)), "same": (2, ("replay", 4)), "one": (1, ("replay", 4)),
+        "two": (2, ("one", 12)),  # world size 1 saves checkpoint-12 4 steps into epoch 1 (8 steps an epoch)
+    }  # fmt: skip
+    history: dict[str, list[tuple[int, int, list[int]]]] = {"run": _records(tmp_path / "run", "run", 2)}
+    for name, (world_size, origin) in links.items():
+        if origin is None:
+            continue
+        parent, step = origin
+        folder = plain if name == "replay" else tmp_path / parent / "checkpoints" / f"checkpoint-{step}"
+        _launch(tmp_path / name, world_size, *options, "--resume", str(folder))
+        # What the chain trained: the parent's history before the checkpoint, then this link's batches.
+        history[name] = [r for r in history[parent] if r[0] < step] + _records(tmp_path / name, "resume", world_size)
+
+    for name, records in history.items():
+        for epoch in (0, 1):  # every sample exactly once an epoch: 0 lost, 0 repeated
+            assert Counter(i for _, e, ids in records if e == epoch for i in ids) == Counter(range(96)), (name, epoch)
+        for step, state in _states(tmp_path / name).items():  # each saved position: the samples trained in its epoch
+            epoch, consumed = state["sampler"]["epoch"], state["sampler"]["consumed"]
+            trained = sum(len(ids) for s, e, ids in records if s < step and e == epoch)
+            assert (consumed, state["world_size"]) == (trained, links[name][0]), (name, step)
+    run, states = _seen(tmp_path / "run", "run"), _states(tmp_path / "run")
+    for name, start in (("replay", 2), ("same", 4)):  # same world size: the uninterrupted run's batches and states
+        assert _seen(tmp_path / name, "resume") == [rank[start * 2:] for rank in run], name
+        assert _states(tmp_path / name) == {step: states[step] for step in states if step > start}, name
+    assert json.loads((tmp_path / "two" / "resume-rank0.json").read_text())["global_step"] == 12 + 4
+
+
 def test_default_sampler_follows_training_arguments() -> None:
     """train_sampling_strategy picks ShardedSampler (shuffled or not) or BucketBatchSampler; others are refused."""
     from transformers import TrainingArguments
@@ -145,6 +204,67 @@ def test_trainer_refuses_a_train_sampler_that_is_not_shardwise() -> None:
 
     with pytest.raises(TypeError, match=r"train_sampler should be a shardwise sampler.*got train_sampler=3"):
         ShardwiseTrainer(train_sampler=3)
+
+
+WANTED = r"train_sampler should be a shardwise sampler or batch sampler instance, or a callable \(train_dataset, args\)"
+
+
+@pytest.mark.parametrize(
+    ("make", "names"),
+    [
+        pytest.param(lambda: shardwise.ShardedSampler,
+                     r"the class ShardedSampler with signature \(dataset, \*, .*instead: train_sampler=Sharded", id="class"),
+        pytest.param(lambda: shardwise.BucketBatchSampler,
+                     r"the class BucketBatchSampler with signature \(lengths, .*does not take the 2", id="batch-class"),
+        pytest.param(lambda: functools.partial(shardwise.ShardedSampler, seed=3),
+                     r"ShardedSampler'>, seed=3\) with signature \(dataset, \*, .*instead: train_sampler=", id="partial"),
+        pytest.param(lambda: torch.utils.data.RandomSampler,
+                     r"the class RandomSampler, which does not build a shardwise sampler or batch", id="torch-class"),
+        pytest.param(lambda: functools.partial(torch.utils.data.RandomSampler, replacement=True),
+                     r"RandomSampler'>, replacement=True\), which does not build a shardwise", id="torch-partial"),
+        pytest.param(lambda: torch.utils.data.RandomSampler(range(4)),
+                     r"got train_sampler=<torch.utils.data.sampler.RandomSampler object .*\(RandomSampler\)", id="torch"),
+        pytest.param(lambda: lambda dataset: 0,
+                     r"with signature \(dataset\), which does not take the 2 positional arguments", id="1-argument"),
+        pytest.param(lambda: lambda dataset, args, seed: 0,
+                     r"with signature \(dataset, args, seed\), which does not take the 2", id="3-arguments"),
+    ],
+)  # fmt: skip
+def test_trainer_refuses_a_sampler_class_or_a_factory_of_another_arity_at_construction(
+    make: Callable[[], object], names: str
+) -> None:
+    """A sampler class (or partial), a torch sampler, a factory of 1 or 3 arguments: TypeError at construction."""
+    from shardwise.integrations.transformers import ShardwiseTrainer
+
+    with pytest.raises(TypeError, match=WANTED + ".*" + names):
+        ShardwiseTrainer(train_sampler=make())
+
+
+def test_trainer_takes_a_sampler_an_instance_factory_or_a_sampler_class_of_the_factory_arity(tmp_path: Path) -> None:
+    """An instance, a (train_dataset, args) callable, a shardwise class built from (train_dataset, args): all train."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    import shardwise
+
+    example = _example()
+    data = example.TokenDataset(8)
+
+    class FromArgs(shardwise.ShardedSampler):
+        def __init__(self, dataset: Any, args: Any) -> None:
+            super().__init__(dataset, seed=args.seed)
+
+    def factory(dataset: Any, args: Any) -> shardwise.ShardedSampler:
+        return shardwise.ShardedSampler(dataset, seed=args.seed)
+
+    for source in (shardwise.ShardedSampler(data, seed=7), factory, FromArgs):
+        args = TrainingArguments(str(tmp_path), per_device_train_batch_size=BATCH, max_steps=2, use_cpu=True, seed=7,
+                                 remove_unused_columns=False, report_to="none", disable_tqdm=True, save_strategy="no")  # fmt: skip
+        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+        trainer = example.RecordingTrainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
+                                           data_collator=example.collate, train_sampler=source)  # fmt: skip
+        trainer.train()
+        assert isinstance(trainer.train_sampler, shardwise.ShardedSampler) and trainer.train_sampler.seed == 7
+        assert sorted(i for batch in trainer.seen for i in batch[1:]) == list(range(8))
 
 
 def test_missing_transformers_names_the_install_command() -> None:

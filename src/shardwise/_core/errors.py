@@ -129,3 +129,47 @@ def check_callable(name: str, value: object, *, arguments: tuple[str, ...], retu
             f"{shown(name, value)} with signature {signature} ({error})"
         ) from None
     return value
+
+
+def check_instance_or_factory(
+    name: str, value: object, *, kind: type, described: str, arguments: tuple[str, ...]
+) -> object:
+    """``value`` if it is a ``kind`` or a callable of ``arguments`` that builds one, else raise naming ``name``.
+
+    A class (or a ``functools.partial`` of one) is a factory only if it subclasses ``kind`` and its
+    constructor takes ``arguments``: passing ``ShardedSampler`` where ``ShardedSampler(data)`` is
+    meant is the usual slip. The signature is checked without calling; one Python cannot read
+    (some builtins) is accepted.
+    """
+    import functools
+
+    wanted = f"{described} instance, or a callable ({', '.join(arguments)}) -> {described}"
+    if isinstance(value, kind):
+        return value
+    if not callable(value):
+        raise TypeError(f"{name} should be {wanted}, but got {shown(name, value)} ({type(value).__name__})")
+    target: Callable[..., Any] = value
+    given: tuple[Any, ...] = ()  # a partial's own arguments come first
+    keywords: dict[str, Any] = {}
+    if isinstance(value, functools.partial):
+        target, given, keywords = value.func, value.args, value.keywords
+    cls = target if isinstance(target, type) else None
+    got = f"the class {cls.__name__}" if cls is not None and target is value else shown(name, value)
+    if cls is not None and not issubclass(cls, kind):
+        raise TypeError(f"{name} should be {wanted}, but got {got}, which does not build {described}")
+    try:
+        # A class's own signature can be its metaclass's __call__(*args, **kwargs); its __init__ is the real one.
+        signature = inspect.signature(target if cls is None else cls.__init__)
+    except (TypeError, ValueError):
+        return value
+    parameters = list(signature.parameters.values())[0 if cls is None else 1 :]  # a class: drop self
+    try:
+        signature.replace(parameters=parameters).bind(*given, *arguments, **keywords)
+    except TypeError:
+        bare = inspect.Signature([parameter.replace(annotation=inspect.Parameter.empty) for parameter in parameters])
+        fix = f"; pass an instance instead: {name}={cls.__name__}(...)" if cls is not None else ""
+        raise TypeError(
+            f"{name} should be {wanted}, but got {got} with signature {bare}, which does not take the "
+            f"{len(arguments)} positional arguments ({', '.join(arguments)}){fix}"
+        ) from None
+    return value

@@ -29,7 +29,8 @@ What ``Trainer`` does with its training loader, and what this module changes:
   remaining batches are counted at the new size and, for epoch-driven runs (``max_steps`` unset),
   the run's step budget is adjusted so the epochs still end where they should; the learning-rate
   schedule, counted in optimizer steps, is Trainer's own business. A checkpoint without the file
-  (from a plain ``Trainer``) resumes as ``Trainer`` does, by replaying, with a warning.
+  (from a plain ``Trainer``) resumes as ``Trainer`` does, by replaying, with a warning; the
+  replayed batches count as trained, so every later checkpoint holds the uninterrupted run's state.
 
 Example:
     >>> from shardwise.integrations.transformers import ShardwiseTrainer  # doctest: +SKIP
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from .._core.errors import check_instance_or_factory
 from .._core.plan import pass_end, rank_count
 from ..samplers.base import PlanSampler
 from ..samplers.bucket import BucketBatchSampler
@@ -70,6 +72,7 @@ SamplerFactory = Callable[[Any, Any], PlanSampler[Any]]
 """``factory(train_dataset, training_args) -> shardwise sampler``, called when the loader is built."""
 
 _STRATEGIES = ("random", "sequential", "group_by_length")
+_DESCRIBED = "a shardwise sampler or batch sampler"
 _Base: Any = object
 _Trainer: Any = _transformers.Trainer
 # The Trainer hooks this module extends (transformers 5.23 has them all); fail at import, not mid-run.
@@ -145,11 +148,16 @@ class _Position:
         self.start = 0  # plan position where this pass began (nonzero only in a resumed epoch)
         self.trained = 0  # local batches trained in this pass
         self.resumed: tuple[int, int] | None = None  # (epoch, consumed) loaded from a checkpoint
+        self.replayed: tuple[int, int] | None = None  # (epoch, local batches) Trainer replays (plain checkpoint)
 
     def begin(self, epoch: int) -> None:
-        resumed = self.resumed
-        self.epoch, self.trained = epoch, 0
+        resumed, replayed = self.resumed, self.replayed
+        self.epoch = epoch
         self.start = resumed[1] if resumed is not None and resumed[0] == epoch else 0
+        # A plain Trainer checkpoint: Trainer's skip_first_batches draws and drops the batches trained
+        # before it, from the start of the epoch. They were trained, so the pass has trained them too:
+        # every later state then equals the uninterrupted run's.
+        self.trained = replayed[1] if replayed is not None and replayed[0] == epoch else 0
 
     def _local_units(self, batches: int, total: int, start: int, world_size: int) -> int:
         count = rank_count(total, start, world_size, self.sampler.even)
@@ -184,6 +192,12 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
     ``TrainingArguments``. See the module docstring for what is kept from ``Trainer`` and how
     checkpoints resume.
 
+    Raises:
+        TypeError: at construction, ``train_sampler`` is neither a shardwise sampler instance nor a
+            callable taking ``(train_dataset, args)`` (a sampler class whose constructor takes other
+            arguments, a torch sampler, a factory of another arity); when the loader is built, the
+            factory returned something else.
+
     Example:
         >>> from trl import SFTTrainer  # doctest: +SKIP
         >>> class ShardwiseSFTTrainer(ShardwiseTrainerMixin, SFTTrainer):  # doctest: +SKIP
@@ -193,11 +207,9 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
     """
 
     def __init__(self, *args: Any, train_sampler: PlanSampler[Any] | SamplerFactory | None = None, **kwargs: Any):
-        if train_sampler is not None and not isinstance(train_sampler, PlanSampler) and not callable(train_sampler):
-            raise TypeError(
-                "train_sampler should be a shardwise sampler, a factory (train_dataset, args) -> sampler, or None, "
-                f"but got train_sampler={train_sampler!r}"
-            )
+        if train_sampler is not None:  # a class or a factory of another arity would fail only at train()
+            check_instance_or_factory("train_sampler", train_sampler, kind=PlanSampler, described=_DESCRIBED,
+                                      arguments=("train_dataset", "args"))  # fmt: skip
         self._shardwise_source = train_sampler
         self._shardwise_sampler: PlanSampler[Any] | None = None
         self._shardwise_position: _Position | None = None
@@ -221,7 +233,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
             sampler = default_train_sampler(dataset, self.args, model_input_name=names[0])
         if not isinstance(sampler, PlanSampler):
             raise TypeError(
-                f"the train_sampler factory should return a shardwise sampler, but it returned {type(sampler).__name__}"
+                f"the train_sampler factory should return {_DESCRIBED}, but it returned {type(sampler).__name__}"
             )
         return sampler
 
@@ -310,7 +322,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         position = self._shardwise_position
         if position is None:
             return epochs_trained, steps_trained
-        position.resumed = None
+        position.resumed = position.replayed = None
         if resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs_trained, steps_trained
         path = os.path.join(resume_from_checkpoint, STATE_FILE)
@@ -319,6 +331,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
                 "checkpoint %s has no %s (saved by a plain Trainer?): resuming as Trainer does, by replaying "
                 "the trained batches of the epoch", resume_from_checkpoint, STATE_FILE,
             )  # fmt: skip
+            position.replayed = (epochs_trained, steps_trained)
             return epochs_trained, steps_trained
         with open(path, encoding="utf-8") as file:
             saved = json.load(file)
