@@ -70,7 +70,9 @@ def is_arrow(values: object) -> bool:
 def hf_dataset(values: object) -> bool:
     """True for an HF ``datasets.Dataset`` (recognised without importing datasets)."""
     module = type(values).__module__ or ""
-    return module.startswith("datasets") and hasattr(values, "column_names") and hasattr(values, "data")
+    # a DatasetDict has column_names too, but a dict of them (one list per split)
+    names = getattr(values, "column_names", None)
+    return module.startswith("datasets") and hasattr(values, "data") and isinstance(names, list)
 
 
 def hf_private(dataset: Any) -> tuple[Any, str]:
