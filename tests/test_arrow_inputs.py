@@ -200,3 +200,44 @@ def test_trainer_default_sampler_reads_the_arrow_column(on_disk: Any) -> None:
     assert default_train_sampler(mixture, args).lengths.tolist() == expected
     with pytest.raises(ValueError, match=r"columns \['label', 'weight'\]; add a length column: dataset = dataset.map"):
         default_train_sampler(on_disk.select_columns(["label", "weight"]), args)
+
+
+def test_trainer_group_by_length_run_over_an_hf_dataset(on_disk: Any, tmp_path: Path) -> None:
+    """A real ShardwiseTrainer run (tiny GPT-2) over a memory-mapped Dataset trains the BucketBatchSampler's batches."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from shardwise.integrations.transformers import ShardwiseTrainer, default_train_sampler
+
+    data = on_disk.select(range(64)).filter(lambda row: len(row["input_ids"]) > 0).select_columns(["input_ids"])
+
+    def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, feature in enumerate(features):
+            ids[row, : len(feature["input_ids"])] = torch.as_tensor(feature["input_ids"])
+            mask[row, : len(feature["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+    trained: list[list[int]] = []
+
+    class Recording(ShardwiseTrainer):  # type: ignore[misc]
+        def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            trained.append(sorted(inputs["attention_mask"].sum(1).tolist()))
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    args = TrainingArguments(str(tmp_path / "out"), train_sampling_strategy="group_by_length", per_device_train_batch_size=4,
+                             num_train_epochs=1, seed=7, use_cpu=True, report_to="none", disable_tqdm=True,
+                             save_strategy="no", logging_strategy="no")  # fmt: skip
+    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    trainer = Recording(model=GPT2LMHeadModel(config), args=args, train_dataset=data, data_collator=collate)
+    trainer.train()
+    sampler = trainer.train_sampler
+    assert isinstance(sampler, shardwise.BucketBatchSampler) and isinstance(sampler.lengths, np.memmap)
+    lengths = np.array(_slow(data, "input_ids", "length"))
+    assert sampler.lengths.tolist() == lengths.tolist()
+    plan = default_train_sampler(data, args)
+    plan.set_epoch(0)
+    assert trained == [sorted(lengths[batch].tolist()) for batch in plan]
