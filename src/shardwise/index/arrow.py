@@ -39,7 +39,7 @@ import numpy as np
 
 from .cache import DEFAULT_TIMEOUT, CacheDir, build_or_open
 
-__all__ = ["ARROW_KIND", "KINDS", "column", "hf_dataset", "is_arrow", "resolve"]
+__all__ = ["ARROW_KIND", "KINDS", "column", "hf_column", "hf_dataset", "hf_private", "is_arrow", "resolve"]
 
 ARROW_KIND = "arrow-column"
 """The index cache kind of a cached column."""
@@ -75,6 +75,14 @@ def hf_dataset(values: object) -> bool:
     return module.startswith("datasets") and hasattr(values, "data") and isinstance(names, list)
 
 
+def hf_column(values: object) -> bool:
+    """True for ``dataset["name"]`` of an HF Dataset (a lazy ``datasets.arrow_dataset.Column``)."""
+    module = type(values).__module__ or ""
+    source = getattr(values, "source", None)
+    named = isinstance(getattr(values, "column_name", None), str)
+    return module.startswith("datasets") and named and hf_dataset(source)
+
+
 def hf_private(dataset: Any) -> tuple[Any, str]:
     """``(dataset._indices, dataset._fingerprint)``, or raise naming the missing name and the version to pin."""
     for _, name, tested in HF_PRIVATE:
@@ -88,7 +96,7 @@ def hf_private(dataset: Any) -> tuple[Any, str]:
 
 
 def resolve(name: str, values: object) -> object:
-    """``values`` with a ``pyarrow`` Array/ChunkedArray turned into numpy; anything else as is.
+    """``values`` with a ``pyarrow`` Array/ChunkedArray or an HF ``dataset["name"]`` turned into numpy; else as is.
 
     Called by the samplers where they take an array (before the numpy checks of ``_core``): a
     list or string column gives its row lengths, a numeric one its values. An HF Dataset is
@@ -96,6 +104,10 @@ def resolve(name: str, values: object) -> object:
     """
     if is_arrow(values):
         return column(values, kind="length" if _is_sized(values.type) else "values")  # type: ignore[attr-defined]
+    if hf_column(values):  # dataset["length"]: read from Arrow, not row by row through the Column
+        dataset, name_ = values.source, values.column_name  # type: ignore[attr-defined]
+        sized = _is_sized(dataset.data.table.schema.field(name_).type)
+        return column(dataset, name_, kind="length" if sized else "values")
     if hf_dataset(values):
         raise TypeError(
             f"{name} should be an array, but got a datasets.Dataset with columns {list(values.column_names)}; "  # type: ignore[attr-defined]
@@ -117,8 +129,9 @@ def column(
 
     Args:
         source: an HF ``datasets.Dataset`` (memory-mapped or in memory, with any indices mapping
-            or format), a ``shardwise.Mixture``/``ConcatDataset`` of them (concatenated, in order),
-            a ``pyarrow.Table``, a Parquet file's path (or a list of paths, concatenated), or a
+            or format) or one of its columns (``dataset["input_ids"]``, then ``name`` is ``None``),
+            a ``shardwise.Mixture``/``ConcatDataset`` of Datasets (concatenated, in order), a
+            ``pyarrow.Table``, a Parquet file's path (or a list of paths, concatenated), or a
             ``pyarrow`` Array/ChunkedArray (then ``name`` is ``None``).
         name: the column (required for a Dataset, a Table or Parquet files).
         kind: ``"length"`` for the length of each row of a list/string/binary column, ``"values"``
@@ -186,15 +199,16 @@ def _plan(source: Any, name: str | None, kind: str) -> _Plan:
         return _chunks_plan(chunks, source.type, len(source), kind, "the array", None)
     if hf_dataset(source):
         return _dataset_plan(source, _need(name, source), kind)
+    if hf_column(source) and name is None:
+        return _dataset_plan(source.source, source.column_name, kind)
     parts = getattr(source, "datasets", None)  # shardwise.Mixture, torch ConcatDataset
     if isinstance(parts, Sequence) and parts and all(hf_dataset(part) for part in parts):
         return _concat_plan([_dataset_plan(part, _need(name, part), kind) for part in parts])
     if isinstance(source, pa.Table):
         return _table_plan(source, _need(name, source), kind, None)
-    if isinstance(source, (str, os.PathLike)):
-        return _parquet_plan([source], _need(name, source), kind)
-    if isinstance(source, (list, tuple)) and source and all(isinstance(p, (str, os.PathLike)) for p in source):
-        return _parquet_plan(list(source), _need(name, source), kind)
+    paths = [source] if isinstance(source, (str, os.PathLike)) else source
+    if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, (str, os.PathLike)) for p in paths):
+        return _parquet_plan(list(paths), _need(name, source), kind)
     raise TypeError(
         "source should be a datasets.Dataset, a Mixture of them, a pyarrow Table/Array/ChunkedArray or Parquet "
         f"file path(s), but got {type(source).__name__}"
