@@ -160,6 +160,19 @@ def test_samplers_take_pyarrow_arrays_directly(on_disk: Any) -> None:
     assert len(drawn) == 50 and min(drawn) >= 10
 
 
+def test_a_dataset_column_object_is_read_from_arrow(on_disk: Any, tmp_path: Path) -> None:
+    """dataset['input_ids'] / dataset['label'] (lazy Column objects) are read from Arrow, by column and by samplers."""
+    shuffled = on_disk.shuffle(seed=2)
+    lengths = shardwise.column(shuffled["input_ids"], kind="length", cache_dir=tmp_path)
+    assert isinstance(lengths, np.memmap) and lengths.tolist() == _slow(shuffled, "input_ids", "length")
+    bucket = shardwise.BucketBatchSampler(shuffled["input_ids"], batch_size=8, num_replicas=1, rank=0)
+    assert isinstance(bucket.lengths, np.memmap) and bucket.lengths.tolist() == lengths.tolist()
+    classes = shardwise.ClassBalancedBatchSampler(shuffled["label"], classes_per_batch=2, samples_per_class=2,
+                                                  num_replicas=1, rank=0)  # fmt: skip
+    labels = np.array(_slow(shuffled, "label", "values"))
+    assert all(len(set(labels[batch].tolist())) == 2 for batch in list(classes)[:5])
+
+
 def test_bad_columns_name_the_fix(on_disk: Any, tmp_path: Path) -> None:
     """Missing columns, nulls, wrong types, a whole Dataset or a DatasetDict: clear errors that say what to do."""
     with pytest.raises(ValueError, match=r"column 'length' is not in the dataset.*dataset.map\(lambda b"):
