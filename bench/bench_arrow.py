@@ -12,7 +12,8 @@ Every measurement runs in a fresh process (``--phase``), as a rank would:
 
 - ``cold``: a fresh index cache; ``shardwise.column(dataset, "input_ids", kind="length")`` computes
   the lengths from the list offsets and caches them; then ``BucketBatchSampler(lengths,
-  batch_size=8)`` builds (and caches) its length index. This is rank 0 of a node.
+  batch_size=8)`` builds (and caches) its length index, and ``PackedBatchSampler(lengths,
+  max_len=2048, rows_per_batch=8)`` its own. This is rank 0 of a node.
 - ``warm``: the same cache, another process: ranks 1..W-1 of the node open both entries.
 - ``trainer``: ``default_train_sampler(dataset, TrainingArguments(train_sampling_strategy=
   "group_by_length"))`` of ``shardwise.integrations.transformers``, before (the per-row
@@ -141,6 +142,13 @@ def _phase(phase: str, folder: Path, cache: Path, rows: int) -> dict[str, Any]:
         sampler = shardwise.BucketBatchSampler(lengths, batch_size=8, num_replicas=1, rank=0)
         result["sampler_s"] = time.perf_counter() - start
         result["anon_peak_mib"] = memory.stop()
+        memory = PeakAnon()
+        start = time.perf_counter()
+        packed = shardwise.PackedBatchSampler(lengths, max_len=2048, rows_per_batch=8, num_replicas=1, rank=0)
+        result["packed_s"] = time.perf_counter() - start
+        result["packed_anon_peak_mib"] = memory.stop()
+        if len(packed) == 0:
+            raise SystemExit("PackedBatchSampler planned no batch")
         result["mapped"] = isinstance(lengths, np.memmap)
         if not np.array_equal(lengths, expected) or len(sampler) == 0:
             raise SystemExit("the Arrow lengths differ from the lengths written")
@@ -230,6 +238,10 @@ def main() -> None:
         total = med(runs, "column_s") + med(runs, "sampler_s")
         print(f"| {label:<28} | {med(runs, 'column_s') * 1e3:>13.1f} ms | {med(runs, 'sampler_s') * 1e3:>15.1f} ms "
               f"| {total * 1e3:>6.1f} ms | {med(runs, 'anon_peak_mib'):>5.1f} MiB |")  # fmt: skip
+    print("\nthen PackedBatchSampler(lengths, max_len=2048, rows_per_batch=8) on the same lengths (its own index):")
+    for label, runs in (("cold (rank 0 of the node)", cold), ("warm (ranks 1..W-1)", warm)):
+        packed_ms, packed_mib = med(runs, "packed_s") * 1e3, med(runs, "packed_anon_peak_mib")
+        print(f"| {label:<28} | {packed_ms:>10.1f} ms | peak anon {packed_mib:.1f} MiB |")
     before, after = trainer["before_s"], trainer["after_s"]
     per_row = before / trainer["rows"]
     print(f"\nTrainer group_by_length: default_train_sampler over {trainer['rows']:,} rows, cold cache, fresh process")
