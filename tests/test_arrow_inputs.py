@@ -88,20 +88,27 @@ def test_in_memory_dataset_and_a_mixture_of_datasets(tmp_path: Path) -> None:
 
 
 def test_other_ranks_open_the_cached_column_instead_of_recomputing(on_disk: Any, tmp_path: Path) -> None:
-    """A fresh process (another rank of the node) maps the same cache file; the entry is not rebuilt."""
-    first = shardwise.column(on_disk, "input_ids", kind="length", cache_dir=tmp_path)
-    path = Path(str(first.filename))
-    built = path.stat().st_mtime_ns
+    """Two ranks starting at once share one cache entry; a later process maps the same file, not rebuilt."""
     code = (
         "import sys, datasets, shardwise; d = datasets.load_from_disk(sys.argv[1]); "
         "a = shardwise.column(d, 'input_ids', kind='length', cache_dir=sys.argv[2]); print(a.filename, int(a.sum()))"
     )
     folder = str(Path(on_disk.cache_files[0]["filename"]).parent)
-    out = subprocess.run([sys.executable, "-c", code, folder, str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
-    filename, total = out.stdout.split()
-    assert Path(filename) == path and int(total) == int(first.sum())
-    assert path.stat().st_mtime_ns == built and len(list(tmp_path.glob(f"{ARROW_KIND}-*"))) == 1
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    ranks = [subprocess.Popen([sys.executable, "-c", code, folder, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]  # fmt: skip
+    outputs = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err[-2000:]
+        outputs.append(out.split())
+    expected = str(sum(_slow(on_disk, "input_ids", "length")))
+    assert outputs[0] == outputs[1] and outputs[0][1] == expected
+    path = Path(outputs[0][0])
+    built = path.stat().st_mtime_ns
+    later = shardwise.column(on_disk, "input_ids", kind="length", cache_dir=tmp_path)
+    assert Path(str(later.filename)) == path and path.stat().st_mtime_ns == built
+    assert len(list(tmp_path.glob(f"{ARROW_KIND}-*"))) == 1
 
 
 def test_rewritten_files_are_a_new_cache_entry(tmp_path: Path) -> None:
