@@ -141,6 +141,10 @@ def test_parquet_files_row_groups_and_pyarrow_objects(tmp_path: Path) -> None:
     assert shardwise.column(large, kind="length").dtype == np.int64
     fixed = pa.array([[1, 2, 3]] * 4, type=pa.list_(pa.int8(), 3))
     assert shardwise.column(fixed, kind="length").tolist() == [3] * 4
+    weights = pa.array(np.linspace(0, 1, 50))
+    view = shardwise.column(weights)  # numeric, one chunk, no nulls: a view of the Arrow buffer, no copy
+    assert view.ctypes.data == weights.buffers()[1].address and not view.flags.writeable
+    assert view.tolist() == weights.to_pylist()
     text = pa.array(["", "ab", "é"], type=pa.large_string())
     assert shardwise.column(text, kind="length").tolist() == [0, 2, 2]  # bytes
 

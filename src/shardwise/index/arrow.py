@@ -15,7 +15,8 @@ fingerprint and its files' identity (path, size, modification time) or by the Pa
 identity, so the first process of a node computes it and the others map it (milliseconds); the
 result is a read-only ``numpy.memmap``, whose sampler key is then O(1). An in-memory Dataset, a
 ``pyarrow.Table``, ``Array`` or ``ChunkedArray`` has no identity to key by: the result is computed
-in this process (one pass; private memory: the result only, 4-8 bytes a row).
+in this process (one pass; private memory: the result only, 4-8 bytes a row), or is a zero-copy
+view of the Arrow buffer when the values are numeric, in one chunk and without nulls.
 
 Rows follow the Dataset's logical order: a ``select``/``shuffle``/``train_test_split`` indices
 mapping is applied chunk by chunk, and a ``with_format`` view reads the same Arrow table.
@@ -159,7 +160,9 @@ def column(
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name should be a column name (a str) or None, but got name={name!r}")
     plan = _plan(source, name, kind)
-    if plan.key is None or cache_dir is False:
+    if plan.view is not None and plan.key is None:
+        out = plan.view
+    elif plan.key is None or cache_dir is False:
         out = np.empty(plan.rows, dtype=plan.dtype)
         plan.fill(out)
     else:
@@ -183,6 +186,7 @@ class _Plan:
 
     def __init__(self, rows: int, dtype: np.dtype[Any], key: str | None, fill: Callable[..., None]) -> None:
         self.rows, self.dtype, self.key, self._fill = rows, dtype, key, fill
+        self.view: np.ndarray | None = None  # the values as a zero-copy view of one Arrow buffer, if they are one
 
     def fill(self, out: np.ndarray, scratch: Path | None = None) -> None:
         self._fill(out, scratch)
@@ -301,7 +305,10 @@ def _fill_chunks(chunks: Any, kind: str, where: str, out: np.ndarray) -> None:
 
 def _chunks_plan(chunks: Any, type_: Any, rows: int, kind: str, where: str, key: str | None) -> _Plan:
     dtype = _dtype(type_, kind, where)
-    return _Plan(rows, dtype, key, lambda out, scratch: _fill_chunks(chunks, kind, where, out))
+    plan = _Plan(rows, dtype, key, lambda out, scratch: _fill_chunks(chunks, kind, where, out))
+    if kind == "values" and len(chunks) == 1 and not chunks[0].null_count and dtype.kind in "iuf":
+        plan.view = chunks[0].to_numpy(zero_copy_only=True)  # fixed-width, contiguous: no copy at all
+    return plan
 
 
 def _table_plan(table: Any, name: str, kind: str, key: str | None) -> _Plan:
