@@ -21,6 +21,7 @@ from shardwise import (
     RaggedStoreError,
     RaggedWriter,
     ShardedSampler,
+    column,
     pad_collate,
     seed_worker,
     set_epoch,
@@ -179,6 +180,11 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("state-consumed-negative", lambda tmp: ShardedSampler(10).load_state_dict(_state(consumed=-1)), MalformedStateError, ("consumed",)),
     ("state-epoch-str", lambda tmp: ShardedSampler(10).load_state_dict(_state(epoch="1")), MalformedStateError, ("epoch",)),
     ("state-epoch-bool", lambda tmp: ShardedSampler(10).load_state_dict(_state(epoch=True)), MalformedStateError, ("epoch",)),
+    # -- column (Arrow inputs; the source rows need pyarrow, installed with the dev extra) ----------
+    ("column-kind-bad", lambda tmp: column([1], "x", kind="rows"), V, ("kind", "'rows'", "'length'")),
+    ("column-name-int", lambda tmp: column([1], 3), T, ("name", "3")),  # type: ignore[arg-type]
+    ("column-source-int", lambda tmp: column(5, "x"), T, ("source", "int")),
+    ("column-parquet-missing", lambda tmp: column(tmp / "none.parquet", "x"), V, ("source", "none.parquet")),
 ]
 
 

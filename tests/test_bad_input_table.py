@@ -393,6 +393,7 @@ PREFIXES = {
     "verify": "verify", "verify-report": "VerifyReport",
     "packed": "PackedBatchSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
     "packed-dataset": "PackedDataset", "packed-index": "PackedIndex",
+    "column": "column",
 }
 # Enums, exceptions and results: nothing to pass badly (the enums' values are rows of the samplers).
 NOTHING_TO_PASS = {"Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",

@@ -15,6 +15,7 @@ from .data.collate import PadCollate, PaddedBatch, pad_collate
 from .data.mixture import Mixture
 from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate
 from .data.ragged import RaggedArray, RaggedStoreError, RaggedWriter
+from .index.arrow import column
 from .samplers.bucket import BucketBatchSampler, Oversized
 from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
 from .samplers.mixture import MixtureSampler
@@ -74,6 +75,7 @@ __all__ = [
     "WeightSchedule",
     "WeightedSampler",
     "__version__",
+    "column",
     "pack_collate",
     "pad_collate",
     "seed_worker",

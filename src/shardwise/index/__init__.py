@@ -37,8 +37,13 @@ API (stable; samplers and other layers build on it):
   :class:`GroupedIndex` of samples grouped by length (kind ``"length-order"``), from an array, a
   memory map or a ragged store (whose own ``index/`` directory is used, and which
   ``RaggedWriter`` fills at write time).
+- :func:`column(source, name, *, kind="values", cache_dir=None) <column>`: a column of an HF
+  ``datasets.Dataset``, a ``pyarrow`` Table/Array or Parquet files as a read-only numpy array (row
+  lengths from the Arrow offsets, or values), cached per node (kind ``"arrow-column"``) when the
+  source has a file identity; ``pyarrow`` is the optional ``arrow`` extra (:mod:`shardwise.index.arrow`).
 """
 
+from .arrow import column
 from .builders import OffsetLengths, index_dtype, key_counts, order_by_key
 from .cache import (
     DEFAULT_TIMEOUT,
@@ -65,6 +70,7 @@ __all__ = [
     "OffsetLengths",
     "build_or_open",
     "cache_enabled",
+    "column",
     "default_cache_dir",
     "entry_name",
     "group_keys",

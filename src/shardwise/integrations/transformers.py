@@ -43,12 +43,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from .._core.errors import check_instance_or_factory
 from .._core.plan import pass_end, rank_count
+from ..index.arrow import column, hf_dataset
 from ..samplers.base import PlanSampler
 from ..samplers.bucket import BucketBatchSampler
 from ..samplers.frameworks import is_batch_plan
@@ -84,23 +85,54 @@ if any(not hasattr(_Trainer, hook) for hook in _HOOKS) or not hasattr(_trainer_m
     )
 
 
-def _lengths(dataset: Any, args: Any, model_input_name: str) -> list[int]:
-    """Sample lengths as ``Trainer``'s ``LengthGroupedSampler`` finds them: a column, else one pass."""
-    column = getattr(args, "length_column_name", "length")
+def _arrow_parts(dataset: Any) -> list[Any]:
+    """The HF Datasets ``dataset`` is made of (itself, or a ``shardwise.Mixture`` of them); [] if not Arrow."""
+    if hf_dataset(dataset):
+        return [dataset]
+    parts = getattr(dataset, "datasets", None)
+    if isinstance(parts, Sequence) and parts and all(hf_dataset(part) for part in parts):
+        return list(parts)
+    return []
+
+
+def _lengths(dataset: Any, args: Any, model_input_name: str) -> Any:
+    """Sample lengths for ``group_by_length``: from the Arrow column of an HF Dataset, else one pass as ``Trainer``.
+
+    An HF ``datasets.Dataset`` (or a ``shardwise.Mixture`` of them) is read with
+    :func:`shardwise.column`: its ``length_column_name`` column, else the row lengths of its
+    ``model_input_name`` column from the Arrow offsets (one vectorised pass, cached per node:
+    seconds at 1e7 rows, milliseconds on the other ranks), never a Python loop per row.
+    """
+    column_name = getattr(args, "length_column_name", "length")
+    parts = _arrow_parts(dataset)
+    if parts:
+        shared = set.intersection(*(set(part.column_names) for part in parts))
+        if column_name in shared:
+            return column(dataset, column_name, kind="values")
+        if model_input_name in shared:
+            return column(dataset, model_input_name, kind="length")
+        raise ValueError(
+            f"train_sampling_strategy='group_by_length' reads each sample's length from the dataset's "
+            f"{column_name!r} column, else from its {model_input_name!r} column, but the dataset has columns "
+            f"{sorted(shared)}; add a length column: dataset = dataset.map(lambda b: {{{column_name!r}: "
+            f"[len(x) for x in b['<token column>']]}}, batched=True) (or with Arrow: dataset.add_column("
+            f"{column_name!r}, pyarrow.compute.list_value_length(dataset.data.column('<token column>')).to_numpy())), "
+            "or pass ShardwiseTrainer(train_sampler=...)"
+        )
     names = getattr(dataset, "column_names", None)
-    if names is not None and column in names:
-        return [int(length) for length in dataset[column]]
+    if names is not None and column_name in names:
+        return [int(length) for length in dataset[column_name]]
     first = dataset[0]
     if not isinstance(first, dict) and not hasattr(first, "keys"):
         raise TypeError(
             "train_sampling_strategy='group_by_length' needs each sample to be a dict with a "
-            f"{model_input_name!r} key, or a {column!r} column, but the first sample is a {type(first).__name__}; "
+            f"{model_input_name!r} key, or a {column_name!r} column, but the first sample is a {type(first).__name__}; "
             "pass ShardwiseTrainer(train_sampler=shardwise.BucketBatchSampler(lengths, batch_size=...)) instead"
         )
     if model_input_name not in first:
         raise ValueError(
             f"train_sampling_strategy='group_by_length' reads lengths from each sample's {model_input_name!r}, "
-            f"but the first sample has keys {sorted(first.keys())}; add a {column!r} column or pass train_sampler="
+            f"but the first sample has keys {sorted(first.keys())}; add a {column_name!r} column or pass train_sampler="
         )
     return [len(dataset[i][model_input_name]) for i in range(len(dataset))]
 

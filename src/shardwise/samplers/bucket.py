@@ -46,6 +46,7 @@ from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index
+from ..index.arrow import resolve
 from ..index.builders import MAX_KEYS, OffsetLengths
 from ..index.cache import CacheDir
 from ..index.keys import file_position
@@ -80,6 +81,7 @@ def lengths_array(values: object) -> np.ndarray:
     Checks the shape and dtype (O(1)); the values are checked where they are read in full (the
     index build, or :func:`as_lengths`), so a warm start never scans an input of 1e9 lengths.
     """
+    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
     array = one_dimensional("lengths", values, sequence_of="integers", one="length")
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")

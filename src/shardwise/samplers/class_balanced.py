@@ -56,6 +56,7 @@ from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import DEFAULT_TIMEOUT
+from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
 
@@ -77,6 +78,7 @@ class SmallClasses(str, enum.Enum):
 
 
 def _labels_array(labels: object) -> np.ndarray:
+    labels = resolve("labels", labels)  # a pyarrow Array/ChunkedArray of integer labels, without a copy to Python
     array = one_dimensional("labels", labels, sequence_of="class labels", one="label")
     kind = array.dtype.kind
     if kind == "O":

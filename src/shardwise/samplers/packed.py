@@ -56,6 +56,7 @@ from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_index, permute_within
+from ..index.arrow import resolve
 from ..index.cache import DEFAULT_TIMEOUT, CacheDir
 from ..index.lengths import LENGTH_KIND
 from .base import PlanSampler, UnitSource
@@ -73,6 +74,7 @@ PIECES_KIND, LAYOUTS_KIND = "pack-pieces", "pack-layouts"
 
 def _lengths_array(values: Any) -> np.ndarray:
     """Validated lengths: a large numpy array (or memory map) as is, anything else as a compact copy."""
+    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
     if isinstance(values, np.ndarray) and values.size >= SHARED_FROM:
         array = one_dimensional("lengths", values, sequence_of="integers", one="length")
         check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")

@@ -61,6 +61,7 @@ from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import DEFAULT_TIMEOUT
+from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
 
@@ -298,6 +299,7 @@ def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int, out: n
 
 
 def _weights_array(weights: object) -> np.ndarray:
+    weights = resolve("weights", weights)  # a pyarrow Array/ChunkedArray of weights, without a copy to Python
     array = one_dimensional("weights", weights, sequence_of="weights", one="weight")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
         raise TypeError(f"weights should hold real numbers, but got weights of dtype {array.dtype}")
