@@ -101,6 +101,29 @@ def check_path(name: str, value: object) -> str:
     return path
 
 
+def check_cache_dir(value: object, *, file_error: type[ValueError] = ValueError) -> str | bool | None:
+    """``cache_dir`` checked at construction: ``None``, ``False``, or a path that is not a file.
+
+    The index cache itself checks ``cache_dir`` only when it builds or opens an entry, which a
+    small input may never do; every sampler that takes ``cache_dir`` calls this first, so that a
+    wrong type or a file fails at the call that takes it. A path is returned as a ``str``
+    (``os.fspath``, not expanded); ``file_error`` is the ``ValueError`` subclass to raise for a
+    file (the index layer's ``IndexCacheError``).
+    """
+    accepted = "None (the default directory), False (no cache) or a directory path (str or os.PathLike)"
+    if value is None or value is False:
+        return value
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"cache_dir should be {accepted}, but got cache_dir={value!r} ({type(value).__name__})")
+    if os.path.isfile(os.path.expanduser(path)):
+        raise file_error(
+            f"cache_dir should be a directory, but {path!r} is a file; pass another cache_dir, "
+            "or cache_dir=False to build the index in memory"
+        )
+    return path
+
+
 def check_iterable(name: str, value: object, *, of: str) -> Iterable[Any]:
     """Return ``value`` if it can be iterated (and is not a ``str``/``bytes``), or raise naming ``name``."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):

@@ -21,12 +21,12 @@ out row by row. Which token goes where, for a batch of ``R`` rows of ``L`` colum
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from .._core.errors import check_bool, check_int, shown
 from .._core.packing import PackedIndex
@@ -60,6 +60,13 @@ class PackedDataset(Dataset[PackedSample]):
         check_lengths: raise if a sample's length differs from the one the sampler planned
             with (the ``stop`` it was given), instead of silently packing past ``max_len``.
 
+    Raises:
+        TypeError: ``dataset`` is iterable-style or has no ``len()``; ``dataset[0]`` is a mapping
+            and ``field`` is ``None``, or is not a mapping and ``field`` is given.
+        ValueError: ``dataset`` is empty, or ``dataset[0]`` has no key ``field``.
+
+    Construction reads ``dataset[0]`` (one sample, at any dataset size) to check ``field``.
+
     Example:
         >>> import numpy as np
         >>> from shardwise import PackedBatchSampler, pack_collate
@@ -72,15 +79,47 @@ class PackedDataset(Dataset[PackedSample]):
     """
 
     def __init__(self, dataset: Any, *, field: str | None = None, check_lengths: bool = True) -> None:
-        if not hasattr(dataset, "__getitem__"):
+        if isinstance(dataset, IterableDataset):
             raise TypeError(
-                f"dataset should be a map-style dataset (with __getitem__), but got {type(dataset).__name__}"
+                f"dataset should be a map-style dataset (with __getitem__ and __len__), but got "
+                f"{type(dataset).__name__}, an IterableDataset, which a batch sampler cannot index"
+            )
+        if not hasattr(dataset, "__getitem__") or not isinstance(dataset, Sized):
+            raise TypeError(
+                f"dataset should be a map-style dataset (with __getitem__ and __len__), but got "
+                f"{type(dataset).__name__}"
             )
         if field is not None and not isinstance(field, str):
             raise TypeError(f"field should be a string key or None, but got field={field!r}")
-        self.dataset = dataset
+        self.dataset: Any = dataset
         self.field = field
         self.check_lengths = check_bool("check_lengths", check_lengths)
+        self._check_first_sample()
+
+    def _check_first_sample(self) -> None:
+        """Read ``dataset[0]`` (one sample, whatever the dataset's size) so that a wrong ``field`` fails now."""
+        if len(self.dataset) == 0:
+            raise ValueError(f"dataset should hold at least one sample, but {type(self.dataset).__name__} is empty")
+        item = self.dataset[0]
+        if isinstance(item, Mapping):
+            if self.field is not None and self.field not in item:
+                raise ValueError(
+                    f"field={self.field!r} should be a key of the dataset's items, but dataset[0] has keys "
+                    f"{sorted(map(str, item))!r}; pass the key of the token ids"
+                )
+            tokens = self._tokens(item, 0)[0]
+        elif self.field is not None:
+            raise TypeError(
+                f"field={self.field!r} is for items that are mappings, but dataset[0] is a {type(item).__name__}; "
+                "leave field=None"
+            )
+        else:
+            tokens = item
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sized):
+            raise TypeError(
+                f"dataset items should be 1-D sequences of token ids{'' if self.field is None else ' under field'}, "
+                f"but dataset[0] holds {shown('tokens', tokens)} ({type(tokens).__name__})"
+            )
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -104,11 +143,16 @@ class PackedDataset(Dataset[PackedSample]):
         return item[start:stop] if (start or stop != len(item)) else item, key.row, start
 
     def __getitem__(self, key: int) -> PackedSample:
+        if not isinstance(key, PackedIndex):
+            check_int("index", key, minimum=0)  # -1 would read the last sample but label it as padding
         tokens, row, start = self._tokens(self.dataset[key], key)
         return PackedSample(tokens, int(key), row, start)
 
     def __getitems__(self, keys: Sequence[int]) -> list[PackedSample]:
         # A dataset's batched read (RaggedArray's) gets the plain indices; rows and pieces follow.
+        for key in keys:
+            if not isinstance(key, PackedIndex):
+                check_int("index", key, minimum=0)
         getitems = getattr(self.dataset, "__getitems__", None)
         items = getitems([int(k) for k in keys]) if getitems is not None else [self.dataset[k] for k in keys]
         out = []

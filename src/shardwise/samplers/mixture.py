@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.arrays import as_size_array
+from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, WeightSchedule, as_weight_schedule
+from .._core.permutation import MAX_SIZE
 from .._core.plan import Even
 from .._core.state import Fingerprint
 from .._core.world import World
@@ -127,7 +128,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self.shuffle = check_bool("shuffle", shuffle)
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
         if num_samples is not None:
-            num_samples = check_int("num_samples", num_samples, minimum=0)
+            num_samples = check_int("num_samples", num_samples, minimum=0, maximum=MAX_SIZE)
         if stop is None:
             stop = MixtureStop.NUM_SAMPLES if num_samples is not None else MixtureStop.ALL_EXHAUSTED
         self.stop = check_choice("stop", stop, MixtureStop)
@@ -171,12 +172,19 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
 
     def source_counts(self, epoch: int, consumed: int) -> list[int]:
         """Draws of each source in ``epoch``'s plan before position ``consumed``, by arithmetic."""
-        total = self._plan.plan_size(epoch)
+        total = self._plan.plan_size(check_int("epoch", epoch, minimum=0))
         return self._plan.counts(self.seed, epoch, min(check_int("consumed", consumed, minimum=0), total))
 
     def sources_of(self, indices: Any) -> np.ndarray:
-        """The source of each global index (int64)."""
-        found: np.ndarray = np.searchsorted(self._plan.offsets, np.asarray(indices, dtype=np.int64), side="right") - 1
+        """The source of each global index (int64; indices in ``[0, sum(sizes))``).
+
+        Raises:
+            TypeError: ``indices`` are not integers.
+            IndexError: an index is negative or ``>= sum(sizes)``.
+        """
+        total = int(self.sizes.sum())
+        checked = as_lookup_indices("indices", indices, size=total, of=f"{self.num_sources} sources of {total} samples")
+        found: np.ndarray = np.searchsorted(self._plan.offsets, checked, side="right") - 1
         return found
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
