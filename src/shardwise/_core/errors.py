@@ -25,15 +25,26 @@ class MalformedStateError(ValueError):
     """A saved state is not a shardwise state of a version this release can read."""
 
 
+INT_LIMIT = 2**62
+"""The largest integer ``check_int`` takes unless given another ``maximum``: counts, sizes, epochs
+and positions are int64 in the core, with room for the sums and products of plan arithmetic (a
+larger value would fail later, deep inside numpy or torch, with an ``OverflowError``)."""
+
+
 def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as an ``int`` or raise naming ``name``.
 
     ``bool`` is rejected although it subclasses ``int``: ``num_replicas=True`` is a bug, not 1.
-    numpy integers are accepted (``len(np.arange(3))`` style values reach us often).
+    numpy integers are accepted (``len(np.arange(3))`` style values reach us often). Without a
+    ``maximum``, values above :data:`INT_LIMIT` (``2**62``) are refused (seeds pass their own).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} should be an integer, but got {name}={value!r} ({type(value).__name__})")
     result = int(value)
+    if maximum is None and result > INT_LIMIT:
+        raise ValueError(
+            f"{name} should be an integer <= 2**62 (counts, sizes and positions are 64-bit), but got {name}={value!r}"
+        )
     if minimum is not None and result < minimum:
         if minimum == 0:
             wanted = "a non-negative integer"

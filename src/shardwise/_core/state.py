@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import MalformedStateError, StateMismatchError, check_int
-from .permutation import MAX_SIZE
 from .seeds import SEED_MAX
 
 STATE_VERSION = 1
@@ -66,8 +65,8 @@ def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> 
             f"state has version={state[VERSION]!r}, but this release of shardwise reads version={STATE_VERSION}"
         )
     try:
-        epoch = check_int("state['epoch']", state[EPOCH], minimum=0, maximum=MAX_SIZE)
-        consumed = check_int("state['consumed']", state[CONSUMED], minimum=0, maximum=MAX_SIZE)
+        epoch = check_int("state['epoch']", state[EPOCH], minimum=0)
+        consumed = check_int("state['consumed']", state[CONSUMED], minimum=0)
         saved_seed = check_int("state['seed']", state[SEED], minimum=0, maximum=SEED_MAX)
     except (TypeError, ValueError) as error:
         raise MalformedStateError(str(error)) from None

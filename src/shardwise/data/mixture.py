@@ -66,6 +66,11 @@ class Mixture(ConcatDataset[Any]):
         """The index at which each source starts."""
         return [0, *self.cumulative_sizes[:-1]]
 
+    def __getitem__(self, index: int) -> Any:
+        # ConcatDataset's lookup, through locate(): a float or bool index is refused here, naming it.
+        source, within = self.locate(index)
+        return self.datasets[source][within]
+
     def source(self, index: int) -> int:
         """The source an index belongs to."""
         return self.locate(index)[0]

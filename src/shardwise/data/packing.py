@@ -189,6 +189,9 @@ class PackedBatch(NamedTuple):
     """Real (non-padding) tokens in the batch."""
 
 
+_ID_MAX = int(np.iinfo(np.int64).max)
+
+
 def _as_array(tokens: Any, where: int) -> np.ndarray:
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.numpy()
@@ -197,6 +200,12 @@ def _as_array(tokens: Any, where: int) -> np.ndarray:
         raise ValueError(f"batch item {where} should be a 1-D sequence of token ids, but got shape {array.shape}")
     if array.size and (array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer)):
         raise TypeError(f"batch item {where} should hold integer token ids, but got dtype {array.dtype}")
+    if array.size and array.dtype == np.uint64 and int(array.max()) > _ID_MAX:
+        at = int(np.argmax(array))
+        raise ValueError(
+            f"batch item {where} should hold token ids that int64 tensors hold (<= 2**63 - 1), but got "
+            f"{int(array[at])} at position {at}"
+        )
     return array
 
 
@@ -255,11 +264,6 @@ def pack_collate(
         >>> batch.labels.tolist()[0]
         [-100, 6, 7, -100, 9, -100]
     """
-    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
-        raise TypeError(
-            f"batch should be a sequence of PackedSample items or 1-D token sequences, but got {shown('batch', batch)} "
-            f"({type(batch).__name__})"
-        )
     length, count = _check_options(max_len, rows, pad_id, ignore_index)
     return _pack(batch, length, count, pad_id, ignore_index, check_bool("attention_mask", attention_mask))
 
@@ -304,7 +308,11 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
     row, used = 0, 0
     for where, item in enumerate(batch):
         if isinstance(item, PackedSample):
-            array, index, given = _as_array(item.tokens, where), int(item.sample), item.row
+            # sample_ids use -1 for padding, so a negative sample index would pass for padding
+            index = check_int(f"batch[{where}].sample", item.sample, minimum=0)
+            given = None if item.row is None else check_int(f"batch[{where}].row", item.row, minimum=0)
+            check_int(f"batch[{where}].start", item.start, minimum=0)
+            array = _as_array(item.tokens, where)
         else:
             array, index, given = _as_array(item, where), where, None
         if given is None:
@@ -312,8 +320,6 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
                 row, used = row + 1, 0
             given = row
             used += array.size
-        elif given < 0:
-            raise ValueError(f"batch item {where} has row={given}, but rows are numbered from 0")
         tokens.append(array)
         row_of.append(int(given))
         sample_of.append(index)
@@ -323,6 +329,11 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
 def _pack(
     batch: Sequence[Any], max_len: int | None, rows: int | None, pad_id: int, ignore_index: int, with_mask: bool
 ) -> PackedBatch:
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
+        raise TypeError(
+            f"batch should be a sequence of PackedSample items or 1-D token sequences, but got {shown('batch', batch)} "
+            f"({type(batch).__name__})"
+        )
     if len(batch) == 0:
         raise ValueError("batch should hold at least one document, but got an empty batch")
     tokens, row_of, sample_of = _documents(batch, max_len)

@@ -14,7 +14,6 @@ from torch.utils.data.distributed import DistributedSampler
 from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, WeightSchedule, as_weight_schedule
-from .._core.permutation import MAX_SIZE
 from .._core.plan import Even
 from .._core.state import Fingerprint
 from .._core.world import World
@@ -128,7 +127,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self.shuffle = check_bool("shuffle", shuffle)
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
         if num_samples is not None:
-            num_samples = check_int("num_samples", num_samples, minimum=0, maximum=MAX_SIZE)
+            num_samples = check_int("num_samples", num_samples, minimum=0)
         if stop is None:
             stop = MixtureStop.NUM_SAMPLES if num_samples is not None else MixtureStop.ALL_EXHAUSTED
         self.stop = check_choice("stop", stop, MixtureStop)
