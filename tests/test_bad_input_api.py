@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from shardwise import (
@@ -195,6 +196,8 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("packed-dataset-mapping-without-field", lambda tmp: PackedDataset([{"input_ids": [1, 2]}]), T,
      ("field=", "'input_ids'")),
     ("packed-dataset-items-ints", lambda tmp: PackedDataset([1, 2, 3]), T, ("dataset[0]", "int")),
+    ("packed-dataset-items-0d-tensors", lambda tmp: PackedDataset([torch.tensor(3)]), T, ("dataset[0]", "tensor(3)")),
+    ("packed-dataset-items-2d-arrays", lambda tmp: PackedDataset([np.zeros((2, 2), np.int64)]), T, ("dataset[0]",)),
     ("packed-dataset-items-str-field", lambda tmp: PackedDataset([{"text": "abc"}], field="text"), T,
      ("dataset[0]", "'abc'")),
     ("packed-dataset-getitem-negative", lambda tmp: PackedDataset([[1, 2]])[-1], V, ("index", "-1")),
@@ -296,6 +299,16 @@ def test_a_valid_state_still_hands_its_seed_to_the_index_sampler() -> None:
     resumed = ScheduledBatchSampler(inner, batch_size=2, num_replicas=1, rank=0)
     resumed.load_state_dict(saved.state_dict())
     assert resumed.seed == inner.seed == 77 and list(resumed) == list(saved)
+
+
+def test_lookups_of_nothing_and_of_numpy_or_torch_integers_still_work() -> None:
+    """An empty lookup gives an empty answer; numpy and torch integer indices are looked up as ints."""
+    assert MIXTURE.sources([]).tolist() == [] and MIXTURE.sources(np.empty((0, 2), np.float32)).shape == (0, 2)
+    assert MIXTURE.sources(torch.tensor([2, 3])).tolist() == [0, 1]
+    assert MIXTURE.sources(np.array([4], np.uint64)).tolist() == [1]
+    assert MIXTURE.locate(np.int64(4)) == (1, 1) and MIXTURE[-1] == 1 and MIXTURE[np.int64(3)] == 0
+    assert _mixture_sampler().sources_of(np.int64(3)) == 1
+    assert BY_EPOCH.at(np.int64(1), np.int32(3)) == [1.0, 2.0]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # cache_dir=False: built in private memory, with a warning

@@ -248,6 +248,8 @@ def as_lookup_indices(name: str, values: object, *, size: int, of: str) -> np.nd
     if isinstance(values, bool):
         raise TypeError(f"{name} should be an integer index or an array of them, but got {name}={values!r} (bool)")
     array = as_array(name, values, what="an integer index or an array of integer indices")
+    if array.size == 0 and array.dtype.kind in NUMERIC_KINDS:  # [] is float64 to numpy: nothing to look up
+        return np.zeros(array.shape, dtype=np.int64)
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} should hold integer indices, but got {name} of dtype {array.dtype}")
     if array.size:

@@ -115,7 +115,7 @@ class PackedDataset(Dataset[PackedSample]):
             )
         else:
             tokens = item
-        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sized):
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sized) or getattr(tokens, "ndim", 1) != 1:
             raise TypeError(
                 f"dataset items should be 1-D sequences of token ids{'' if self.field is None else ' under field'}, "
                 f"but dataset[0] holds {shown('tokens', tokens)} ({type(tokens).__name__})"
