@@ -45,6 +45,12 @@ class PackedSample(NamedTuple):
     """Its first token's position in the sample (nonzero for the later pieces of a split sample)."""
 
 
+def _check_key(key: object) -> None:
+    """A dataset index: a PackedIndex (checked when made) or a non-negative int, never -1 (the padding's id)."""
+    if not isinstance(key, PackedIndex):
+        check_int("index", key, minimum=0)
+
+
 class PackedDataset(Dataset[PackedSample]):
     """Wraps a map-style dataset of token sequences so that packed batches keep their rows and pieces.
 
@@ -143,16 +149,16 @@ class PackedDataset(Dataset[PackedSample]):
         return item[start:stop] if (start or stop != len(item)) else item, key.row, start
 
     def __getitem__(self, key: int) -> PackedSample:
-        if not isinstance(key, PackedIndex):
-            check_int("index", key, minimum=0)  # -1 would read the last sample but label it as padding
+        if type(key) is not int or key < 0:  # the common case (a plain int, a PackedIndex) costs one compare
+            _check_key(key)
         tokens, row, start = self._tokens(self.dataset[key], key)
         return PackedSample(tokens, int(key), row, start)
 
     def __getitems__(self, keys: Sequence[int]) -> list[PackedSample]:
         # A dataset's batched read (RaggedArray's) gets the plain indices; rows and pieces follow.
         for key in keys:
-            if not isinstance(key, PackedIndex):
-                check_int("index", key, minimum=0)
+            if type(key) is not int or key < 0:
+                _check_key(key)
         getitems = getattr(self.dataset, "__getitems__", None)
         items = getitems([int(k) for k in keys]) if getitems is not None else [self.dataset[k] for k in keys]
         out = []
