@@ -3,7 +3,8 @@
 Each row is ``(id, call, error, names)``: ``call(tmp)`` (``tmp`` a fresh directory) must raise
 ``error`` whose message contains every string of ``names`` (the parameter, and the value where it
 is not obvious). This file holds the samplers' and schedules' rows; tests/test_bad_input_data.py the data
-utilities', seeds' and states'; tests/test_cli.py the command line's.
+utilities', seeds' and states'; tests/test_bad_input_api.py those of cache_dir, lookups, PackedDataset and
+other API added since; tests/test_cli.py the command line's.
 """
 
 from __future__ import annotations

@@ -341,9 +341,15 @@ def test_bad_arguments_fail_at_construction(data, kwargs, error, match) -> None:
 
 
 def test_a_batch_sampler_as_data_is_refused() -> None:
-    """data must be an index sampler; a batch sampler's list units are refused with a TypeError."""
-    sampler = ScheduledBatchSampler(shard_batches(BatchSampler(range(9), 3, False)), batch_size=2)
-    with pytest.raises(TypeError, match="data should be an index sampler"):
+    """data must be an index sampler: a shardwise batch sampler is refused at construction, with a TypeError."""
+    with pytest.raises(TypeError, match="but got ShardedBatchWrapper, a batch sampler whose units are batches"):
+        ScheduledBatchSampler(shard_batches(BatchSampler(range(9), 3, False)), batch_size=2)
+
+
+def test_an_index_sampler_of_lists_is_refused_at_its_first_batch() -> None:
+    """shard() over lists of indices (not a BatchSampler, so not known before) fails at the first batch."""
+    sampler = ScheduledBatchSampler(shard([[0, 1], [2, 3], [4, 5]], num_replicas=1, rank=0), batch_size=2)
+    with pytest.raises(TypeError, match="data should be an index sampler, but ShardedWrapper yields list units"):
         next(iter(sampler))
 
 

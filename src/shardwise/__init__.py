@@ -11,6 +11,7 @@ from ._core.mixture import MixtureStop, WeightSchedule, temperature_weights
 from ._core.packing import PackedIndex, TooLong
 from ._core.plan import Even
 from ._core.schedule import BatchSizeSchedule
+from ._core.version import __version__
 from .data.collate import PadCollate, PaddedBatch, pad_collate
 from .data.mixture import Mixture
 from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate
@@ -27,8 +28,6 @@ from .samplers.two_stream import TwoStreamBatchSampler
 from .samplers.weighted import WeightedSampler
 from .samplers.worker_seeds import seed_worker, worker_seed, worker_seeds
 from .samplers.wrappers import ShardedBatchWrapper, ShardedWrapper, shard, shard_batches
-
-__version__ = "0.1.0"
 
 _LAZY = {"verify": "verify", "VerifyReport": "VerifyReport"}
 """Names served from shardwise.tools.verify on first use, so ``import shardwise`` stays light."""

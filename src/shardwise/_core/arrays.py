@@ -230,3 +230,34 @@ def as_size_array(name: str, values: object, *, what: str = "source") -> np.ndar
             f"leave it out of the mixture"
         )
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def as_lookup_indices(name: str, values: object, *, size: int, of: str) -> np.ndarray:
+    """``values`` (an int or an array of any shape) as int64 indices in ``[0, size)``, or raise naming ``name``.
+
+    For vectorised lookups (the source of each index): a float or bool is a ``TypeError``, an
+    index outside ``[0, size)`` an ``IndexError`` (a negative one too: these lookups never count
+    from the end, so a silent wrap would hide a bug).
+
+    Args:
+        name: the parameter, for messages.
+        values: what the caller passed.
+        size: the number of valid indices.
+        of: what is indexed, for messages, e.g. ``"the mixture"``.
+    """
+    if isinstance(values, bool):
+        raise TypeError(f"{name} should be an integer index or an array of them, but got {name}={values!r} (bool)")
+    array = as_array(name, values, what="an integer index or an array of integer indices")
+    if array.size == 0 and array.dtype.kind in NUMERIC_KINDS:  # [] is float64 to numpy: nothing to look up
+        return np.zeros(array.shape, dtype=np.int64)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} should hold integer indices, but got {name} of dtype {array.dtype}")
+    if array.size:
+        bad = (array < 0) | (array >= size)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            where = f"{name}[{', '.join(map(str, at))}]" if array.ndim else name
+            raise IndexError(
+                f"{name} should hold indices in [0, {size}) of {of}, but got {where}={array[at].item()!r}"
+            )
+    return array.astype(np.int64, copy=False)

@@ -25,15 +25,26 @@ class MalformedStateError(ValueError):
     """A saved state is not a shardwise state of a version this release can read."""
 
 
+INT_LIMIT = 2**62
+"""The largest integer ``check_int`` takes unless given another ``maximum``: counts, sizes, epochs
+and positions are int64 in the core, with room for the sums and products of plan arithmetic (a
+larger value would fail later, deep inside numpy or torch, with an ``OverflowError``)."""
+
+
 def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as an ``int`` or raise naming ``name``.
 
     ``bool`` is rejected although it subclasses ``int``: ``num_replicas=True`` is a bug, not 1.
-    numpy integers are accepted (``len(np.arange(3))`` style values reach us often).
+    numpy integers are accepted (``len(np.arange(3))`` style values reach us often). Without a
+    ``maximum``, values above :data:`INT_LIMIT` (``2**62``) are refused (seeds pass their own).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} should be an integer, but got {name}={value!r} ({type(value).__name__})")
     result = int(value)
+    if maximum is None and result > INT_LIMIT:
+        raise ValueError(
+            f"{name} should be an integer <= 2**62 (counts, sizes and positions are 64-bit), but got {name}={value!r}"
+        )
     if minimum is not None and result < minimum:
         if minimum == 0:
             wanted = "a non-negative integer"
@@ -97,6 +108,29 @@ def check_path(name: str, value: object) -> str:
         raise TypeError(
             f"{name} should be a non-empty path (str or os.PathLike), but got {shown(name, value)} "
             f"({type(value).__name__})"
+        )
+    return path
+
+
+def check_cache_dir(value: object, *, file_error: type[ValueError] = ValueError) -> str | bool | None:
+    """``cache_dir`` checked at construction: ``None``, ``False``, or a path that is not a file.
+
+    The index cache itself checks ``cache_dir`` only when it builds or opens an entry, which a
+    small input may never do; every sampler that takes ``cache_dir`` calls this first, so that a
+    wrong type or a file fails at the call that takes it. A path is returned as a ``str``
+    (``os.fspath``, not expanded); ``file_error`` is the ``ValueError`` subclass to raise for a
+    file (the index layer's ``IndexCacheError``).
+    """
+    accepted = "None (the default directory), False (no cache) or a directory path (str or os.PathLike)"
+    if value is None or value is False:
+        return value
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"cache_dir should be {accepted}, but got cache_dir={value!r} ({type(value).__name__})")
+    if os.path.isfile(os.path.expanduser(path)):
+        raise file_error(
+            f"cache_dir should be a directory, but {path!r} is a file; pass another cache_dir, "
+            "or cache_dir=False to build the index in memory"
         )
     return path
 

@@ -210,7 +210,13 @@ class WeightSchedule:
         return self._weights
 
     def index_at(self, epoch: int, samples: int) -> int:
-        """Which entry applies at ``epoch`` with ``samples`` consumed over the run."""
+        """Which entry applies at ``epoch`` with ``samples`` consumed over the run.
+
+        Raises:
+            TypeError: ``epoch`` or ``samples`` is not an integer (a float or bool).
+            ValueError: ``epoch`` or ``samples`` is negative.
+        """
+        epoch, samples = check_int("epoch", epoch, minimum=0), check_int("samples", samples, minimum=0)
         value = epoch if self._kind == _BY_EPOCH else samples
         return int(np.searchsorted(np.asarray(self._thresholds), value, side="right")) - 1
 

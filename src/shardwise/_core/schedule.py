@@ -254,7 +254,12 @@ class BatchSizeSchedule:
 
         ``until`` is ``None`` when the value holds for the rest of the epoch (and beyond it for
         sample-based schedules).
+
+        Raises:
+            TypeError: ``epoch`` or ``samples`` is not an integer (a float or bool).
+            ValueError: ``epoch`` or ``samples`` is negative.
         """
+        epoch, samples = check_int("epoch", epoch, minimum=0), check_int("samples", samples, minimum=0)
         kind = self._kind
         if kind == _CALLABLE:
             return (*self._evaluate(epoch, samples), samples + 1)

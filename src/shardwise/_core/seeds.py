@@ -34,7 +34,8 @@ JOB_ENV = (
     "MASTER_PORT",
 )
 
-_SEED_MAX = 2**64 - 1
+SEED_MAX = 2**64 - 1
+"""The largest seed (seeds are 64-bit words)."""
 
 
 def _path_word(part: int | str) -> int:
@@ -63,7 +64,7 @@ def check_seed(seed: object) -> int | None:
     """Validate a user's ``seed`` argument: ``None`` or an integer in ``[0, 2**64)``."""
     if seed is None:
         return None
-    return check_int("seed", seed, minimum=0, maximum=_SEED_MAX)
+    return check_int("seed", seed, minimum=0, maximum=SEED_MAX)
 
 
 def resolve_seed(seed: int | None, *, world_size: int, env: Mapping[str, str] | None = None) -> tuple[int, str]:
@@ -95,7 +96,7 @@ def resolve_seed(seed: int | None, *, world_size: int, env: Mapping[str, str] | 
             raise ValueError(
                 f"{SEED_ENV} should be a non-negative integer, but got {SEED_ENV}={env[SEED_ENV]!r}"
             ) from None
-        return check_int(SEED_ENV, value, minimum=0, maximum=_SEED_MAX), SEED_ENV
+        return check_int(SEED_ENV, value, minimum=0, maximum=SEED_MAX), SEED_ENV
     parts = [f"{name}={env[name]}" for name in JOB_ENV if name in env]
     if parts:
         digest = hashlib.blake2b("|".join(parts).encode(), digest_size=8).digest()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import MalformedStateError, StateMismatchError, check_int
+from .seeds import SEED_MAX
 
 STATE_VERSION = 1
 
@@ -40,11 +41,15 @@ def make_state(*, epoch: int, consumed: int, seed: int, fingerprint: Fingerprint
     return {VERSION: STATE_VERSION, EPOCH: epoch, CONSUMED: consumed, SEED: seed, FINGERPRINT: dict(fingerprint)}
 
 
-def read_state(state: object, *, seed: int, fingerprint: Fingerprint) -> tuple[int, int]:
-    """Validate a saved state against this sampler and return its ``(epoch, consumed)``.
+def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> tuple[int, int, int]:
+    """Validate a saved state against this sampler and return its ``(epoch, consumed, seed)``.
+
+    ``seed=None``: the sampler takes the saved seed (it was built with ``seed=None``), which must
+    then only be a valid seed; otherwise the saved seed must equal ``seed``.
 
     Raises:
-        MalformedStateError: not a mapping, a missing key, a wrong type, or another version.
+        MalformedStateError: not a mapping, a missing key, a wrong type, a value out of range
+            (a seed outside ``[0, 2**64)``, an epoch or position beyond ``2**62``), or another version.
         StateMismatchError: the state belongs to another configuration; the message names the
             first field that differs, e.g. ``num_samples``.
     """
@@ -62,7 +67,7 @@ def read_state(state: object, *, seed: int, fingerprint: Fingerprint) -> tuple[i
     try:
         epoch = check_int("state['epoch']", state[EPOCH], minimum=0)
         consumed = check_int("state['consumed']", state[CONSUMED], minimum=0)
-        saved_seed = check_int("state['seed']", state[SEED], minimum=0)
+        saved_seed = check_int("state['seed']", state[SEED], minimum=0, maximum=SEED_MAX)
     except (TypeError, ValueError) as error:
         raise MalformedStateError(str(error)) from None
     saved = state[FINGERPRINT]
@@ -80,9 +85,9 @@ def read_state(state: object, *, seed: int, fingerprint: Fingerprint) -> tuple[i
         raise StateMismatchError(
             f"state was saved with {extra[0]}={saved[extra[0]]!r}, which this sampler does not have"
         )
-    if saved_seed != seed:
+    if seed is not None and saved_seed != seed:
         raise StateMismatchError(f"state was saved for seed={saved_seed}, but this sampler has seed={seed}")
-    return epoch, consumed
+    return epoch, consumed, saved_seed
 
 
 class Progress:

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import ConcatDataset, Dataset
 
-from .._core.errors import check_iterable
+from .._core.arrays import as_lookup_indices
+from .._core.errors import check_int, check_iterable
 
 
 class Mixture(ConcatDataset[Any]):
@@ -39,6 +40,10 @@ class Mixture(ConcatDataset[Any]):
             names = [str(i) for i in range(len(parts))]
         if not parts:
             raise ValueError("datasets should hold at least one dataset, but got none")
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"datasets should have distinct names, but the keys {list(datasets)!r} give the names {names!r}"
+            )
         for name, part in zip(names, parts, strict=True):
             if not isinstance(part, Sized):
                 raise TypeError(
@@ -61,12 +66,23 @@ class Mixture(ConcatDataset[Any]):
         """The index at which each source starts."""
         return [0, *self.cumulative_sizes[:-1]]
 
+    def __getitem__(self, index: int) -> Any:
+        # ConcatDataset's lookup, through locate(): a float or bool index is refused here, naming it.
+        source, within = self.locate(index)
+        return self.datasets[source][within]
+
     def source(self, index: int) -> int:
         """The source an index belongs to."""
         return self.locate(index)[0]
 
     def locate(self, index: int) -> tuple[int, int]:
-        """``(source, index within that source)`` of a global index (negative indices count from the end)."""
+        """``(source, index within that source)`` of a global index (negative indices count from the end).
+
+        Raises:
+            TypeError: ``index`` is not an integer (a float or bool).
+            IndexError: ``index`` is outside ``[-len(self), len(self))``.
+        """
+        index = check_int("index", index)
         if index < 0:
             if -index > len(self):
                 raise IndexError(f"index {index} is out of range for a mixture of {len(self)} samples")
@@ -77,8 +93,14 @@ class Mixture(ConcatDataset[Any]):
         return source, index - (self.cumulative_sizes[source - 1] if source else 0)
 
     def sources(self, indices: Any) -> np.ndarray:
-        """The source of each index of an array (vectorised)."""
-        found: np.ndarray = np.searchsorted(np.asarray(self.cumulative_sizes), np.asarray(indices), side="right")
+        """The source of each index of an array (vectorised; indices in ``[0, len(self))``).
+
+        Raises:
+            TypeError: ``indices`` are not integers.
+            IndexError: an index is negative or ``>= len(self)``.
+        """
+        checked = as_lookup_indices("indices", indices, size=len(self), of=f"a mixture of {len(self)} samples")
+        found: np.ndarray = np.searchsorted(np.asarray(self.cumulative_sizes), checked, side="right")
         return found
 
     def __repr__(self) -> str:

@@ -21,12 +21,12 @@ out row by row. Which token goes where, for a batch of ``R`` rows of ``L`` colum
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from .._core.errors import check_bool, check_int, shown
 from .._core.packing import PackedIndex
@@ -45,6 +45,12 @@ class PackedSample(NamedTuple):
     """Its first token's position in the sample (nonzero for the later pieces of a split sample)."""
 
 
+def _check_key(key: object) -> None:
+    """A dataset index: a PackedIndex (checked when made) or a non-negative int, never -1 (the padding's id)."""
+    if not isinstance(key, PackedIndex):
+        check_int("index", key, minimum=0)
+
+
 class PackedDataset(Dataset[PackedSample]):
     """Wraps a map-style dataset of token sequences so that packed batches keep their rows and pieces.
 
@@ -60,6 +66,13 @@ class PackedDataset(Dataset[PackedSample]):
         check_lengths: raise if a sample's length differs from the one the sampler planned
             with (the ``stop`` it was given), instead of silently packing past ``max_len``.
 
+    Raises:
+        TypeError: ``dataset`` is iterable-style or has no ``len()``; ``dataset[0]`` is a mapping
+            and ``field`` is ``None``, or is not a mapping and ``field`` is given.
+        ValueError: ``dataset`` is empty, or ``dataset[0]`` has no key ``field``.
+
+    Construction reads ``dataset[0]`` (one sample, at any dataset size) to check ``field``.
+
     Example:
         >>> import numpy as np
         >>> from shardwise import PackedBatchSampler, pack_collate
@@ -72,15 +85,47 @@ class PackedDataset(Dataset[PackedSample]):
     """
 
     def __init__(self, dataset: Any, *, field: str | None = None, check_lengths: bool = True) -> None:
-        if not hasattr(dataset, "__getitem__"):
+        if isinstance(dataset, IterableDataset):
             raise TypeError(
-                f"dataset should be a map-style dataset (with __getitem__), but got {type(dataset).__name__}"
+                f"dataset should be a map-style dataset (with __getitem__ and __len__), but got "
+                f"{type(dataset).__name__}, an IterableDataset, which a batch sampler cannot index"
+            )
+        if not hasattr(dataset, "__getitem__") or not isinstance(dataset, Sized):
+            raise TypeError(
+                f"dataset should be a map-style dataset (with __getitem__ and __len__), but got "
+                f"{type(dataset).__name__}"
             )
         if field is not None and not isinstance(field, str):
             raise TypeError(f"field should be a string key or None, but got field={field!r}")
-        self.dataset = dataset
+        self.dataset: Any = dataset
         self.field = field
         self.check_lengths = check_bool("check_lengths", check_lengths)
+        self._check_first_sample()
+
+    def _check_first_sample(self) -> None:
+        """Read ``dataset[0]`` (one sample, whatever the dataset's size) so that a wrong ``field`` fails now."""
+        if len(self.dataset) == 0:
+            raise ValueError(f"dataset should hold at least one sample, but {type(self.dataset).__name__} is empty")
+        item = self.dataset[0]
+        if isinstance(item, Mapping):
+            if self.field is not None and self.field not in item:
+                raise ValueError(
+                    f"field={self.field!r} should be a key of the dataset's items, but dataset[0] has keys "
+                    f"{sorted(map(str, item))!r}; pass the key of the token ids"
+                )
+            tokens = self._tokens(item, 0)[0]
+        elif self.field is not None:
+            raise TypeError(
+                f"field={self.field!r} is for items that are mappings, but dataset[0] is a {type(item).__name__}; "
+                "leave field=None"
+            )
+        else:
+            tokens = item
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sized) or getattr(tokens, "ndim", 1) != 1:
+            raise TypeError(
+                f"dataset items should be 1-D sequences of token ids{'' if self.field is None else ' under field'}, "
+                f"but dataset[0] holds {shown('tokens', tokens)} ({type(tokens).__name__})"
+            )
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -104,11 +149,16 @@ class PackedDataset(Dataset[PackedSample]):
         return item[start:stop] if (start or stop != len(item)) else item, key.row, start
 
     def __getitem__(self, key: int) -> PackedSample:
+        if type(key) is not int or key < 0:  # the common case (a plain int, a PackedIndex) costs one compare
+            _check_key(key)
         tokens, row, start = self._tokens(self.dataset[key], key)
         return PackedSample(tokens, int(key), row, start)
 
     def __getitems__(self, keys: Sequence[int]) -> list[PackedSample]:
         # A dataset's batched read (RaggedArray's) gets the plain indices; rows and pieces follow.
+        for key in keys:
+            if type(key) is not int or key < 0:
+                _check_key(key)
         getitems = getattr(self.dataset, "__getitems__", None)
         items = getitems([int(k) for k in keys]) if getitems is not None else [self.dataset[k] for k in keys]
         out = []
@@ -145,6 +195,9 @@ class PackedBatch(NamedTuple):
     """Real (non-padding) tokens in the batch."""
 
 
+_ID_MAX = int(np.iinfo(np.int64).max)
+
+
 def _as_array(tokens: Any, where: int) -> np.ndarray:
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.numpy()
@@ -153,6 +206,12 @@ def _as_array(tokens: Any, where: int) -> np.ndarray:
         raise ValueError(f"batch item {where} should be a 1-D sequence of token ids, but got shape {array.shape}")
     if array.size and (array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer)):
         raise TypeError(f"batch item {where} should hold integer token ids, but got dtype {array.dtype}")
+    if array.size and array.dtype == np.uint64 and int(array.max()) > _ID_MAX:
+        at = int(np.argmax(array))
+        raise ValueError(
+            f"batch item {where} should hold token ids that int64 tensors hold (<= 2**63 - 1), but got "
+            f"{int(array[at])} at position {at}"
+        )
     return array
 
 
@@ -211,11 +270,6 @@ def pack_collate(
         >>> batch.labels.tolist()[0]
         [-100, 6, 7, -100, 9, -100]
     """
-    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
-        raise TypeError(
-            f"batch should be a sequence of PackedSample items or 1-D token sequences, but got {shown('batch', batch)} "
-            f"({type(batch).__name__})"
-        )
     length, count = _check_options(max_len, rows, pad_id, ignore_index)
     return _pack(batch, length, count, pad_id, ignore_index, check_bool("attention_mask", attention_mask))
 
@@ -260,7 +314,11 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
     row, used = 0, 0
     for where, item in enumerate(batch):
         if isinstance(item, PackedSample):
-            array, index, given = _as_array(item.tokens, where), int(item.sample), item.row
+            # sample_ids use -1 for padding, so a negative sample index would pass for padding
+            index = check_int(f"batch[{where}].sample", item.sample, minimum=0)
+            given = None if item.row is None else check_int(f"batch[{where}].row", item.row, minimum=0)
+            check_int(f"batch[{where}].start", item.start, minimum=0)
+            array = _as_array(item.tokens, where)
         else:
             array, index, given = _as_array(item, where), where, None
         if given is None:
@@ -268,8 +326,6 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
                 row, used = row + 1, 0
             given = row
             used += array.size
-        elif given < 0:
-            raise ValueError(f"batch item {where} has row={given}, but rows are numbered from 0")
         tokens.append(array)
         row_of.append(int(given))
         sample_of.append(index)
@@ -279,6 +335,11 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
 def _pack(
     batch: Sequence[Any], max_len: int | None, rows: int | None, pad_id: int, ignore_index: int, with_mask: bool
 ) -> PackedBatch:
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
+        raise TypeError(
+            f"batch should be a sequence of PackedSample items or 1-D token sequences, but got {shown('batch', batch)} "
+            f"({type(batch).__name__})"
+        )
     if len(batch) == 0:
         raise ValueError("batch should hold at least one document, but got an empty batch")
     tokens, row_of, sample_of = _documents(batch, max_len)

@@ -25,7 +25,7 @@ import numpy as np
 from .._core.errors import check_choice, check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
-from .._core.state import SEED, Fingerprint, Progress, make_state, read_state
+from .._core.state import Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
 from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
@@ -366,13 +366,20 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             StateMismatchError: the state belongs to another configuration (names the field).
             MalformedStateError: the dict is not a shardwise state of a known version.
         """
-        if self._seed_arg is None and isinstance(state_dict, dict) and isinstance(state_dict.get(SEED), int):
-            # seed=None resumes with the seed the saved run resolved to.
-            self._resolved_seed, self._seed_source = state_dict[SEED], "resumed state"
-        epoch, consumed = read_state(state_dict, seed=self.seed, fingerprint=self._full_fingerprint())
+        # seed=None resumes with the seed the saved run resolved to, adopted only once the state is valid.
+        adopt = self._seed_arg is None
+        epoch, consumed, seed = read_state(
+            state_dict, seed=None if adopt else self.seed, fingerprint=self._full_fingerprint()
+        )
+        if adopt:
+            self._adopt_seed(seed)
         self._pass = None
         self._progress.load(epoch, consumed, self._plan_size(epoch))
         self._on_epoch(epoch)
+
+    def _adopt_seed(self, seed: int) -> None:
+        """Take the seed of a validated state (this sampler was built with ``seed=None``)."""
+        self._resolved_seed, self._seed_source = seed, "resumed state"
 
     def __getstate__(self) -> dict[str, Any]:
         # A live pass holds iterators; pickling (ddp_spawn, workers) carries only the position.

@@ -39,7 +39,7 @@ from torch.utils.data import Sampler
 
 from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.batching import BatchPlan, SortedBucketPlan, bucket_plan, shuffled, span_positions
-from .._core.errors import check_bool, check_choice, check_int, check_seconds
+from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
 from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.seeds import derive_seed
@@ -48,7 +48,7 @@ from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index
 from ..index.arrow import resolve
 from ..index.builders import MAX_KEYS, OffsetLengths
-from ..index.cache import CacheDir
+from ..index.cache import CacheDir, IndexCacheError
 from ..index.keys import file_position
 from ..index.lengths import is_ragged_store
 from .base import PlanSampler, UnitSource
@@ -224,7 +224,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.sort_window = None if sort_window is None else check_int("sort_window", sort_window, minimum=1)
         self._store: Any = lengths if is_ragged_store(lengths) else None
         self._source: Any = OffsetLengths(lengths.offsets) if self._store is not None else lengths_array(lengths)
-        self._cache_dir = cache_dir
+        self._cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
         self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
         self._lengths: np.ndarray | None = None  # the sort_window path's private copy
         self._index: GroupedIndex | None = None

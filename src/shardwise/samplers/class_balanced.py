@@ -50,12 +50,12 @@ from .._core.classes import (
     member_keys,
     member_ranks,
 )
-from .._core.errors import check_bool, check_choice, check_int, check_seconds
+from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
 from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT
+from ..index import DEFAULT_TIMEOUT, IndexCacheError
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
@@ -170,6 +170,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.samples_per_class = check_int("samples_per_class", samples_per_class, minimum=1)
         self.small_classes = check_choice("small_classes", small_classes, SmallClasses)
         self.drop_last = check_bool("drop_last", drop_last)
+        cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
         labels_ = self.labels
 
         def build(allocate: Allocate) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.arrays import as_size_array
+from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, WeightSchedule, as_weight_schedule
 from .._core.plan import Even
@@ -171,12 +171,19 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
 
     def source_counts(self, epoch: int, consumed: int) -> list[int]:
         """Draws of each source in ``epoch``'s plan before position ``consumed``, by arithmetic."""
-        total = self._plan.plan_size(epoch)
+        total = self._plan.plan_size(check_int("epoch", epoch, minimum=0))
         return self._plan.counts(self.seed, epoch, min(check_int("consumed", consumed, minimum=0), total))
 
     def sources_of(self, indices: Any) -> np.ndarray:
-        """The source of each global index (int64)."""
-        found: np.ndarray = np.searchsorted(self._plan.offsets, np.asarray(indices, dtype=np.int64), side="right") - 1
+        """The source of each global index (int64; indices in ``[0, sum(sizes))``).
+
+        Raises:
+            TypeError: ``indices`` are not integers.
+            IndexError: an index is negative or ``>= sum(sizes)``.
+        """
+        total = int(self.sizes.sum())
+        checked = as_lookup_indices("indices", indices, size=total, of=f"{self.num_sources} sources of {total} samples")
+        found: np.ndarray = np.searchsorted(self._plan.offsets, checked, side="right") - 1
         return found
 
     # -- PlanSampler hooks ---------------------------------------------------------------------

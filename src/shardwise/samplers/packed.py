@@ -30,7 +30,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import check_non_negative_integers, one_dimensional
-from .._core.errors import check_bool, check_choice, check_int, check_seconds
+from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
 from .._core.packing import (
     Balance,
     PackedIndex,
@@ -57,7 +57,7 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_index, permute_within
 from ..index.arrow import resolve
-from ..index.cache import DEFAULT_TIMEOUT, CacheDir
+from ..index.cache import DEFAULT_TIMEOUT, CacheDir, IndexCacheError
 from ..index.lengths import LENGTH_KIND
 from .base import PlanSampler, UnitSource
 from .bucket import as_lengths
@@ -233,7 +233,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.drop_last = check_bool("drop_last", drop_last)
         self._num_samples = int(self._lengths.size)
         self._shared = self._num_samples >= SHARED_FROM
-        self._cache_dir, self._cache_timeout = cache_dir, check_seconds("cache_timeout", cache_timeout)
+        self._cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
+        self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
         self._key = key_of(self._lengths)
         self._split = False
         self._index_cache: PieceIndex | None = None

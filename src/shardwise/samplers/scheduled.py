@@ -22,14 +22,15 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.errors import check_bool
+from .._core.errors import check_bool, check_int
 from .._core.permutation import Permutation
 from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
 from .._core.seeds import derive_seed
-from .._core.state import SEED, Fingerprint
+from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource, _Pass
+from .frameworks import is_batch_plan
 from .sharded import SHUFFLE, dataset_size
 
 _CHUNK_SAMPLES = 1 << 16
@@ -132,6 +133,12 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         self.data = data
         self._inner: PlanSampler[Any] | None = None
         self._size = 0
+        if isinstance(data, PlanSampler) and is_batch_plan(data):
+            raise TypeError(
+                f"data should be a dataset, a length or a shardwise index sampler, but got {type(data).__name__}, "
+                "a batch sampler whose units are batches; a batch sampler takes a BatchSizeSchedule itself "
+                "(e.g. its batch_size=), or give ScheduledBatchSampler the index sampler or the data"
+            )
         if isinstance(data, PlanSampler):
             self._inner = data
             inner_seed = data._seed_arg
@@ -288,7 +295,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         Every rank's batch of step ``s`` has ``steps()[s].batch_size`` samples.
         """
         self._sync()
-        epoch = self._progress.upcoming_epoch() if epoch is None else epoch
+        epoch = self._progress.upcoming_epoch() if epoch is None else check_int("epoch", epoch, minimum=0)
         total = self._plan_size(epoch)
         world_size = self.world.world_size
         self._check_not_empty(epoch, total, world_size)
@@ -305,12 +312,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             StateMismatchError: the state belongs to another configuration (names the field).
             MalformedStateError: the dict is not a shardwise state of a known version.
         """
-        inner = self._inner
-        if inner is not None and inner._seed_arg is None and isinstance(state_dict, dict):
-            saved = state_dict.get(SEED)
-            if isinstance(saved, int):
-                inner._resolved_seed, inner._seed_source = saved, "resumed state"
         super().load_state_dict(state_dict)
+
+    def _adopt_seed(self, seed: int) -> None:
+        super()._adopt_seed(seed)
+        inner = self._inner
+        if inner is not None and inner._seed_arg is None:
+            inner._adopt_seed(seed)  # the index sampler's plan is batched with its own seed
 
     def _fingerprint(self) -> Fingerprint:
         # The schedule is left out on purpose: consumed counts samples, so a state resumes

@@ -39,6 +39,10 @@ def set_epoch(obj: Any, epoch: int) -> list[Any]:
     Returns:
         The objects whose ``set_epoch`` was called, in call order.
 
+    Raises:
+        TypeError: ``obj`` is ``None``, a number, a string or a container such as a list
+            (nothing that holds a sampler), or ``epoch`` is not an integer.
+
     Example:
         >>> from torch.utils.data import BatchSampler, DataLoader
         >>> from shardwise import ShardedSampler
@@ -47,6 +51,16 @@ def set_epoch(obj: Any, epoch: int) -> list[Any]:
         >>> [type(o).__name__ for o in set_epoch(loader, 3)], sampler.epoch
         (['ShardedSampler'], 3)
     """
+    if obj is None or isinstance(obj, (str, bytes, int, float, complex)):
+        raise TypeError(
+            "obj should be a DataLoader, a sampler or a batch sampler (what holds the samplers to set), but got "
+            f"obj={obj!r} ({type(obj).__name__}); pass the loader itself, e.g. set_epoch(loader, {epoch!r})"
+        )
+    if isinstance(obj, (list, tuple, set, frozenset, dict)):
+        raise TypeError(
+            f"obj should be one DataLoader, sampler or batch sampler, but got a {type(obj).__name__}, whose items "
+            f"set_epoch does not walk; call set_epoch on each: for o in objs: set_epoch(o, {epoch!r})"
+        )
     epoch = check_int("epoch", epoch, minimum=0)
     called: list[Any] = []
     seen: set[int] = set()

@@ -29,7 +29,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest
-from .._core.errors import check_bool, check_int, check_seconds
+from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
 from .._core.indices import Arange, IndexList, check_values, index_list, shared_indices, take
 from .._core.permutation import Permutation
 from .._core.plan import Even
@@ -37,7 +37,7 @@ from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT
+from ..index import DEFAULT_TIMEOUT, IndexCacheError
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
 from .weighted import counter_hash
@@ -208,6 +208,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.primary_batch_size = check_int("primary_batch_size", primary_batch_size, minimum=1)
         self.secondary_batch_size = check_int("secondary_batch_size", secondary_batch_size, minimum=0)
         self.drop_last = check_bool("drop_last", drop_last)
+        cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
         if self.secondary_batch_size > 0 and self.secondary_indices.size == 0:
             raise ValueError(
                 f"secondary_indices should hold at least one index when secondary_batch_size > 0, but got an "

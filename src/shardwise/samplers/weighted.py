@@ -53,14 +53,14 @@ import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.arrays import digest, one_dimensional
-from .._core.errors import check_bool, check_int, check_seconds
+from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
 from .._core.indices import has_bits, mark_bits
 from .._core.permutation import mix64
 from .._core.plan import Even
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT
+from ..index import DEFAULT_TIMEOUT, IndexCacheError
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
@@ -383,7 +383,8 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         self.num_samples = check_int("num_samples", num_samples, minimum=0)
         self.replacement = check_bool("replacement", replacement)
         self.drop_last = check_bool("drop_last", drop_last)
-        self._cache_dir, self._cache_timeout = cache_dir, check_seconds("cache_timeout", cache_timeout)
+        self._cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
+        self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
         self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
 
         def build(allocate: Allocate) -> None:

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.errors import check_int
@@ -160,6 +167,10 @@ class RngFork:
         _GlobalRng.set(self._saved_global)
         for generator, state in zip(self._owned, self._saved_owned, strict=True):
             _set_state(generator, state)
+
+
+_INDEX_SAMPLERS = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+"""torch's samplers of single indices: a batch sampler over one of them is the usual mix-up."""
 
 
 class _InnerStream:
@@ -322,6 +333,12 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
     def __init__(self, batch_sampler: Iterable[list[int]], *, seed: int | None = 0,
                  num_replicas: int | None = None, rank: int | None = None,
                  even: Even | str = Even.PAD) -> None:
+        inner: object = batch_sampler
+        if isinstance(inner, _INDEX_SAMPLERS):
+            raise TypeError(
+                f"batch_sampler should yield batches, but got {type(inner).__name__}, an index sampler whose units are "
+                "single indices: use shard(sampler) instead, or wrap it in a BatchSampler first"
+            )
         self._wrap(batch_sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
 
     @property

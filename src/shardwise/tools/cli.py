@@ -139,7 +139,7 @@ def _print_version(value: bool) -> None:
     import typer
 
     if value:
-        from .. import __version__
+        from .._core.version import __version__
 
         print(f"shardwise {__version__}")
         raise typer.Exit(0)
