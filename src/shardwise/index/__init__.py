@@ -37,6 +37,10 @@ API (stable; samplers and other layers build on it):
   :class:`GroupedIndex` of samples grouped by length (kind ``"length-order"``), from an array, a
   memory map or a ragged store (whose own ``index/`` directory is used, and which
   ``RaggedWriter`` fills at write time).
+- :func:`read_checked(source, values) <read_checked>`: ``values`` just read from an index array
+  ``source``, checked against the range its builder recorded and the entry's verification state
+  (:class:`IndexCorruptError` if damaged): what every sampler calls on the values a batch takes.
+- :func:`set_progress` / ``SHARDWISE_PROGRESS=off``: the one switch of build progress and waiting lines.
 """
 
 from .builders import OffsetLengths, index_dtype, key_counts, order_by_key
@@ -52,8 +56,10 @@ from .cache import (
     remove_entries,
 )
 from .grouped import GroupedIndex, group_keys, permute_within
+from .integrity import IndexCorruptError, read_checked
 from .keys import key_of
 from .lengths import LENGTH_KIND, length_index, store_index_dir
+from .progress import progress_enabled, set_progress
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -62,6 +68,7 @@ __all__ = [
     "GroupedIndex",
     "IndexCacheError",
     "IndexCacheTimeout",
+    "IndexCorruptError",
     "OffsetLengths",
     "build_or_open",
     "cache_enabled",
@@ -74,6 +81,9 @@ __all__ = [
     "length_index",
     "order_by_key",
     "permute_within",
+    "progress_enabled",
+    "read_checked",
     "remove_entries",
+    "set_progress",
     "store_index_dir",
 ]

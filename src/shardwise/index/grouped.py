@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._core.permutation import ROUNDS, feistel_rounds, mix64
+from .integrity import IndexCorruptError, read_checked
 
 _GROUP_SALT = np.uint64(0x9E3779B97F4A7C15)
 SMALL_GROUP = 16
@@ -109,7 +110,14 @@ class GroupedIndex:
 
     def __init__(self, order: np.ndarray, offsets: np.ndarray) -> None:
         self.order = order
-        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.offsets = np.asarray(read_checked(offsets, offsets), dtype=np.int64)
+        # O(groups): the offsets bound every position members() reads, so they must be boundaries of order
+        if self.offsets.ndim != 1 or self.offsets.size == 0 or self.offsets[0] != 0 or \
+                self.offsets[-1] != order.shape[0] or bool((np.diff(self.offsets) < 0).any()):
+            raise IndexCorruptError(
+                f"the group offsets of an index (of {order.shape[0]} samples) are not increasing from 0 to "
+                f"{order.shape[0]}: a damaged index; remove its cache entry (it is rebuilt on the next start)"
+            )
 
     def __len__(self) -> int:
         return int(self.order.shape[0])
@@ -137,7 +145,7 @@ class GroupedIndex:
         ranks = np.asarray(ranks, dtype=np.int64)
         if key is not None:
             ranks = permute_within(ranks, self.sizes(groups), group_keys(key, groups))
-        return np.asarray(self.order[self.offsets[groups] + ranks], dtype=np.int64)
+        return np.asarray(read_checked(self.order, self.order[self.offsets[groups] + ranks]), dtype=np.int64)
 
     def __repr__(self) -> str:
         return f"GroupedIndex(n={len(self)}, groups={self.num_groups})"
