@@ -46,8 +46,6 @@ API (stable; samplers and other layers build on it):
 from .builders import OffsetLengths, index_dtype, key_counts, order_by_key
 from .cache import (
     DEFAULT_TIMEOUT,
-    FORMAT_VERSION,
-    IndexCacheError,
     IndexCacheTimeout,
     build_or_open,
     cache_enabled,
@@ -59,6 +57,7 @@ from .grouped import GroupedIndex, group_keys, permute_within
 from .integrity import IndexCorruptError, read_checked
 from .keys import key_of
 from .lengths import LENGTH_KIND, length_index, store_index_dir
+from .manifest import FORMAT_VERSION, IndexCacheError
 from .progress import progress_enabled, set_progress
 
 __all__ = [

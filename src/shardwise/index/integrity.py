@@ -205,7 +205,8 @@ class EntryCheck:
             if self._pid == os.getpid():
                 return
             self._pid = os.getpid()
-            self._thread = threading.Thread(target=self._verify, name=f"shardwise-verify-{self.entry.name}", daemon=True)
+            name = f"shardwise-verify-{self.entry.name}"
+            self._thread = threading.Thread(target=self._verify, name=name, daemon=True)
             self._thread.start()
 
     def _verify(self) -> None:

@@ -27,20 +27,22 @@ ENV_PROGRESS = "SHARDWISE_PROGRESS"
 LOG_EVERY = 10.0
 """Seconds between two progress log lines of one build (when not on a terminal)."""
 _OFF = {"off", "0", "false", "no", "disabled"}
-_override: bool | None = None
+_override: dict[str, bool] = {}  # "enabled": set_progress's choice, absent to follow the environment
 clock = time.monotonic  # replaced by tests
 
 
 def set_progress(enabled: bool | None) -> None:
-    """Show (``True``) or silence (``False``) index progress in this process; ``None`` follows ``SHARDWISE_PROGRESS``."""
-    global _override
-    _override = None if enabled is None else check_bool("enabled", enabled)
+    """Show (``True``) or silence (``False``) index progress here; ``None`` follows ``SHARDWISE_PROGRESS``."""
+    if enabled is None:
+        _override.pop("enabled", None)
+    else:
+        _override["enabled"] = check_bool("enabled", enabled)
 
 
 def progress_enabled() -> bool:
     """Whether index progress is shown: :func:`set_progress`, else ``SHARDWISE_PROGRESS`` is not ``off``."""
-    if _override is not None:
-        return _override
+    if "enabled" in _override:
+        return _override["enabled"]
     return os.environ.get(ENV_PROGRESS, "").strip().lower() not in _OFF
 
 
