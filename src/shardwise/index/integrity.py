@@ -10,8 +10,9 @@ different plan. Three layers, cheapest first:
    per node**: by the builder (which checksummed what it wrote), or by a background thread of the
    first process that opens the entry without a *node marker* (``verified.<host>.json`` in the
    entry, written atomically, trusted only while the manifest and every file's size, inode and
-   ``mtime_ns`` match). Processes of a node take turns through a file lock, so the second one
-   adopts the first one's marker instead of reading the files again.
+   ``mtime_ns`` match, and, for "verified", within the same boot of the node). Processes of a
+   node take turns through a file lock, so the second one adopts the first one's marker instead
+   of reading the files again.
 3. **On read**, every value a plan takes from an index (:func:`read_checked`) is checked against
    the range recorded at build (an order array's values lie in ``[0, n)``): a flipped high bit
    is caught at the batch that would have used it, before the background check ends.
@@ -41,6 +42,12 @@ logger = logging.getLogger("shardwise")
 
 SYNC_BYTES = 1 << 22
 """Files up to this size (4 MiB, about 1.5 ms of CRC-32) are verified in full whenever they are opened."""
+_settings = {"sync_bytes": SYNC_BYTES}
+
+
+def sync_bytes() -> int:
+    """The size up to which a file is verified in full at every open (``SYNC_BYTES``; tests lower it)."""
+    return _settings["sync_bytes"]
 CHUNK_BYTES = 1 << 24
 """Bytes read at a time by a full checksum (16 MiB)."""
 MARKER_PREFIX = "verified."
@@ -122,6 +129,14 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 
 
+def boot_id() -> str:
+    """This boot of the node (Linux), so that a reboot (a cold page cache read from disk again) verifies again."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def marker_path(entry: Path) -> Path:
     """This node's verification marker of an entry: ``<entry>/verified.<host>.json``."""
     return entry / f"{MARKER_PREFIX}{_host()}.json"
@@ -139,7 +154,7 @@ def file_identity(entry: Path, names: list[str]) -> dict[str, list[int]]:
 def write_marker(entry: Path, manifest_crc: int, identity: dict[str, list[int]], status: str, reason: str = "") -> bool:
     """Write this node's marker atomically; False if the entry is not writable (then each process verifies)."""
     record = {"status": status, "manifest_crc32": manifest_crc, "files": identity, "reason": reason,
-              "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+              "boot": boot_id(), "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
     try:
         fd, tmp = tempfile.mkstemp(prefix=".marker.", dir=entry)
         with os.fdopen(fd, "w") as file:
@@ -160,6 +175,8 @@ def read_marker(entry: Path, manifest_crc: int, identity: dict[str, list[int]]) 
         return None
     if not isinstance(record, dict) or record.get("manifest_crc32") != manifest_crc or record.get("files") != identity:
         return None
+    if record.get("status") == VERIFIED and record.get("boot") != boot_id():
+        return None  # verified before a reboot: read from disk again, so verify again
     status = record.get("status")
     return (status, str(record.get("reason", ""))) if status in (VERIFIED, DAMAGED) else None
 
@@ -172,7 +189,7 @@ class EntryCheck:
         self.manifest = manifest
         self.manifest_crc = manifest_crc
         self.identity = identity
-        self.large = [name for name, (size, _, _) in identity.items() if size > SYNC_BYTES]
+        self.large = [name for name, (size, _, _) in identity.items() if size > sync_bytes()]
         self.status = VERIFIED if not self.large else PENDING
         self.reason = ""
         self._pid = -1  # the process whose thread verifies (a forked child starts its own)
@@ -259,6 +276,7 @@ class _FileRecord:
 
 _records: dict[str, _FileRecord | None] = {}
 _checks: dict[tuple[str, int], EntryCheck] = {}
+_registry_lock = threading.Lock()
 
 
 def entry_check(entry: Path, manifest: dict[str, Any], text: str) -> EntryCheck:
@@ -274,7 +292,13 @@ def entry_check(entry: Path, manifest: dict[str, Any], text: str) -> EntryCheck:
         check = _checks[key] = EntryCheck(entry, manifest, crc, identity)
     check.adopt_marker()
     return check
-_registry_lock = threading.Lock()
+
+
+def forget() -> None:
+    """Forget every entry this process opened, as a new process would (for tests and benchmarks)."""
+    with _registry_lock:
+        _records.clear()
+        _checks.clear()
 
 
 def register(check: EntryCheck) -> None:
@@ -305,9 +329,10 @@ def _record_of(source: Any) -> _FileRecord | None:
     base = source
     while base is not None and not isinstance(base, np.memmap):
         base = getattr(base, "base", None)
-    filename = getattr(base, "filename", None)
-    if filename is None:
+    name = getattr(base, "filename", None)
+    if name is None:
         return None  # in memory: nothing a disk can flip
+    filename = os.path.abspath(name)  # a str or a Path, as the array was mapped
     if filename not in _records:  # mapped in this process without an open (a pickled sampler's arrays)
         check = check_of(Path(filename).parent)
         if check is not None:

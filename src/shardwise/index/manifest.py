@@ -20,7 +20,6 @@ from .._core.files import fsync_path, sampled_crc
 from .integrity import (
     DAMAGED,
     MARKER_PREFIX,
-    SYNC_BYTES,
     VERIFIED,
     describe_file,
     entry_check,
@@ -28,6 +27,7 @@ from .integrity import (
     full_crc,
     manifest_crc,
     register,
+    sync_bytes,
     write_marker,
 )
 
@@ -121,7 +121,7 @@ def open_checked(entry: Path, kind: str, key: str) -> dict[str, np.ndarray]:
         dtype, shape, header = npy_layout(path)
         if dtype.str != info["dtype"] or list(shape) != info["shape"] or header != info["header_bytes"]:
             raise Invalid(f"{file_name} has another header than the manifest records")
-        if size <= SYNC_BYTES:
+        if size <= sync_bytes():
             if full_crc(path) != info["crc32"]:
                 raise Invalid(f"{file_name} fails its CRC-32 (corrupted)")
         elif _sampled(path, header, size) != info["sampled_crc32"]:
