@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.errors import check_int, check_path, check_str
 from .progress import Progress
 
 CHUNK = 1 << 20
@@ -54,6 +55,7 @@ def _as_keys(keys: Any) -> Any:
 
 def index_dtype(n: int) -> np.dtype[Any]:
     """The narrowest dtype that holds every index below ``n``: uint32 up to 2**32, else int64."""
+    n = check_int("n", n, minimum=0)
     return np.dtype(np.uint32) if n <= 2**32 else np.dtype(np.int64)
 
 
@@ -66,7 +68,11 @@ def key_counts(
     integer in ``[0, MAX_KEYS)`` (and below ``num_keys`` when given). ``progress`` is told of
     every chunk counted.
     """
+    chunk = check_int("chunk", chunk, minimum=1)
+    num_keys = None if num_keys is None else check_int("num_keys", num_keys, minimum=1)
     array = _as_keys(keys)
+    if array.dtype.hasobject:
+        raise TypeError(f"{param} should hold integers, but got {param}={keys!r:.80} ({type(keys).__name__})")
     if array.ndim != 1:
         raise ValueError(f"{param} should be a 1-D sequence of integers, but got {param} with shape {array.shape}")
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
@@ -127,6 +133,8 @@ def order_by_key(
         >>> np.load(d / "order.npy").tolist(), np.load(d / "order_offsets.npy").tolist()
         ([1, 3, 0, 2], [0, 1, 2, 4])
     """
+    directory = Path(check_path("directory", directory))
+    name, param = check_str("name", name), check_str("param", param)
     array = _as_keys(keys)
     n = array.size
     with Progress(2 * n, f"indexing {param} ({n:,} samples, 2 passes)") as progress:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._core.errors import check_seconds
+from .._core.errors import check_callable, check_path, check_seconds, check_str
 from .._core.files import fsync_path
 from .manifest import FORMAT, FORMAT_VERSION, MANIFEST, IndexCacheError, Invalid, open_checked, write_manifest
 from .progress import note
@@ -84,6 +84,7 @@ def cache_enabled() -> bool:
 
 def entry_name(kind: str, key: str) -> str:
     """The directory name of an entry: ``<kind>-<digest of kind, key and format version>``."""
+    kind, key = _check_kind(kind), check_str("key", key, allow_empty=True)
     digest = hashlib.blake2b(f"{FORMAT}:{FORMAT_VERSION}:{kind}:{key}".encode(), digest_size=12).hexdigest()
     return f"{kind}-{digest}"
 
@@ -128,8 +129,10 @@ def build_or_open(
         IndexCacheTimeout: another process held the build lock for more than ``timeout`` seconds.
     """
     kind = _check_kind(kind)
-    if not isinstance(key, str):
-        raise TypeError(f"key should be a str, but got key={key!r}")
+    key = check_str("key", key, allow_empty=True)
+    check_callable("build", build, arguments=("directory",), returns="None")
+    if replaces is not None:
+        check_callable("replaces", replaces, arguments=("key",), returns="bool")
     timeout = check_seconds("timeout", timeout)
     if cache_dir is False or not cache_enabled():
         why = "cache_dir=False" if cache_dir is False else f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}"
@@ -274,7 +277,8 @@ def remove_entries(root: str | os.PathLike[str], kind: str, stale: Callable[[str
         How many entries this call removed.
     """
     kind = _check_kind(kind)
-    root = Path(root)
+    root = Path(check_path("root", root))
+    check_callable("stale", stale, arguments=("key",), returns="bool")
     removed = 0
     try:
         candidates = sorted(root.glob(f"{kind}-*"))
