@@ -11,8 +11,9 @@ API (stable; samplers and other layers build on it):
   ``{name: read-only numpy.memmap}`` of every ``<name>.npy`` that ``build(directory)`` wrote.
   Content-addressed by ``(kind, key, FORMAT_VERSION)``; written atomically (temporary directory,
   fsync, rename); concurrent starters: one builds under a file lock, the others wait up to
-  ``timeout`` seconds (then :class:`IndexCacheTimeout`, never a hang); a truncated, corrupt or
-  foreign entry is detected (manifest: sizes, headers, sampled CRC-32) and rebuilt; a disabled
+  ``timeout`` seconds (then :class:`IndexCacheTimeout`, never a hang; they say once what they wait
+  for); a truncated, corrupt or foreign entry is detected (manifest: sizes, headers, sampled and
+  full CRC-32, value ranges; see :mod:`shardwise.index.integrity`) and rebuilt; a disabled
   (``SHARDWISE_CACHE=off``, ``cache_dir=False``) or read-only cache builds in private memory with
   one warning stating the cost; a ``cache_dir`` that is a file or cannot be created raises
   :class:`IndexCacheError` (a ``ValueError``) naming ``cache_dir``. Default directory:

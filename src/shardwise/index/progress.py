@@ -84,9 +84,9 @@ class Progress:
         self._bar: Any = None
         if self.enabled:
             tqdm = _tqdm()
-            if tqdm is not None:
+            if tqdm is not None:  # delay: no bar at all for builds under a second
                 self._bar = tqdm(total=self.total, desc=f"shardwise: {what}", unit=f" {unit}", unit_scale=True,
-                                 leave=False)  # fmt: skip
+                                 leave=False, delay=1.0)  # fmt: skip
 
     def update(self, count: int) -> None:
         self.done += count
