@@ -24,8 +24,10 @@ fix, in every process that maps the entry: a damaged entry never yields a batch 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import mmap
 import os
 import re
 import socket
@@ -59,68 +61,70 @@ class IndexCorruptError(RuntimeError):
 
 
 # -- at build --------------------------------------------------------------------------------------
-def _chunks(path: Path, start: int = 0, stop: Callable[[], bool] | None = None) -> Any:
-    """``(position, memoryview)`` of ``CHUNK_BYTES`` pieces of the file from ``start``; ends early if ``stop()``."""
-    buffer = bytearray(CHUNK_BYTES)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as file:
-        file.seek(start)
-        position = start
-        while True:
-            if stop is not None and stop():
-                return
-            got = file.readinto(buffer)
-            if not got:
-                return
-            yield position, view[:got]
-            position += got
+def _scan(path: Path, start: int, visit: Callable[[memoryview], None], stop: Callable[[], bool] | None = None) -> bool:
+    """Call ``visit`` on ``CHUNK_BYTES`` pieces of the file from byte ``start``, mapped (no copy: 1.5x read()).
+
+    Returns False if ``stop()`` became true before the end.
+    """
+    size = path.stat().st_size
+    if size <= start:
+        return True
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        whole = memoryview(mapped)
+        try:
+            for first in range(start, size, CHUNK_BYTES):
+                if stop is not None and stop():
+                    return False
+                piece = whole[first : min(size, first + CHUNK_BYTES)]
+                try:
+                    visit(piece)
+                finally:
+                    piece.release()
+        finally:
+            whole.release()
+    return True
 
 
 def full_crc(path: Path, stop: Callable[[], bool] | None = None) -> int | None:
     """CRC-32 of every byte of ``path`` (``None`` if ``stop()`` became true before the end)."""
-    crc = 0
-    size = path.stat().st_size
-    seen = 0
-    for _, piece in _chunks(path, 0, stop):
-        crc = zlib.crc32(piece, crc)
-        seen += len(piece)
-    return crc if seen == size else None
+    crc = [0]
+
+    def visit(piece: memoryview) -> None:
+        crc[0] = zlib.crc32(piece, crc[0])
+
+    return crc[0] if _scan(path, 0, visit, stop) else None
 
 
 def describe_file(path: Path, header: int, dtype: np.dtype[Any]) -> dict[str, Any]:
     """The full CRC-32 of a ``.npy`` file and the range of the values it holds (one pass, chunked).
 
     Returns ``{"crc32": int}`` plus ``"min"``, ``"max"`` for integer and floating dtypes (and
-    ``"nan"``: whether a float array holds a NaN). Private memory: one chunk (16 MiB).
+    ``"nan"``: whether a float array holds a NaN). Private memory: O(1) (the file is mapped).
     """
     with open(path, "rb") as file:
         crc = zlib.crc32(file.read(header))
-    numeric = dtype.kind in "iuf" and dtype.isnative
-    step = CHUNK_BYTES - CHUNK_BYTES % dtype.itemsize if dtype.itemsize else CHUNK_BYTES
-    low: Any = None
-    high: Any = None
-    nan = False
-    with open(path, "rb", buffering=0) as file:
-        file.seek(header)
-        buffer = bytearray(step)
-        while True:
-            got = file.readinto(buffer)
-            if not got:
-                break
-            crc = zlib.crc32(memoryview(buffer)[:got], crc)
-            if numeric:
-                values = np.frombuffer(buffer, dtype=dtype, count=got // dtype.itemsize)
-                if dtype.kind == "f":
-                    finite = ~np.isnan(values)
-                    nan = nan or not bool(finite.all())
-                    values = values[finite]
-                if values.size:
-                    chunk_low, chunk_high = values.min().item(), values.max().item()
-                    low = chunk_low if low is None else min(low, chunk_low)
-                    high = chunk_high if high is None else max(high, chunk_high)
-    info: dict[str, Any] = {"crc32": crc}
+    numeric = dtype.kind in "iuf" and dtype.isnative and dtype.itemsize > 0 and CHUNK_BYTES % dtype.itemsize == 0
+    state: dict[str, Any] = {"crc": crc, "min": None, "max": None, "nan": False}
+
+    def visit(piece: memoryview) -> None:
+        state["crc"] = zlib.crc32(piece, state["crc"])
+        if not numeric:
+            return
+        values = np.frombuffer(piece, dtype=dtype, count=len(piece) // dtype.itemsize)
+        if dtype.kind == "f":
+            finite = ~np.isnan(values)
+            state["nan"] = state["nan"] or not bool(finite.all())
+            values = values[finite]
+        if values.size:
+            low, high = values.min().item(), values.max().item()
+            state["min"] = low if state["min"] is None else min(state["min"], low)
+            state["max"] = high if state["max"] is None else max(state["max"], high)
+        del values
+
+    _scan(path, header, visit)
+    info: dict[str, Any] = {"crc32": state["crc"]}
     if numeric:
-        info.update(min=low, max=high, nan=nan)
+        info.update(min=state["min"], max=state["max"], nan=state["nan"])
     return info
 
 
@@ -227,6 +231,8 @@ class EntryCheck:
             self._thread.start()
 
     def _verify(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):  # Linux: a thread has its own nice value
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this process's batches first
         try:
             from filelock import FileLock  # comes with torch
 
