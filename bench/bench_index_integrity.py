@@ -2,7 +2,9 @@
 
 Usage (a few minutes; writes up to 4 GB under --dir, removed at the end)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_index_integrity.py --sizes 1e8 1e9 --first-batch 1e8
+    git archive 7219ef3 src | tar -x -C /tmp/shardwise-baseline   # the release before the checks
+    flock /tmp/shardwise-bench.lock python bench/bench_index_integrity.py --sizes 1e8 1e9 --first-batch 1e8 \
+        --baseline-src /tmp/shardwise-baseline/src
 
 Table 1, per n: an ``order.npy`` of n uint32 indices (the length index of n samples) in the page
 cache: the open-time sampled CRC-32 (what opening cost before and still costs), the full CRC-32
@@ -14,8 +16,9 @@ Table 2, ``BucketBatchSampler`` over n memory-mapped lengths with its index alre
 arm in a fresh process, interleaved, median of ``--repeats``: opening the sampler, its first
 batch and its first 100 batches, for
 
-- ``before``: the checks of the previous release only (sampled CRC-32 at open, no value check,
-  no full verification), emulated by switching the new ones off in that process;
+- ``before``: the previous release (sampled CRC-32 at open, no value check, no full
+  verification): with ``--baseline-src DIR`` its real code (``git archive <commit> src | tar -x -C DIR``,
+  its own format-1 entry), else emulated by switching the new checks off in that process;
 - ``verified``: this node verified the entry before (the builder's marker): value checks only;
 - ``first-open``: the first open on this node (no marker): the full check runs in a background
   thread while the first batches are range-checked.
@@ -35,9 +38,6 @@ from pathlib import Path
 import numpy as np
 
 from shardwise._core.files import sampled_crc
-from shardwise.index import integrity
-from shardwise.index.integrity import describe_file, full_crc
-from shardwise.index.manifest import npy_layout
 
 ARMS = ("before", "verified", "first-open")
 
@@ -54,6 +54,9 @@ def write_order(path: Path, n: int) -> None:
 
 
 def checksum_row(path: Path) -> dict[str, float]:
+    from shardwise.index.integrity import describe_file, full_crc
+    from shardwise.index.manifest import npy_layout
+
     dtype, _, header = npy_layout(path)
     size = path.stat().st_size
     full_crc(path)  # warm the page cache: a node verifies what its ranks just mapped
@@ -76,10 +79,11 @@ def checksum_row(path: Path) -> dict[str, float]:
 def one(arm: str, lengths_path: str, cache: str) -> None:
     """One arm in this fresh process: print its timings as JSON."""
     from shardwise import BucketBatchSampler
-    from shardwise.index import grouped
 
-    if arm == "before":
-        grouped.read_checked = lambda source, values: values  # type: ignore[assignment]
+    if arm == "before" and not os.environ.get("BENCH_BASELINE"):  # emulated: the new checks switched off
+        from shardwise.index import grouped, integrity
+
+        grouped.read_checked = lambda source, values: values  # type: ignore[attr-defined]
         integrity.EntryCheck.ensure_verifying = lambda self: None  # type: ignore[method-assign]
     lengths = np.load(lengths_path, mmap_mode="r")
     start = time.perf_counter()
@@ -95,13 +99,27 @@ def one(arm: str, lengths_path: str, cache: str) -> None:
     if arm == "first-open":
         for check in list(integrity._checks.values()):
             check.wait()
+        from shardwise.index import integrity
+
         verified = time.perf_counter() - start
         assert all(check.status == integrity.VERIFIED for check in integrity._checks.values())
     print(json.dumps({"open": opened - start, "first": first - start, "hundred": hundred - start,
                       "verified": verified}))  # fmt: skip
 
 
-def first_batch_table(n: int, work: Path, repeats: int) -> tuple[dict[str, dict[str, float]], float]:
+def run_arm(arm: str, lengths_path: Path, cache: Path, baseline: str | None) -> dict[str, float]:
+    env = dict(os.environ)
+    if arm == "before" and baseline:
+        env.update(PYTHONPATH=baseline, BENCH_BASELINE="1")
+    out = subprocess.run([sys.executable, __file__, "--one", arm, str(lengths_path), str(cache)],
+                         check=True, capture_output=True, text=True, env=env)  # fmt: skip
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def first_batch_table(
+    n: int, work: Path, repeats: int, baseline: str | None
+) -> tuple[dict[str, dict[str, float]], float]:
     lengths_path = work / f"lengths_{n}.npy"
     lengths = np.lib.format.open_memmap(lengths_path, mode="w+", dtype=np.int32, shape=(n,))
     rng = np.random.default_rng(1)
@@ -115,17 +133,15 @@ def first_batch_table(n: int, work: Path, repeats: int) -> tuple[dict[str, dict[
 
     BucketBatchSampler(np.load(lengths_path, mmap_mode="r"), batch_size=64, cache_dir=cache, num_replicas=8, rank=3)
     build = time.perf_counter() - start
+    if baseline:
+        run_arm("before", lengths_path, cache, baseline)  # builds the baseline's own entry, untimed
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     for _ in range(repeats):
         for arm in ARMS:
             if arm == "first-open":
                 for marker in cache.glob("*/verified.*.json"):
                     marker.unlink()
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", arm, str(lengths_path), str(cache)],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            runs[arm].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[arm].append(run_arm(arm, lengths_path, cache, baseline))
     medians = {arm: {key: float(np.median([r[key] for r in rows])) for key in rows[0]} for arm, rows in runs.items()}
     return medians, build
 
@@ -136,6 +152,7 @@ def main() -> None:
     parser.add_argument("--first-batch", nargs="*", type=float, default=[1e8])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default="/tmp/shardwise-bench-integrity")
+    parser.add_argument("--baseline-src", default=None, help="the previous release's src/ (see the docstring)")
     parser.add_argument("--one", nargs=3, metavar=("ARM", "LENGTHS", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -148,7 +165,7 @@ def main() -> None:
         builds: dict[int, float] = {}
         tables = []
         for n in (int(x) for x in args.first_batch):
-            medians, builds[n] = first_batch_table(n, work, args.repeats)
+            medians, builds[n] = first_batch_table(n, work, args.repeats, args.baseline_src)
             tables.append((n, medians))
         print("\nTable 1: integrity checks of one order.npy (n uint32), warm page cache")
         print("| n | file | sampled CRC (open) | full CRC-32 (node verification) | build pass (CRC + range) "
