@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -387,4 +388,26 @@ def test_builder_progress_lines_are_rate_limited_and_switched_off_in_one_place(
             order_by_key(keys, tmp_path, chunk=10)
     finally:
         progress.set_progress(None)
+    assert not caplog.records
+
+
+def test_a_builder_that_reports_nothing_still_shows_it_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build with no progress of its own logs a 'still running' line every LOG_EVERY seconds; the switch silences it."""
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.2)
+
+    def slow(directory: Path) -> None:
+        time.sleep(1.1)
+        np.save(directory / "values.npy", np.arange(3))
+
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        build_or_open("slow", "k1", slow, cache_dir=tmp_path)
+    lines = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert 3 <= len(lines) <= 6, lines
+    assert "building the slow index slow-" in lines[0]
+    caplog.clear()
+    monkeypatch.setenv("SHARDWISE_PROGRESS", "off")
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        build_or_open("slow", "k2", slow, cache_dir=tmp_path)
     assert not caplog.records

@@ -47,7 +47,7 @@ import numpy as np
 from .._core.errors import check_callable, check_path, check_seconds, check_str
 from .._core.files import fsync_path
 from .manifest import FORMAT, FORMAT_VERSION, MANIFEST, IndexCacheError, Invalid, open_checked, write_manifest
-from .progress import note
+from .progress import Heartbeat, note
 
 logger = logging.getLogger("shardwise")
 
@@ -215,8 +215,9 @@ def _build_locked(
         try:
             owner.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
             started = time.monotonic()
-            build(tmp)
-            write_manifest(tmp, kind, key)
+            with Heartbeat(f"building the {kind} index {entry.name}"):
+                build(tmp)
+                write_manifest(tmp, kind, key)
             took = time.monotonic() - started
             if took >= 1.0:
                 note("shardwise index cache: built the %s index %s in %.1f s", kind, entry, took)

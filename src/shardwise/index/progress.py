@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ LOG_EVERY = 10.0
 _OFF = {"off", "0", "false", "no", "disabled"}
 _override: dict[str, bool] = {}  # "enabled": set_progress's choice, absent to follow the environment
 clock = time.monotonic  # replaced by tests
+_last_update = {"at": -float("inf")}  # when any Progress last advanced: a Heartbeat stays quiet meanwhile
 
 
 def set_progress(enabled: bool | None) -> None:
@@ -90,12 +92,12 @@ class Progress:
 
     def update(self, count: int) -> None:
         self.done += count
+        now = _last_update["at"] = clock()
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.update(count)
             return
-        now = clock()
         if now - self._last >= LOG_EVERY:
             self._last = now
             elapsed = now - self._start
@@ -114,3 +116,33 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Heartbeat:
+    """While a build runs, a line every ``LOG_EVERY`` seconds that it still runs, unless a :class:`Progress` reports.
+
+    For builders that report nothing themselves (a sampler's table filled chunk by chunk): a
+    daemon thread, stopped when the ``with`` block ends.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        start = clock()
+        while not self._stop.wait(LOG_EVERY):
+            if clock() - _last_update["at"] >= LOG_EVERY:
+                note("shardwise: %s: still running after %.0f s", self.what, clock() - start)
+
+    def __enter__(self) -> Heartbeat:
+        if progress_enabled():
+            self._thread = threading.Thread(target=self._run, name="shardwise-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
