@@ -268,3 +268,17 @@ def test_a_mapped_entry_found_without_an_open_is_checked_too(tmp_path: Path) -> 
     remapped = np.load(path, mmap_mode="r")
     with pytest.raises(IndexCorruptError, match=r"values.npy holds .* outside the range \[0, 99999\]"):
         read_checked(remapped, remapped[element - 1 : element + 1])
+
+
+def test_verify_before_use_rebuilds_a_damaged_entry_before_any_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SHARDWISE_INDEX_VERIFY=before-use: the open waits for the full check, so an in-range flip is rebuilt, no error."""
+    plan, error = _outcome(_bucket, tmp_path)
+    assert error is None
+    _damage(tmp_path, "length-order", "order.npy", high=False)
+    monkeypatch.setenv("SHARDWISE_INDEX_VERIFY", "before-use")
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        again, error = _outcome(_bucket, tmp_path)
+    assert error is None and again == plan
+    assert "fails its full CRC-32" in caplog.text and "rebuilding" in caplog.text
