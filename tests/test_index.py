@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from shardwise.index import (
     length_index,
     order_by_key,
     permute_within,
+    progress,
 )
 from shardwise.index import cache as cache_module
 
@@ -313,3 +317,97 @@ def test_default_cache_dir_follows_the_environment(tmp_path: Path, monkeypatch: 
     assert index.default_cache_dir() == tmp_path / "xdg" / "shardwise"
     monkeypatch.setenv("SHARDWISE_CACHE_DIR", str(tmp_path / "mine"))
     assert index.default_cache_dir() == tmp_path / "mine"
+
+
+# -- progress: build lines, the waiting line, one switch ------------------------------------------
+_SLOW_BUILDER = """
+import sys, time
+import numpy as np
+from shardwise.index import build_or_open
+
+def build(directory):
+    print("building", flush=True)
+    time.sleep(3)
+    np.save(directory / "values.npy", np.arange(10))
+
+build_or_open("slow", sys.argv[2], build, cache_dir=sys.argv[1])
+"""
+
+
+def _wait_for_other_builder(tmp_path: Path, key: str) -> int:
+    """Start a process that builds (kind "slow", key) for 3 s, wait until it holds the lock, open the entry here."""
+    builder = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_BUILDER, str(tmp_path), key], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    try:
+        assert builder.stdout is not None and builder.stdout.readline().strip() == "building"
+        arrays = build_or_open("slow", key, _builder(np.arange(1)), cache_dir=tmp_path, timeout=60)
+        np.testing.assert_array_equal(arrays["values"], np.arange(10))  # the other process's entry
+        assert builder.wait(timeout=60) == 0
+    finally:
+        builder.kill()
+        builder.wait()
+        if builder.stdout is not None:
+            builder.stdout.close()
+    return builder.pid
+
+
+def test_a_waiting_process_says_once_what_it_waits_for_and_who_builds_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line names the entry, the lock file and the building host/pid; SHARDWISE_PROGRESS=off silences it."""
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        pid = _wait_for_other_builder(tmp_path, "k1")
+    waiting = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
+    assert len(waiting) == 1, waiting
+    assert f"{socket.gethostname()}/pid {pid}" in waiting[0] and "lock file" in waiting[0]
+    caplog.clear()
+    monkeypatch.setenv("SHARDWISE_PROGRESS", "off")
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        _wait_for_other_builder(tmp_path, "k2")
+    assert not [r for r in caplog.records if "waiting for" in r.getMessage()]
+
+
+def test_builder_progress_lines_are_rate_limited_and_switched_off_in_one_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off a terminal the counting sort logs at most one line per LOG_EVERY seconds; set_progress(False) silences it."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(progress, "clock", lambda: float(next(ticks)))  # one second per chunk
+    keys = np.arange(1000) % 7
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        order_by_key(keys, tmp_path, chunk=10)  # 2 passes of 100 chunks: 200 s of fake time
+    lines = [r.getMessage() for r in caplog.records if "indexing keys" in r.getMessage()]
+    assert len(lines) == 200 // int(progress.LOG_EVERY), lines
+    assert "100% (2000 of 2000 keys)" in lines[-1]
+    caplog.clear()
+    progress.set_progress(False)
+    try:
+        with caplog.at_level(logging.INFO, logger="shardwise"):
+            order_by_key(keys, tmp_path, chunk=10)
+    finally:
+        progress.set_progress(None)
+    assert not caplog.records
+
+
+def test_a_builder_that_reports_nothing_still_shows_it_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build with no progress of its own logs a 'still running' line every LOG_EVERY seconds; the switch silences it."""
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.2)
+
+    def slow(directory: Path) -> None:
+        time.sleep(1.1)
+        np.save(directory / "values.npy", np.arange(3))
+
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        build_or_open("slow", "k1", slow, cache_dir=tmp_path)
+    lines = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert 3 <= len(lines) <= 6, lines
+    assert "building the slow index slow-" in lines[0]
+    caplog.clear()
+    monkeypatch.setenv("SHARDWISE_PROGRESS", "off")
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        build_or_open("slow", "k2", slow, cache_dir=tmp_path)
+    assert not caplog.records

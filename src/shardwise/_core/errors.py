@@ -207,3 +207,27 @@ def check_instance_or_factory(
             f"{len(arguments)} positional arguments ({', '.join(arguments)}){fix}"
         ) from None
     return value
+
+
+def check_str(name: str, value: object, *, allow_empty: bool = False) -> str:
+    """Return ``value`` if it is a ``str`` (non-empty unless ``allow_empty``), or raise naming ``name``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} should be a str, but got {shown(name, value)} ({type(value).__name__})")
+    if not value and not allow_empty:
+        raise ValueError(f"{name} should be a non-empty str, but got {name}=''")
+    return value
+
+
+def check_integer_array(name: str, values: object, *, ndim: int = 1) -> Any:
+    """``values`` as an integer numpy array of ``ndim`` dimensions (as is if it is one), or raise naming ``name``."""
+    import numpy as np  # _core is numpy-only; imported here to keep this module light
+
+    array = np.asarray(values) if not isinstance(values, np.ndarray) else values
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(
+            f"{name} should be an array of integers, but got {shown(name, values) if array.size < 8 else name} "
+            f"of dtype {array.dtype} ({type(values).__name__})"
+        )
+    if array.ndim != ndim:
+        raise ValueError(f"{name} should be a {ndim}-D array of integers, but got {name} with shape {array.shape}")
+    return array

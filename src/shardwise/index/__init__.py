@@ -11,8 +11,9 @@ API (stable; samplers and other layers build on it):
   ``{name: read-only numpy.memmap}`` of every ``<name>.npy`` that ``build(directory)`` wrote.
   Content-addressed by ``(kind, key, FORMAT_VERSION)``; written atomically (temporary directory,
   fsync, rename); concurrent starters: one builds under a file lock, the others wait up to
-  ``timeout`` seconds (then :class:`IndexCacheTimeout`, never a hang); a truncated, corrupt or
-  foreign entry is detected (manifest: sizes, headers, sampled CRC-32) and rebuilt; a disabled
+  ``timeout`` seconds (then :class:`IndexCacheTimeout`, never a hang; they say once what they wait
+  for); a truncated, corrupt or foreign entry is detected (manifest: sizes, headers, sampled and
+  full CRC-32, value ranges; see :mod:`shardwise.index.integrity`) and rebuilt; a disabled
   (``SHARDWISE_CACHE=off``, ``cache_dir=False``) or read-only cache builds in private memory with
   one warning stating the cost; a ``cache_dir`` that is a file or cannot be created raises
   :class:`IndexCacheError` (a ``ValueError``) naming ``cache_dir``. Default directory:
@@ -41,14 +42,16 @@ API (stable; samplers and other layers build on it):
   ``datasets.Dataset``, a ``pyarrow`` Table/Array or Parquet files as a read-only numpy array (row
   lengths from the Arrow offsets, or values), cached per node (kind ``"arrow-column"``) when the
   source has a file identity; ``pyarrow`` is the optional ``arrow`` extra (:mod:`shardwise.index.arrow`).
+- :func:`read_checked(source, values) <read_checked>`: ``values`` just read from an index array
+  ``source``, checked against the range its builder recorded and the entry's verification state
+  (:class:`IndexCorruptError` if damaged): what every sampler calls on the values a batch takes.
+- :func:`set_progress` / ``SHARDWISE_PROGRESS=off``: the one switch of build progress and waiting lines.
 """
 
 from .arrow import column
 from .builders import OffsetLengths, index_dtype, key_counts, order_by_key
 from .cache import (
     DEFAULT_TIMEOUT,
-    FORMAT_VERSION,
-    IndexCacheError,
     IndexCacheTimeout,
     build_or_open,
     cache_enabled,
@@ -57,8 +60,11 @@ from .cache import (
     remove_entries,
 )
 from .grouped import GroupedIndex, group_keys, permute_within
+from .integrity import IndexCorruptError, read_checked
 from .keys import key_of
 from .lengths import LENGTH_KIND, length_index, store_index_dir
+from .manifest import FORMAT_VERSION, IndexCacheError
+from .progress import progress_enabled, set_progress
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -67,6 +73,7 @@ __all__ = [
     "GroupedIndex",
     "IndexCacheError",
     "IndexCacheTimeout",
+    "IndexCorruptError",
     "OffsetLengths",
     "build_or_open",
     "cache_enabled",
@@ -80,6 +87,9 @@ __all__ = [
     "length_index",
     "order_by_key",
     "permute_within",
+    "progress_enabled",
+    "read_checked",
     "remove_entries",
+    "set_progress",
     "store_index_dir",
 ]

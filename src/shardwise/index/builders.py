@@ -12,6 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from .._core.errors import check_int, check_path, check_str
+from .progress import Progress
+
 CHUNK = 1 << 20
 """Keys per step of a build: about 40 bytes of private memory each (40 MiB), whatever n."""
 MAX_KEYS = 1 << 27
@@ -52,16 +55,24 @@ def _as_keys(keys: Any) -> Any:
 
 def index_dtype(n: int) -> np.dtype[Any]:
     """The narrowest dtype that holds every index below ``n``: uint32 up to 2**32, else int64."""
+    n = check_int("n", n, minimum=0)
     return np.dtype(np.uint32) if n <= 2**32 else np.dtype(np.int64)
 
 
-def key_counts(keys: Any, *, param: str = "keys", chunk: int = CHUNK, num_keys: int | None = None) -> np.ndarray:
+def key_counts(
+    keys: Any, *, param: str = "keys", chunk: int = CHUNK, num_keys: int | None = None, progress: Progress | None = None
+) -> np.ndarray:
     """``(K,)`` int64 count of every key value ``0..K-1``, read ``chunk`` keys at a time.
 
     ``K`` is ``num_keys`` or the largest key + 1. Raises naming ``param`` unless every key is an
-    integer in ``[0, MAX_KEYS)`` (and below ``num_keys`` when given).
+    integer in ``[0, MAX_KEYS)`` (and below ``num_keys`` when given). ``progress`` is told of
+    every chunk counted.
     """
+    chunk = check_int("chunk", chunk, minimum=1)
+    num_keys = None if num_keys is None else check_int("num_keys", num_keys, minimum=1)
     array = _as_keys(keys)
+    if array.dtype.hasobject:
+        raise TypeError(f"{param} should hold integers, but got {param}={keys!r:.80} ({type(keys).__name__})")
     if array.ndim != 1:
         raise ValueError(f"{param} should be a 1-D sequence of integers, but got {param} with shape {array.shape}")
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
@@ -81,6 +92,8 @@ def key_counts(keys: Any, *, param: str = "keys", chunk: int = CHUNK, num_keys: 
         if high >= counts.size:
             counts = np.concatenate([counts, np.zeros(high + 1 - counts.size, dtype=np.int64)])
         counts += np.bincount(part.astype(np.intp, copy=False), minlength=counts.size)
+        if progress is not None:
+            progress.update(part.size)
     return counts
 
 
@@ -100,7 +113,8 @@ def order_by_key(
     ``<name>_offsets.npy``, ``(K + 1,)`` int64 (``K``: ``num_keys`` or the largest key + 1).
 
     Private memory: ``O(chunk + K)``, never ``O(n)``: keys are read ``chunk`` at a time (twice)
-    and the output is a file mapping. Time: about two passes of a radix sort of ``n`` keys.
+    and the output is a file mapping. Time: about two passes of a radix sort of ``n`` keys
+    (about two minutes at 1e9), shown as it goes (:class:`~shardwise.index.progress.Progress`).
 
     Args:
         keys: ``(n,)`` non-negative integers: an array, a memory map, anything ``numpy.asarray``
@@ -119,8 +133,18 @@ def order_by_key(
         >>> np.load(d / "order.npy").tolist(), np.load(d / "order_offsets.npy").tolist()
         ([1, 3, 0, 2], [0, 1, 2, 4])
     """
+    directory = Path(check_path("directory", directory))
+    name, param = check_str("name", name), check_str("param", param)
     array = _as_keys(keys)
-    counts = key_counts(array, param=param, chunk=chunk, num_keys=num_keys)
+    n = array.size
+    with Progress(2 * n, f"indexing {param} ({n:,} samples, 2 passes)") as progress:
+        _order_by_key(array, directory, name, param, chunk, num_keys, progress)
+
+
+def _order_by_key(
+    array: Any, directory: Path, name: str, param: str, chunk: int, num_keys: int | None, progress: Progress
+) -> None:
+    counts = key_counts(array, param=param, chunk=chunk, num_keys=num_keys, progress=progress)
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     np.save(directory / f"{name}_offsets.npy", offsets)
@@ -142,6 +166,7 @@ def order_by_key(
         local += first
         out[dest] = local
         cursor += here
+        progress.update(part.size)
         del local, ranked, dest
     out.flush()
     del out

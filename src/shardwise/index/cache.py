@@ -17,10 +17,15 @@ Entries are never deleted automatically, except those a new entry *replaces*: a 
 (e.g. a sampler's epoch plan) passes ``replaces=`` so that the process that builds epoch ``e``
 removes the entries of other epochs it no longer needs (:func:`remove_entries`).
 
-Integrity: the manifest records, for each file, its byte size, dtype, shape and header size,
-and a CRC-32 of 16 blocks spread over its data plus its header. A file of another size, another
-header or other sampled bytes makes the entry invalid and it is rebuilt (logged). A flipped byte
-outside the sampled blocks is not detected: the sampled check is what keeps opening O(1).
+Integrity (:mod:`shardwise.index.manifest`, :mod:`shardwise.index.integrity`): the manifest
+records, for each file, its byte size, dtype, shape and header size, a CRC-32 of 16 sampled
+blocks, the full CRC-32 and the range of its values. A file of another size or header, other
+sampled bytes, or (files up to 4 MiB, at every open; larger ones once per node, in the background)
+another full checksum makes the entry invalid and it is rebuilt (logged); every value a plan reads
+is checked against the recorded range (:func:`read_checked`).
+
+Progress (:mod:`shardwise.index.progress`): a process that waits for another one's build says
+once which entry it waits for and which host/pid builds it; ``SHARDWISE_PROGRESS=off`` silences it.
 """
 
 from __future__ import annotations
@@ -30,24 +35,22 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
 import warnings
-import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from .._core.errors import check_seconds
-from .._core.files import fsync_path, sampled_crc
+from .._core.errors import check_callable, check_path, check_seconds, check_str
+from .._core.files import fsync_path
+from .manifest import FORMAT, FORMAT_VERSION, MANIFEST, IndexCacheError, Invalid, open_checked, write_manifest
+from .progress import Heartbeat, note
 
 logger = logging.getLogger("shardwise")
 
-FORMAT = "shardwise.index"
-FORMAT_VERSION = 1
-"""Bumped whenever a builder's output changes: entries of another version are never opened."""
-MANIFEST = "manifest.json"
 DEFAULT_TIMEOUT = 600.0
 """Seconds a process waits for another one building the same entry (a 1e9-entry build takes minutes)."""
 ENV_DIR = "SHARDWISE_CACHE_DIR"
@@ -58,10 +61,6 @@ CacheDir = str | os.PathLike[str] | None | bool
 """``None``: the default directory; a path: that directory; ``False``: no cache (build in memory)."""
 
 _warned: set[tuple[str, str]] = set()
-
-
-class IndexCacheError(ValueError):
-    """The cache cannot be used as asked: ``cache_dir`` is a file or cannot be created."""
 
 
 class IndexCacheTimeout(TimeoutError):
@@ -85,6 +84,7 @@ def cache_enabled() -> bool:
 
 def entry_name(kind: str, key: str) -> str:
     """The directory name of an entry: ``<kind>-<digest of kind, key and format version>``."""
+    kind, key = _check_kind(kind), check_str("key", key, allow_empty=True)
     digest = hashlib.blake2b(f"{FORMAT}:{FORMAT_VERSION}:{kind}:{key}".encode(), digest_size=12).hexdigest()
     return f"{kind}-{digest}"
 
@@ -129,8 +129,10 @@ def build_or_open(
         IndexCacheTimeout: another process held the build lock for more than ``timeout`` seconds.
     """
     kind = _check_kind(kind)
-    if not isinstance(key, str):
-        raise TypeError(f"key should be a str, but got key={key!r}")
+    key = check_str("key", key, allow_empty=True)
+    check_callable("build", build, arguments=("directory",), returns="None")
+    if replaces is not None:
+        check_callable("replaces", replaces, arguments=("key",), returns="bool")
     timeout = check_seconds("timeout", timeout)
     if cache_dir is False or not cache_enabled():
         why = "cache_dir=False" if cache_dir is False else f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}"
@@ -185,7 +187,12 @@ def _build_locked(
     entry = root / name
     lock = FileLock(str(root / f".{name}.lock"), timeout=timeout)
     try:
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:  # another process builds it: say so once, then wait
+            note("shardwise index cache: waiting for the %s index %s, built by %s (lock file %s; timeout=%g s)",
+                 kind, entry, _builder_of(root, name), root / f".{name}.lock", timeout)  # fmt: skip
+            lock.acquire(timeout=timeout)
     except Timeout:
         raise IndexCacheTimeout(
             f"waited timeout={timeout:g} s for another process building the index {name} in {root} "
@@ -204,15 +211,24 @@ def _build_locked(
         for stale in root.glob(f".{name}.*.partial"):  # left by a killed builder: we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=root))
+        owner = root / f".{name}.builder"
         try:
-            build(tmp)
-            _write_manifest(tmp, kind, key)
+            owner.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+            started = time.monotonic()
+            with Heartbeat(f"building the {kind} index {entry.name}"):
+                build(tmp)
+                write_manifest(tmp, kind, key)
+            took = time.monotonic() - started
+            if took >= 1.0:
+                note("shardwise index cache: built the %s index %s in %.1f s", kind, entry, took)
             tmp.chmod(0o755)  # mkdtemp makes it private; an entry is read by every user of a shared cache
             fsync_path(tmp)
             os.rename(tmp, entry)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            owner.unlink(missing_ok=True)
         fsync_path(root)
         if replaces is not None:
             remove_entries(root, kind, lambda other: other != key and replaces(other))
@@ -222,6 +238,15 @@ def _build_locked(
     if opened is None:
         raise IndexCacheError(f"the index {entry} was just built but does not open: {problem}")
     return opened
+
+
+def _builder_of(root: Path, name: str) -> str:
+    """``host/pid`` of the process building entry ``name`` (from its ``.builder`` file), if known."""
+    try:
+        owner = json.loads((root / f".{name}.builder").read_text())
+        return f"{owner['host']}/pid {owner['pid']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (host/pid not yet known)"
 
 
 def _remove(entry: Path, root: Path) -> bool:
@@ -253,7 +278,8 @@ def remove_entries(root: str | os.PathLike[str], kind: str, stale: Callable[[str
         How many entries this call removed.
     """
     kind = _check_kind(kind)
-    root = Path(root)
+    root = Path(check_path("root", root))
+    check_callable("stale", stale, arguments=("key",), returns="bool")
     removed = 0
     try:
         candidates = sorted(root.glob(f"{kind}-*"))
@@ -298,97 +324,14 @@ def _build_in_memory(kind: str, build: Callable[[Path], None], reason: str) -> d
     return arrays
 
 
-# -- manifest and integrity ------------------------------------------------------------------------
-def _head(path: Path, size: int) -> bytes:
-    with open(path, "rb") as file:
-        return file.read(size)
-
-
-def _npy_layout(path: Path) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    """dtype, shape and header size of a C-ordered ``.npy`` file (raises ValueError otherwise)."""
-    with open(path, "rb") as file:
-        version = np.lib.format.read_magic(file)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(file)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(file)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-        if fortran or dtype.hasobject:
-            raise ValueError("not a C-ordered numeric array")
-        return dtype, tuple(shape), file.tell()
-
-
-def _write_manifest(directory: Path, kind: str, key: str) -> None:
-    files: dict[str, Any] = {}
-    for path in sorted(directory.glob("*.npy")):
-        dtype, shape, header = _npy_layout(path)
-        size = path.stat().st_size
-        expected = header + dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if size != expected:
-            raise IndexCacheError(f"the index builder wrote {path.name} of {size} bytes; its header says {expected}")
-        files[path.name] = {
-            "bytes": size,
-            "dtype": dtype.str,
-            "shape": list(shape),
-            "header_bytes": header,
-            "crc32": zlib.crc32(_head(path, header), sampled_crc(path, header, size)),
-        }
-        fsync_path(path)
-    others = [p.name for p in directory.iterdir() if p.suffix != ".npy"]
-    if others:
-        raise IndexCacheError(f"the index builder should write only .npy files, but it also wrote {sorted(others)}")
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "kind": kind, "key": key, "files": files}
-    with open(directory / MANIFEST, "w") as file:
-        json.dump(manifest, file, indent=1)
-        file.flush()
-        os.fsync(file.fileno())
-
-
-class _Invalid(Exception):
-    """Why a cache entry cannot be opened."""
-
-
+# -- opening ----------------------------------------------------------------------------------------
 def _open_entry(entry: Path, kind: str, key: str) -> tuple[dict[str, np.ndarray] | None, str]:
     """The entry's arrays, or ``None`` and why not (``"missing"``, or what is wrong with it)."""
     try:
-        return _open_checked(entry, kind, key), ""
-    except _Invalid as why:
+        return open_checked(entry, kind, key), ""
+    except Invalid as why:
         return None, str(why)
     except FileNotFoundError as error:
         return None, f"a file is missing ({error.filename})"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         return None, f"unreadable ({type(error).__name__}: {error})"
-
-
-def _open_checked(entry: Path, kind: str, key: str) -> dict[str, np.ndarray]:
-    try:
-        text = (entry / MANIFEST).read_text()
-    except FileNotFoundError:
-        raise _Invalid("missing" if not entry.exists() else "no manifest (an interrupted write)") from None
-    manifest = json.loads(text)
-    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
-        raise _Invalid(f"another format or version ({manifest.get('format')} {manifest.get('version')})")
-    if manifest.get("kind") != kind or manifest.get("key") != key:
-        raise _Invalid("a foreign entry (another kind or key under this name)")
-    arrays: dict[str, np.ndarray] = {}
-    for file_name, info in manifest["files"].items():
-        path = entry / file_name
-        size = path.stat().st_size
-        if size != info["bytes"]:
-            raise _Invalid(f"{file_name} has {size} bytes, the manifest says {info['bytes']} (truncated?)")
-        dtype, shape, header = _npy_layout(path)
-        if dtype.str != info["dtype"] or list(shape) != info["shape"] or header != info["header_bytes"]:
-            raise _Invalid(f"{file_name} has another header than the manifest records")
-        if zlib.crc32(_head(path, header), sampled_crc(path, header, size)) != info["crc32"]:
-            raise _Invalid(f"{file_name} fails its sampled checksum (corrupted)")
-        arrays[Path(file_name).stem] = _map(path, dtype, shape, header)
-    return arrays
-
-
-def _map(path: Path, dtype: np.dtype[Any], shape: tuple[int, ...], header: int) -> np.ndarray:
-    if int(np.prod(shape, dtype=np.int64)) == 0:
-        empty = np.empty(shape, dtype=dtype)
-        empty.flags.writeable = False
-        return empty
-    return np.memmap(path, dtype=dtype, mode="r", offset=header, shape=shape)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._core.errors import check_int, check_integer_array
 from .._core.permutation import ROUNDS, feistel_rounds, mix64
+from .integrity import IndexCorruptError, read_checked
 
 _GROUP_SALT = np.uint64(0x9E3779B97F4A7C15)
 SMALL_GROUP = 16
@@ -23,6 +25,8 @@ _ROUND_SALTS = np.array([0x243F6A8885A308D3 * (r + 1) % 2**64 for r in range(ROU
 
 def group_keys(key: int, groups: np.ndarray) -> np.ndarray:
     """``(m,)`` uint64: one 64-bit key per group id, derived from ``key`` by hashing (not adding)."""
+    key = check_int("key", key)
+    groups = check_integer_array("groups", groups)
     mixed = mix64(np.asarray(groups, dtype=np.int64).astype(np.uint64) * _GROUP_SALT + np.uint64(1))
     mixed ^= np.uint64(key % 2**64)
     result: np.ndarray = mix64(mixed)
@@ -51,9 +55,14 @@ def permute_within(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np
         >>> sorted(permute_within(np.arange(5), sizes, keys).tolist())
         [0, 1, 2, 3, 4]
     """
-    ranks = np.asarray(ranks, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    keys = np.asarray(keys, dtype=np.uint64)
+    ranks = np.asarray(check_integer_array("ranks", ranks), dtype=np.int64)
+    sizes = np.asarray(check_integer_array("sizes", sizes), dtype=np.int64)
+    keys = np.asarray(check_integer_array("keys", keys), dtype=np.uint64)
+    if not ranks.shape == sizes.shape == keys.shape:
+        raise ValueError(
+            f"ranks, sizes and keys should have one entry per element each, but got shapes {ranks.shape}, "
+            f"{sizes.shape} and {keys.shape}"
+        )
     out: np.ndarray = ranks.copy()
     small = np.flatnonzero((sizes > 1) & (sizes <= SMALL_GROUP))
     if small.size:
@@ -108,8 +117,16 @@ class GroupedIndex:
     __slots__ = ("offsets", "order")
 
     def __init__(self, order: np.ndarray, offsets: np.ndarray) -> None:
-        self.order = order
-        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.order = check_integer_array("order", order)
+        offsets = check_integer_array("offsets", offsets)
+        self.offsets = np.asarray(read_checked(offsets, offsets), dtype=np.int64)
+        # O(groups): the offsets bound every position members() reads, so they must be boundaries of order
+        if self.offsets.ndim != 1 or self.offsets.size == 0 or self.offsets[0] != 0 or \
+                self.offsets[-1] != order.shape[0] or bool((np.diff(self.offsets) < 0).any()):
+            raise IndexCorruptError(
+                f"the group offsets of an index (of {order.shape[0]} samples) are not increasing from 0 to "
+                f"{order.shape[0]}: a damaged index; remove its cache entry (it is rebuilt on the next start)"
+            )
 
     def __len__(self) -> int:
         return int(self.order.shape[0])
@@ -137,7 +154,7 @@ class GroupedIndex:
         ranks = np.asarray(ranks, dtype=np.int64)
         if key is not None:
             ranks = permute_within(ranks, self.sizes(groups), group_keys(key, groups))
-        return np.asarray(self.order[self.offsets[groups] + ranks], dtype=np.int64)
+        return np.asarray(read_checked(self.order, self.order[self.offsets[groups] + ranks]), dtype=np.int64)
 
     def __repr__(self) -> str:
         return f"GroupedIndex(n={len(self)}, groups={self.num_groups})"

@@ -44,6 +44,11 @@ def key_of(values: Any) -> str:
     if isinstance(manifest, dict) and "files" in manifest and hasattr(values, "offsets"):
         return ragged_key(manifest)
     array = np.asarray(values)
+    if array.dtype.hasobject:
+        raise TypeError(
+            f"values should be an array of numbers, a memory map or a ragged store, but got values={values!r:.80} "
+            f"({type(values).__name__})"
+        )
     hasher = hashlib.blake2b(digest_size=16)
     hasher.update(f"{array.dtype.str}|{array.shape}".encode())
     where = file_position(values)

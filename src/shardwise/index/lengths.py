@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.errors import check_integer_array, check_path
 from .builders import OffsetLengths, order_by_key
 from .cache import DEFAULT_TIMEOUT, CacheDir, build_or_open
 from .grouped import GroupedIndex
@@ -33,7 +34,7 @@ def is_ragged_store(values: Any) -> bool:
 
 def store_index_dir(store_path: str | os.PathLike[str]) -> Path:
     """Where a ragged store keeps its indexes: ``<store>/index``."""
-    return Path(store_path) / STORE_INDEX
+    return Path(check_path("store_path", store_path)) / STORE_INDEX
 
 
 def _store_cache_dir(store: Any) -> Path | None:
@@ -64,7 +65,7 @@ def length_index(lengths: Any, *, cache_dir: CacheDir = None, timeout: float = D
         if cache_dir is None:
             cache_dir = _store_cache_dir(lengths)
     else:
-        keys = np.asarray(lengths)
+        keys = check_integer_array("lengths", lengths)
         key = key_of(lengths)
 
     def build(directory: Path) -> None:

@@ -45,12 +45,13 @@ from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index
+from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index, read_checked
 from ..index.arrow import resolve
 from ..index.builders import MAX_KEYS, OffsetLengths
-from ..index.cache import CacheDir, IndexCacheError
+from ..index.cache import CacheDir
 from ..index.keys import file_position
 from ..index.lengths import is_ragged_store
+from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
 
 logger = logging.getLogger("shardwise")
@@ -292,7 +293,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         count = len(index) - first_over
         if count == 0:
             return
-        over = np.asarray(index.order[first_over:], dtype=np.int64)
+        over = np.asarray(read_checked(index.order, index.order[first_over:]), dtype=np.int64)
         first = int(over.min())
         if self.oversized is Oversized.ERROR:
             raise ValueError(

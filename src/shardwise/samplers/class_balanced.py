@@ -55,7 +55,7 @@ from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule, EpochSizes
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, IndexCacheError
+from ..index import DEFAULT_TIMEOUT, IndexCacheError, read_checked
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
@@ -183,7 +183,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         # The class index: built once per labels and node (a chunked counting sort), then mapped.
         index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=cache_dir,
                               timeout=check_seconds("cache_timeout", cache_timeout))
-        classes, sizes = index["classes"], np.asarray(index["counts"])
+        classes, sizes = index["classes"], np.asarray(read_checked(index["counts"], index["counts"]))
         small = sizes < self.samples_per_class
         if small.any() and self.small_classes is SmallClasses.ERROR:
             first = int(np.argmax(small))
@@ -256,7 +256,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         layout = self._layout(seed, epoch)
         cls, use = layout.cells(np.asarray(positions, dtype=np.int64))
         ranks = member_ranks(cls, use, self._sizes, samples, member_keys(seed, epoch))
-        picks: np.ndarray = self._members[self._class_starts[cls][:, :, None] + ranks]
+        picks: np.ndarray = read_checked(self._members, self._members[self._class_starts[cls][:, :, None] + ranks])
         return picks.reshape(len(cls), classes * samples).astype(np.int64)
 
     def epoch_plan(self, epoch: int) -> np.ndarray:

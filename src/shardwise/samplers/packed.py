@@ -55,10 +55,11 @@ from .._core.plan import Even
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_index, permute_within
+from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_index, permute_within, read_checked
 from ..index.arrow import resolve
-from ..index.cache import DEFAULT_TIMEOUT, CacheDir, IndexCacheError
+from ..index.cache import DEFAULT_TIMEOUT, CacheDir
 from ..index.lengths import LENGTH_KIND
+from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
 from .bucket import as_lengths
 
@@ -114,7 +115,8 @@ def _shared_index(lengths: np.ndarray | None, key: str, max_len: int, too_long: 
     offsets = np.asarray(grouped.offsets, dtype=np.int64)
     if offsets.size < max_len + 2:  # no sample reaches max_len: empty classes up to it
         offsets = np.concatenate([offsets, np.full(max_len + 2 - offsets.size, offsets[-1], dtype=np.int64)])
-    skipped = np.sort(np.asarray(grouped.order[int(offsets[max_len + 1]) :], dtype=np.int64))
+    over = read_checked(grouped.order, grouped.order[int(offsets[max_len + 1]) :])
+    skipped = np.sort(np.asarray(over, dtype=np.int64))
     return PieceIndex(grouped.order, None, offsets[: max_len + 2], skipped)
 
 
@@ -339,12 +341,14 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         if self._layouts is not None:
             return self._layouts[stratum]
         arrays = self._shared_layouts(build=False)
-        slots, rows, batches = (np.asarray(arrays[f"{name}_offsets"][stratum : stratum + 2])
-                                for name in ("slot", "row", "batch"))  # fmt: skip
+        def read(name: str, first: int, stop: int) -> np.ndarray:  # checked against the range built
+            return np.asarray(read_checked(arrays[name], arrays[name][first:stop]), dtype=np.int64)
+
+        slots, rows, batches = (read(f"{name}_offsets", stratum, stratum + 2) for name in ("slot", "row", "batch"))
         return StratumLayout(
-            np.asarray(arrays["slot_rows"][slots[0] : slots[1]], dtype=np.int64),
-            np.asarray(arrays["batch_of_row"][rows[0] : rows[1]], dtype=np.int64),
-            np.asarray(arrays["batch_costs"][batches[0] : batches[1]], dtype=np.int64),
+            read("slot_rows", slots[0], slots[1]),
+            read("batch_of_row", rows[0], rows[1]),
+            read("batch_costs", batches[0], batches[1]),
         )
 
     @property
@@ -400,9 +404,11 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             first_row, last_row = int(plan.batch_offsets[b]), int(plan.batch_offsets[b + 1])
             lo, hi = int(plan.row_offsets[first_row]), int(plan.row_offsets[last_row])
             items = plan.items[lo:hi]
-            samples = np.asarray(index.sample[items], dtype=np.int64)
+            samples = np.asarray(read_checked(index.sample, index.sample[items]), dtype=np.int64)
             item_starts = (
-                np.zeros(items.size, dtype=np.int64) if index.start is None else np.asarray(index.start[items])
+                np.zeros(items.size, dtype=np.int64)
+                if index.start is None
+                else np.asarray(read_checked(index.start, index.start[items]))
             )
             stops = item_starts + plan.lengths[lo:hi]
             rows = np.repeat(np.arange(last_row - first_row), np.diff(plan.row_offsets[first_row : last_row + 1]))

@@ -60,7 +60,7 @@ from .._core.plan import Even
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, IndexCacheError
+from ..index import DEFAULT_TIMEOUT, IndexCacheError, read_checked
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
@@ -238,13 +238,13 @@ class WeightTable:
     def locate(self, values: np.ndarray) -> np.ndarray:
         """The item holding each value in ``[0, total)``: the first ``i`` with ``cdf[i] > value``."""
         bucket = values >> self.shift
-        low = self.guide[bucket].astype(np.int64)
-        high = self.guide[bucket + 1].astype(np.int64)
+        low = read_checked(self.guide, self.guide[bucket]).astype(np.int64)
+        high = read_checked(self.guide, self.guide[bucket + 1]).astype(np.int64)
         open_ = np.flatnonzero(low < high)
         while open_.size:
             lows, highs = low[open_], high[open_]
             middle = (lows + highs) >> 1
-            above = self.cdf[middle] > values[open_]
+            above = read_checked(self.cdf, self.cdf[middle]) > values[open_]
             highs = np.where(above, middle, highs)
             lows = np.where(above, lows, middle + 1)
             low[open_], high[open_] = lows, highs
@@ -458,7 +458,7 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         if not self.replacement:
             plan = self._distinct(seed, epoch)
-            return lambda positions: plan[positions].tolist()
+            return lambda positions: read_checked(plan, plan[positions]).tolist()
         keys = derive_words(seed, epoch, WITH_REPLACEMENT, count=2)
         table = self._table
         return lambda positions: table.draw(positions, keys).tolist()
