@@ -20,8 +20,10 @@ batch and its first 100 batches, for
   verification): with ``--baseline-src DIR`` its real code (``git archive <commit> src | tar -x -C DIR``,
   its own format-1 entry), else emulated by switching the new checks off in that process;
 - ``verified``: this node verified the entry before (the builder's marker): value checks only;
-- ``first-open``: the first open on this node (no marker): the full check runs in a background
-  thread while the first batches are range-checked.
+- ``first-open``: the first open on this node (no marker), the default: the open waits for the
+  full check (``SHARDWISE_INDEX_VERIFY=before-use``);
+- ``first-open-background``: the same with ``SHARDWISE_INDEX_VERIFY=background``: the full check
+  runs in a background thread while the first batches are range-checked.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 
 from shardwise._core.files import sampled_crc
 
-ARMS = ("before", "verified", "first-open")
+ARMS = ("before", "verified", "first-open", "first-open-background")
 
 
 def write_order(path: Path, n: int) -> None:
@@ -97,7 +99,7 @@ def one(arm: str, lengths_path: str, cache: str) -> None:
         next(batches)
     hundred = time.perf_counter()
     verified = float("nan")
-    if arm == "first-open":
+    if arm.startswith("first-open"):
         for check in list(integrity._checks.values()):
             check.wait()
         verified = time.perf_counter() - start
@@ -110,6 +112,7 @@ def run_arm(arm: str, lengths_path: Path, cache: Path, baseline: str | None) -> 
     env = dict(os.environ)
     if arm == "before" and baseline:
         env.update(PYTHONPATH=baseline, BENCH_BASELINE="1")
+    env["SHARDWISE_INDEX_VERIFY"] = "background" if arm in ("before", "first-open-background") else "before-use"
     out = subprocess.run([sys.executable, __file__, "--one", arm, str(lengths_path), str(cache)],
                          check=True, capture_output=True, text=True, env=env)  # fmt: skip
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -137,7 +140,7 @@ def first_batch_table(
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     for _ in range(repeats):
         for arm in ARMS:
-            if arm == "first-open":
+            if arm.startswith("first-open"):
                 for marker in cache.glob("*/verified.*.json"):
                     marker.unlink()
             runs[arm].append(run_arm(arm, lengths_path, cache, baseline))

@@ -32,6 +32,7 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts as a new process would: no entry opened yet; files above 64 KiB verified in the background."""
     integrity.forget()
     monkeypatch.setitem(integrity._settings, "sync_bytes", SMALL_SYNC)
+    monkeypatch.setenv("SHARDWISE_INDEX_VERIFY", "background")  # the default (before-use) has its own tests below
     yield
     integrity.forget()
 
@@ -270,14 +271,18 @@ def test_a_mapped_entry_found_without_an_open_is_checked_too(tmp_path: Path) -> 
         read_checked(remapped, remapped[element - 1 : element + 1])
 
 
+@pytest.mark.parametrize("mode", ["default", "before-use"])
 def test_verify_before_use_rebuilds_a_damaged_entry_before_any_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """SHARDWISE_INDEX_VERIFY=before-use: the open waits for the full check, so an in-range flip is rebuilt, no error."""
+    """By default (and with SHARDWISE_INDEX_VERIFY=before-use) the open waits for the full check: an in-range flip is rebuilt, no error."""
     plan, error = _outcome(_bucket, tmp_path)
     assert error is None
     _damage(tmp_path, "length-order", "order.npy", high=False)
-    monkeypatch.setenv("SHARDWISE_INDEX_VERIFY", "before-use")
+    if mode == "default":
+        monkeypatch.delenv("SHARDWISE_INDEX_VERIFY")
+    else:
+        monkeypatch.setenv("SHARDWISE_INDEX_VERIFY", mode)
     with caplog.at_level(logging.WARNING, logger="shardwise"):
         again, error = _outcome(_bucket, tmp_path)
     assert error is None and again == plan

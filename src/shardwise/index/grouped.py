@@ -25,7 +25,7 @@ _ROUND_SALTS = np.array([0x243F6A8885A308D3 * (r + 1) % 2**64 for r in range(ROU
 
 def group_keys(key: int, groups: np.ndarray) -> np.ndarray:
     """``(m,)`` uint64: one 64-bit key per group id, derived from ``key`` by hashing (not adding)."""
-    key = check_int("key", key)
+    key = check_int("key", key, maximum=2**64 - 1)
     groups = check_integer_array("groups", groups)
     mixed = mix64(np.asarray(groups, dtype=np.int64).astype(np.uint64) * _GROUP_SALT + np.uint64(1))
     mixed ^= np.uint64(key % 2**64)

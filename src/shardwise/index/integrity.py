@@ -7,8 +7,9 @@ different plan. Three layers, cheapest first:
    3 GB/s) and the smallest and largest value it holds (:func:`describe_file`).
 2. **At open**, a file of at most ``SYNC_BYTES`` is verified in full before it is returned (a few
    milliseconds); a larger one by its size, header and sampled blocks, and then in full **once
-   per node**: by the builder (which checksummed what it wrote), or by a background thread of the
-   first process that opens the entry without a *node marker* (``verified.<host>.json`` in the
+   per node**: by the builder (which checksummed what it wrote), or, before its first use, by the
+   first process that opens the entry without a *node marker* (in a background thread with
+   ``SHARDWISE_INDEX_VERIFY=background``) (``verified.<host>.json`` in the
    entry, written atomically, trusted only while the manifest and every file's size, inode and
    ``mtime_ns`` match, and, for "verified", within the same boot of the node). Processes of a
    node take turns through a file lock, so the second one adopts the first one's marker instead
@@ -48,8 +49,8 @@ _settings = {"sync_bytes": SYNC_BYTES}
 
 
 def verify_before_use() -> bool:
-    """Whether ``SHARDWISE_INDEX_VERIFY=before-use``: opening waits for the full check (see ``ENV_VERIFY``)."""
-    return os.environ.get(ENV_VERIFY, "").strip().lower() == "before-use"
+    """Whether opening waits for the full check: yes unless ``SHARDWISE_INDEX_VERIFY=background`` (``ENV_VERIFY``)."""
+    return os.environ.get(ENV_VERIFY, "").strip().lower() != "background"
 
 
 def sync_bytes() -> int:
@@ -58,9 +59,11 @@ def sync_bytes() -> int:
 CHUNK_BYTES = 1 << 24
 """Bytes read at a time by a full checksum (16 MiB)."""
 ENV_VERIFY = "SHARDWISE_INDEX_VERIFY"
-"""``background`` (the default): a node's first open verifies large files in a background thread while
-batches are range-checked; ``before-use``: the open waits for the full check (a damaged entry is then
-rebuilt before any batch: 2.6 s once per node and boot at 1e9 samples)."""
+"""``before-use`` (the default): a node's first open of an entry it did not build waits for the full
+check, so a damaged entry is rebuilt before any batch (2.6 s once per node and boot at 1e9 samples,
+nothing on the node that built it); ``background``: the full check runs in a background thread
+while batches are range-checked (the first batch does not wait; an in-range flipped value read in
+those seconds can reach a batch before the check stops the run)."""
 MARKER_PREFIX = "verified."
 VERIFIED, PENDING, DAMAGED = "verified", "pending", "damaged"
 
