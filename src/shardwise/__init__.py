@@ -19,6 +19,7 @@ from .samplers.bucket import BucketBatchSampler, Oversized
 from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
 from .samplers.mixture import MixtureSampler
 from .samplers.packed import PackedBatchSampler
+from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, when, which
 from .samplers.scheduled import ScheduledBatchSampler
 from .samplers.set_epoch import set_epoch
 from .samplers.sharded import ShardedSampler
@@ -59,6 +60,7 @@ __all__ = [
     "PackedSample",
     "PadCollate",
     "PaddedBatch",
+    "ProvenanceUnsupported",
     "RaggedArray",
     "RaggedStoreError",
     "RaggedWriter",
@@ -69,6 +71,8 @@ __all__ = [
     "SmallClasses",
     "StateMismatchError",
     "TooLong",
+    "Trained",
+    "TrainedBatch",
     "TwoStreamBatchSampler",
     "VerifyReport",
     "WeightSchedule",
@@ -82,6 +86,8 @@ __all__ = [
     "shard_batches",
     "temperature_weights",
     "verify",
+    "when",
+    "which",
     "worker_seed",
     "worker_seeds",
 ]

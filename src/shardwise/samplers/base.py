@@ -24,6 +24,7 @@ import numpy as np
 
 from .._core.errors import check_choice, check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
+from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
 from .._core.state import SEED, Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
@@ -380,6 +381,43 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         state = self.__dict__.copy()
         state["_pass"] = None
         return state
+
+    # -- provenance (see shardwise.samplers.provenance) --------------------------------------------
+    def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
+                        drop_last: bool = False) -> np.ndarray:  # fmt: skip
+        """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
+        total = self._plan_size(epoch)
+        count = rank_count(total, start, world.world_size, self._even)
+        first, stop = step_units(step, per_step, count, drop_last=drop_last)
+        return rank_positions(start, world.rank, world.world_size, first, stop, total)
+
+    def _position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
+                        drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+        """``(rank, step)`` of every time plan ``position`` is trained in a pass over ``epoch`` from ``start``."""
+        total = self._plan_size(epoch)
+        count = rank_count(total, start, world_size, self._even)
+        last = steps_in_pass(count, per_step, drop_last=drop_last)
+        found = [(rank, unit // per_step) for rank, unit in unit_occurrences(position, start, world_size, count, total)]
+        return [(rank, step) for rank, step in found if step < last]
+
+    def _plan_units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:
+        """The units at ``positions`` of ``epoch``'s global plan; a query: the position does not move.
+
+        A wrapper forwards the epoch to what it wraps for the query, then restores the upcoming one.
+        """
+        upcoming = self._progress.upcoming_epoch()
+        self._on_epoch(epoch)
+        try:
+            return self._open_pass(epoch, self.seed, World(0, world_size, "query"), 0)(positions)
+        finally:
+            self._on_epoch(upcoming)
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Plan positions of ``epoch`` whose unit holds sample ``index`` (O(1) where a sampler inverts its plan)."""
+        raise ProvenanceUnsupported(
+            f"{type(self).__name__} cannot yet say where a sample is trained (its plan is not inverted); "
+            "use shardwise.which(sampler, epoch=..., step=...) for the forward question, which every sampler answers"
+        )
 
     # -- description ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
