@@ -1,0 +1,180 @@
+"""``shardwise which``: the samples a step trained, or the steps a sample trained at, from the command line.
+
+The target is the factory ``verify`` takes (``path/to/file.py:make_loader`` or ``package.module:fn``,
+returning a shardwise sampler, batch sampler or a DataLoader over one); ``--state`` loads a saved
+sampler state (a ``torch.save``'d or JSON file: the state itself or a checkpoint holding it) whose
+epoch and position number the steps, so step 0 is the first step after that checkpoint.
+
+Registered by ``shardwise.tools.cli`` through :func:`add_which`. Bad input is one line on stderr,
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .._core.state import CONSUMED, EPOCH, KEYS
+
+USAGE_ERROR = 2
+
+
+class WhichError(ValueError):
+    """Bad input to ``shardwise which``: printed as one line, exit status 2."""
+
+
+def find_state(saved: object, depth: int = 4) -> dict[str, Any]:
+    """The shardwise sampler state in ``saved``: the state itself, or the first one nested in a checkpoint dict."""
+    level = [saved]
+    for _ in range(depth):
+        nested = []
+        for item in level:
+            if isinstance(item, Mapping):
+                if all(key in item for key in KEYS):
+                    return dict(item)
+                nested.extend(item.values())
+        level = nested
+    raise WhichError(
+        f"no shardwise sampler state (a dict with keys {', '.join(KEYS)}) found in the --state file; "
+        "save sampler.state_dict() (or a checkpoint dict holding it)"
+    )
+
+
+def load_state_file(path: Path) -> dict[str, Any]:
+    """Read a state saved with ``torch.save`` (weights only) or as JSON, and find the sampler state in it."""
+    if not path.is_file():
+        raise WhichError(f"--state {str(path)!r} does not exist")
+    try:
+        saved: object = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError):
+        import torch
+
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # any unpickling failure is bad input here
+            raise WhichError(f"cannot read --state {str(path)!r} as JSON or torch.save output: {error}") from None
+    return find_state(saved)
+
+
+def parse_epochs(text: str) -> range:
+    """``"3"`` -> ``range(3, 4)``; ``"0:5"`` -> ``range(0, 5)`` (the stop excluded)."""
+    first, sep, stop = text.partition(":")
+    try:
+        low = int(first)
+        high = int(stop) if sep else low + 1
+    except ValueError:
+        raise WhichError(f"--epochs should be an epoch or a range 'first:stop', but got --epochs {text!r}") from None
+    if low < 0 or high <= low:
+        raise WhichError(f"--epochs should be a non-empty range of epochs >= 0 'first:stop', but got --epochs {text!r}")
+    return range(low, high)
+
+
+def build(target: str, world_size: int) -> Any:
+    """Call the factory as ``verify`` does (``rank=0``, ``world_size=``), returning what it builds."""
+    from .verify.target import TargetError, call_factory, load_spec
+
+    try:
+        factory = load_spec(target)
+        return call_factory(factory, 0, world_size)
+    except TargetError as error:
+        raise WhichError(str(error)) from None
+
+
+def run(
+    target: str,
+    *,
+    world_size: int,
+    epoch: int | None,
+    step: int | None,
+    rank: int | None,
+    sample: int | None,
+    epochs: str | None,
+    batch_size: int | None,
+    start: int | None,
+    state: Path | None,
+) -> tuple[str, list[dict[str, Any]]]:
+    """The rows to print: ``("batches", ...)`` for ``--step``, ``("trained", ...)`` for ``--sample``."""
+    from ..samplers.provenance import resolve, when, which
+
+    if (step is None) == (sample is None):
+        raise WhichError("pass either --step (which samples a step trained) or --sample (when a sample trained)")
+    obj = build(target, world_size)
+    try:
+        sampler, _, _ = resolve(obj, batch_size)
+    except (TypeError, ValueError) as error:
+        message = (
+            str(error).replace("pass batch_size=...", "pass --batch-size").replace("leave it out", "drop --batch-size")
+        )
+        raise WhichError(f"{target} built {type(obj).__name__}: {message}") from None
+    if state is not None:
+        saved = load_state_file(state)
+        sampler.load_state_dict(saved)
+        epoch = saved[EPOCH] if epoch is None else epoch
+        start = saved[CONSUMED] if start is None and epoch == saved[EPOCH] else start
+    common: dict[str, Any] = {"batch_size": batch_size, "world_size": world_size, "start": start or 0}
+    if sample is None:
+        batches = which(obj, epoch=0 if epoch is None else epoch, step=step, rank=rank, **common)
+        return "batches", [b.to_dict() for b in batches]
+    span = parse_epochs(epochs) if epochs is not None else range(epoch or 0, (epoch or 0) + 1)
+    return "trained", [t.to_dict() for t in when(obj, sample, epochs=span, **common)]
+
+
+def add_which(app: Any, console: Any) -> None:
+    """Register ``shardwise which`` on the typer ``app``."""
+    import typer
+
+    @app.command("which")  # type: ignore[untyped-decorator]
+    def which_command(
+        target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
+        world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run."),
+        step: int | None = typer.Option(None, "--step", "-s", min=0, help="Step within the pass (from 0)."),
+        rank: int | None = typer.Option(None, "--rank", "-r", min=0, help="One rank (default: every rank)."),
+        sample: int | None = typer.Option(None, "--sample", min=0, help="Sample id: when was it trained?"),
+        epoch: int | None = typer.Option(None, "--epoch", "-e", min=0, help="Epoch (default: 0, or the state's)."),
+        epochs: str | None = typer.Option(None, "--epochs", help="Epochs for --sample: 'first:stop'."),
+        batch_size: int | None = typer.Option(None, "--batch-size", "-b", min=1, help="Per-rank batch size."),
+        start: int | None = typer.Option(None, "--start", min=0, help="Plan position the pass began at."),
+        # B008: typer declares options as call defaults; evaluated once, read-only.
+        state: Path | None = typer.Option(None, "--state", help="Saved sampler state or checkpoint."),  # noqa: B008
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ) -> None:
+        """Which samples a step trained on each rank, or at which (epoch, step, rank) a sample trained."""
+        from rich.table import Table
+
+        from .._core.errors import MalformedStateError, StateMismatchError
+        from ..samplers.provenance import ProvenanceUnsupported
+
+        try:
+            kind, rows = run(
+                target, world_size=world_size, epoch=epoch, step=step, rank=rank, sample=sample, epochs=epochs,
+                batch_size=batch_size, start=start, state=state,
+            )  # fmt: skip
+        except (WhichError, ValueError, TypeError, ProvenanceUnsupported, MalformedStateError,
+                StateMismatchError) as error:  # fmt: skip
+            print(f"shardwise which: error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise typer.Exit(USAGE_ERROR) from None
+        if as_json:
+            print(json.dumps({kind: rows}))
+            return
+        table = Table(title=f"shardwise which {target} ({world_size} ranks)")
+        columns = ["epoch", "step", "rank"] + (["samples"] if kind == "batches" else ["plan position"])
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            if kind == "batches":
+                if row["sources"] is None:
+                    cell = ", ".join(map(str, row["indices"]))
+                else:
+                    cell = ", ".join(
+                        f"{i} ({name}[{k}])"
+                        for i, name, k in zip(row["indices"], row["sources"], row["source_indices"], strict=True)
+                    )
+                table.add_row(str(row["epoch"]), str(row["step"]), str(row["rank"]), cell)
+            else:
+                table.add_row(str(row["epoch"]), str(row["step"]), str(row["rank"]), str(row["position"]))
+        console.print(table)
+        if not rows:
+            console.print("not trained in these epochs")
