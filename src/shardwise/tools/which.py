@@ -28,9 +28,9 @@ class WhichError(ValueError):
 
 def find_state(saved: object, depth: int = 4) -> dict[str, Any]:
     """The shardwise sampler state in ``saved``: the state itself, or the first one nested in a checkpoint dict."""
-    level = [saved]
+    level: list[object] = [saved]
     for _ in range(depth):
-        nested = []
+        nested: list[object] = []
         for item in level:
             if isinstance(item, Mapping):
                 if all(key in item for key in KEYS):
@@ -115,11 +115,11 @@ def run(
         epoch = saved[EPOCH] if epoch is None else epoch
         start = saved[CONSUMED] if start is None and epoch == saved[EPOCH] else start
     common: dict[str, Any] = {"batch_size": batch_size, "world_size": world_size, "start": start or 0}
-    if sample is None:
+    if step is not None:
         batches = which(obj, epoch=0 if epoch is None else epoch, step=step, rank=rank, **common)
         return "batches", [b.to_dict() for b in batches]
     span = parse_epochs(epochs) if epochs is not None else range(epoch or 0, (epoch or 0) + 1)
-    return "trained", [t.to_dict() for t in when(obj, sample, epochs=span, **common)]
+    return "trained", [t.to_dict() for t in when(obj, sample or 0, epochs=span, **common)]
 
 
 def add_which(app: Any, console: Any) -> None:
