@@ -19,7 +19,7 @@ from .samplers.bucket import BucketBatchSampler, Oversized
 from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
 from .samplers.mixture import MixtureSampler
 from .samplers.packed import PackedBatchSampler
-from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, when, which
+from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, skip_steps, when, which
 from .samplers.scheduled import ScheduledBatchSampler
 from .samplers.set_epoch import set_epoch
 from .samplers.sharded import ShardedSampler
@@ -84,6 +84,7 @@ __all__ = [
     "set_epoch",
     "shard",
     "shard_batches",
+    "skip_steps",
     "temperature_weights",
     "verify",
     "when",

@@ -13,6 +13,7 @@ the next ``__iter__``). A Python generator would cost a frame switch per index.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -26,6 +27,7 @@ from .._core.errors import check_choice, check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
 from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
+from .._core.skips import SKIP, SkipLedger
 from .._core.state import SEED, Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
 from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
@@ -49,6 +51,33 @@ def torch_world() -> tuple[int, int] | None:
 def current_world(num_replicas: int | None = None, rank: int | None = None) -> World:
     """Resolve rank and world size now (DESIGN.md section 3): arguments, torch.distributed, launcher."""
     return resolve_world(num_replicas, rank, dist=torch_world(), env=os.environ)
+
+
+def _compacted_size(raw: Callable[[Any, int], int]) -> Callable[[Any, int], int]:
+    """A ``_plan_size`` hook honouring the skip ledger: the plan's size without its skipped positions."""
+
+    @functools.wraps(raw)
+    def size(self: Any, epoch: int) -> int:
+        total = raw(self, epoch)
+        skips = self.__dict__.get("_skips")
+        return skips.size(epoch, total) if skips else total
+
+    return size
+
+
+def _compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSource]:
+    """An ``_open_pass`` hook honouring the skip ledger: compacted positions are mapped to plan positions."""
+
+    @functools.wraps(raw)
+    def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        source = raw(self, epoch, seed, world, start)
+        skips = self.__dict__.get("_skips")
+        if not skips:
+            return source
+        total = self._raw_plan_size(epoch)
+        return lambda positions: source(skips.to_plan(epoch, positions, total))
+
+    return open_pass
 
 
 class _Pass:
@@ -105,6 +134,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
     _even: Even
     _progress: Progress
     _pass: _Pass | None
+    _skips: SkipLedger
 
     # -- hooks -------------------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
@@ -126,6 +156,15 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
     def _on_epoch(self, epoch: int) -> None:
         """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The skip ledger (NOTE in shardwise._core.skips) is honoured around the two plan hooks, once
+        # for every sampler: a subclass's own hooks see plain plan positions.
+        super().__init_subclass__(**kwargs)
+        if "_plan_size" in cls.__dict__:
+            cls._plan_size = _compacted_size(cls.__dict__["_plan_size"])  # type: ignore[method-assign,assignment]
+        if "_open_pass" in cls.__dict__:
+            cls._open_pass = _compacted_source(cls.__dict__["_open_pass"])  # type: ignore[method-assign]
+
     # -- construction --------------------------------------------------------------------------
     def _init_plan(self, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
         self._seed_arg = check_seed(seed)
@@ -135,6 +174,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         self._even = check_choice("even", even, Even)
         self._progress = Progress()
         self._pass = None
+        self._skips = SkipLedger()
 
     # -- resolution ----------------------------------------------------------------------------
     @property
@@ -358,7 +398,10 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
                     stacklevel=2,
                 )
             epoch, consumed = self._progress.epoch, self._progress.consumed
-        return make_state(epoch=epoch, consumed=consumed, seed=self.seed, fingerprint=self._full_fingerprint())
+        state = make_state(epoch=epoch, consumed=consumed, seed=self.seed, fingerprint=self._full_fingerprint())
+        if self._skips:
+            state[SKIP] = self._skips.to_state()  # O(ranges); absent when nothing is skipped
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict()`` output, in O(1), at any world size.
@@ -371,6 +414,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             # seed=None resumes with the seed the saved run resolved to.
             self._resolved_seed, self._seed_source = state_dict[SEED], "resumed state"
         epoch, consumed = read_state(state_dict, seed=self.seed, fingerprint=self._full_fingerprint())
+        self._skips = SkipLedger.from_state(state_dict.get(SKIP, ()))  # before the size below, which it shrinks
         self._pass = None
         self._progress.load(epoch, consumed, self._plan_size(epoch))
         self._on_epoch(epoch)
@@ -411,6 +455,77 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             return self._open_pass(epoch, self.seed, World(0, world_size, "query"), 0)(positions)
         finally:
             self._on_epoch(upcoming)
+
+    def _step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                   drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        """The compacted plan positions ``[first, stop)`` that global step ``step`` of a pass from ``start`` covers."""
+        total = self._plan_size(epoch)
+        count = rank_count(total, start, world_size, self._even)
+        first, stop = step_units(step, per_step, count, drop_last=drop_last)
+        return start + first * world_size, min(start + stop * world_size, total)
+
+    def _trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
+        found = [self._skips.from_plan(epoch, p) for p in self._plan_positions_of(epoch, index).tolist()]
+        return np.asarray([p for p in found if p is not None], dtype=np.int64)
+
+    # -- the skip ledger (see shardwise._core.skips) ----------------------------------------------
+    @property
+    def skip_ledger(self) -> list[list[int]]:
+        """The skip ledger: ``[[epoch, first, stop], ...]`` ranges of plan positions never trained."""
+        return self._skips.to_state()
+
+    def skip_positions(self, epoch: int, first: int, stop: int) -> None:
+        """Never train positions ``[first, stop)`` of ``epoch``'s global plan, at any world size, across restarts.
+
+        The positions are absolute in the epoch's plan (the plan every rank shares). They are removed
+        from the plan before it is dealt, so every rank still gets the same number of units and
+        everything else trains exactly once; the ledger goes into ``state_dict()`` (O(ranges)).
+        :func:`shardwise.skip_steps` turns steps (as :func:`shardwise.which` numbers them) into positions.
+
+        Raises:
+            RuntimeError: a pass is being iterated (add skips before iterating, e.g. after ``load_state_dict``).
+            ValueError: the range starts before what this sampler has already trained.
+        """
+        first = check_int("first", first, minimum=0)
+        self.skip_ranges(epoch, [[first, check_int("stop", stop, minimum=first)]])
+
+    def skip_ranges(self, epoch: int, ranges: Any) -> None:
+        """:meth:`skip_positions` for many ``[first, stop)`` rows at once, in O(k log k) (``(k, 2)`` ints)."""
+        self._sync()
+        if self._pass is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.skip_positions() was called while a pass is being iterated; add skips "
+                "before iterating (right after load_state_dict)"
+            )
+        epoch = check_int("epoch", epoch, minimum=0)
+        rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if rows.size and (rows.min() < 0 or (rows[:, 1] < rows[:, 0]).any()):
+            raise ValueError(
+                f"ranges should be [first, stop) rows with 0 <= first <= stop, but got {rows.tolist()[:3]}"
+            )
+        progress = self._progress
+        trained = self._plan_done(progress.epoch)
+        first = int(rows[:, 0].min()) if rows.size else trained
+        if epoch < progress.epoch or (epoch == progress.epoch and first < trained):
+            raise ValueError(
+                f"first should be at or after what was already trained (plan position {trained} of epoch "
+                f"{progress.epoch}), but got epoch={epoch}, first={first}; a skip cannot undo training"
+            )
+        self._skips = self._skips.add_many(epoch, rows)
+
+    def _raw_plan_size(self, epoch: int) -> int:
+        """``epoch``'s plan size with its skipped positions: what builds the plan (``_plan_size`` is what is dealt)."""
+        size: int = type(self)._plan_size.__wrapped__(self, epoch)  # type: ignore[attr-defined]
+        return size
+
+    def _plan_done(self, epoch: int) -> int:
+        """The plan position (not compacted) up to which ``epoch`` has been trained."""
+        progress = self._progress
+        total = self._raw_plan_size(epoch)
+        if progress.completed or progress.consumed >= self._plan_size(epoch):
+            return int(total)
+        return int(self._skips.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Plan positions of ``epoch`` whose unit holds sample ``index`` (O(1) where a sampler inverts its plan)."""

@@ -24,7 +24,7 @@ from .._core.provenance import ProvenanceUnsupported
 from .._core.world import World
 from .base import PlanSampler
 
-__all__ = ["ProvenanceUnsupported", "Trained", "TrainedBatch", "resolve", "when", "which"]
+__all__ = ["ProvenanceUnsupported", "Trained", "TrainedBatch", "resolve", "skip_steps", "when", "which"]
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,49 @@ def when(
     found = []
     for n, epoch in enumerate(_epochs(epochs)):
         first = start if n == 0 else 0
-        for position in sampler._plan_positions_of(epoch, index).tolist():
+        for position in sampler._trained_positions_of(epoch, index).tolist():
             for rank, step in sampler._position_steps(epoch, first, size, position, per_step, drop_last):
                 found.append(Trained(epoch, step, rank, position))
     return sorted(found, key=lambda t: (t.epoch, t.step, t.rank))
+
+
+def skip_steps(
+    sampler: Any,
+    *,
+    epoch: int,
+    steps: range,
+    batch_size: int | None = None,
+    world_size: int | None = None,
+    start: int = 0,
+    drop_last: bool | None = None,
+) -> tuple[int, int]:
+    """Never train the samples of global ``steps`` of ``epoch`` (as numbered by :func:`which`), at any world size.
+
+    The steps are turned into the plan positions they cover, absolute in the epoch's plan, and put in
+    the sampler's skip ledger (``sampler.skip_positions``), which ``state_dict()`` carries: a run
+    resumed from that state, at any world size and after any number of restarts, never trains them,
+    trains everything else exactly once, and every rank keeps the same number of steps.
+
+    Typical use, after a loss spike: load the checkpoint's state into the sampler, skip the bad
+    steps counted from it (``start=state["consumed"]``), save ``sampler.state_dict()`` back.
+
+    Returns:
+        The ``[first, stop)`` plan positions added to the ledger.
+
+    Raises:
+        ValueError: empty or out-of-range steps, or steps before what the sampler already trained.
+    """
+    sampler, per_step, drop_last = resolve(sampler, batch_size, drop_last)
+    if not isinstance(steps, range) or steps.step != 1 or len(steps) == 0:
+        raise ValueError(f"steps should be a non-empty range of consecutive steps, but got steps={steps!r}")
+    epoch = check_int("epoch", epoch, minimum=0)
+    size = _world_size(sampler, world_size)
+    start = check_int("start", start, minimum=0)
+    first, _ = sampler._step_span(epoch, start, size, steps.start, per_step, drop_last)
+    _, stop = sampler._step_span(epoch, start, size, steps.stop - 1, per_step, drop_last)
+    ledger = sampler._skips
+    total = sampler._raw_plan_size(epoch)
+    plan_first = int(ledger.to_plan(epoch, np.asarray([first]), total)[0])
+    plan_stop = int(ledger.to_plan(epoch, np.asarray([stop - 1]), total)[0]) + 1
+    sampler.skip_positions(epoch, plan_first, plan_stop)
+    return plan_first, plan_stop

@@ -25,7 +25,7 @@ from torch.utils.data import Sampler
 from .._core.errors import check_bool
 from .._core.permutation import Permutation, positions_of
 from .._core.plan import Even
-from .._core.provenance import run_occurrences, run_step_positions
+from .._core.provenance import run_occurrences, run_of_step, run_step_positions
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
 from .._core.seeds import derive_seed
 from .._core.state import SEED, Fingerprint
@@ -272,6 +272,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                         drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
         total = self._plan_size(epoch)
         return run_occurrences(self._runs(epoch, total, start, world_size), world_size, total, position)
+
+    def _step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                   drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        total = self._plan_size(epoch)
+        run, within = run_of_step(self._runs(epoch, total, start, world_size), step)
+        first = run.first + within * world_size * run.batch_size
+        return first, min(first + world_size * run.batch_size, total)
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         if self._inner is not None:
