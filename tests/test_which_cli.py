@@ -127,3 +127,36 @@ def test_bad_target_and_state_of_other_data_exit_2(
     code, _, err = _run(["which", f"{factory}:make_loader", "-w", "2", "--step", "0", "--state",
                          str(tmp_path / "junk.json")], capsys)  # fmt: skip
     assert code == 2 and "no shardwise sampler state" in err
+
+
+def test_skip_edits_a_checkpoint_so_the_steps_never_train(
+    factory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardwise skip` adds steps 2-4 after a checkpoint to its ledger: the resumed step 2 is the old step 5."""
+    sampler = ShardedSampler(500, num_replicas=2, rank=0, seed=7)
+    for step, _ in enumerate(DataLoader(range(500), batch_size=4, sampler=sampler)):
+        if step == 9:
+            break
+    state = sampler.state_dict()
+    torch.save({"model": {"w": torch.zeros(2)}, "sampler": state}, tmp_path / "ckpt.pt")
+    argv = ["skip", f"{factory}:make_loader", "-w", "3", "--state", str(tmp_path / "ckpt.pt"), "--steps", "2:5",
+            "--out", str(tmp_path / "edited.pt")]  # fmt: skip
+    code, out, _ = _run(argv, capsys)
+    assert code == 0 and "never trained" in out
+    edited = torch.load(tmp_path / "edited.pt", weights_only=True)
+    assert edited["model"]["w"].shape == (2,) and edited["sampler"]["consumed"] == state["consumed"]
+    skipped = {i for s in range(2, 5) for b in which(_sampler(), epoch=0, step=s, batch_size=4,
+                                                     start=state["consumed"]) for i in b.indices}  # fmt: skip
+    rest = []
+    for rank in range(3):
+        resumed = ShardedSampler(500, num_replicas=3, rank=rank, seed=7)
+        resumed.load_state_dict(edited["sampler"])
+        rest += list(resumed)
+    assert len(skipped) == 36 and not skipped & set(rest) and len(rest) == len(set(rest))
+    old_step_5 = which(_sampler(), epoch=0, step=5, batch_size=4, start=state["consumed"])
+    resumed = ShardedSampler(500, num_replicas=3, rank=0, seed=7)
+    resumed.load_state_dict(edited["sampler"])
+    new_step_2 = which(resumed, epoch=0, step=2, batch_size=4, start=state["consumed"])
+    assert [b.indices for b in new_step_2] == [b.indices for b in old_step_5]
+    code, _, err = _run([*argv[:-4], "--steps", "5:2", "--out", str(tmp_path / "x.pt")], capsys)
+    assert code == 2 and "--steps should be a non-empty range" in err

@@ -26,16 +26,16 @@ class WhichError(ValueError):
     """Bad input to ``shardwise which``: printed as one line, exit status 2."""
 
 
-def find_state(saved: object, depth: int = 4) -> dict[str, Any]:
-    """The shardwise sampler state in ``saved``: the state itself, or the first one nested in a checkpoint dict."""
-    level: list[object] = [saved]
+def state_path(saved: object, depth: int = 4) -> list[Any]:
+    """The keys leading to the shardwise sampler state in ``saved`` (``[]``: ``saved`` is the state)."""
+    level: list[tuple[list[Any], object]] = [([], saved)]
     for _ in range(depth):
-        nested: list[object] = []
-        for item in level:
+        nested: list[tuple[list[Any], object]] = []
+        for path, item in level:
             if isinstance(item, Mapping):
                 if all(key in item for key in KEYS):
-                    return dict(item)
-                nested.extend(item.values())
+                    return path
+                nested.extend(([*path, key], value) for key, value in item.items())
         level = nested
     raise WhichError(
         f"no shardwise sampler state (a dict with keys {', '.join(KEYS)}) found in the --state file; "
@@ -43,32 +43,46 @@ def find_state(saved: object, depth: int = 4) -> dict[str, Any]:
     )
 
 
-def load_state_file(path: Path) -> dict[str, Any]:
-    """Read a state saved with ``torch.save`` (weights only) or as JSON, and find the sampler state in it."""
+def find_state(saved: object) -> dict[str, Any]:
+    """The shardwise sampler state in ``saved``: the state itself, or the first one nested in a checkpoint dict."""
+    item: Any = saved
+    for key in state_path(saved):
+        item = item[key]
+    return dict(item)
+
+
+def read_file(path: Path) -> tuple[object, bool]:
+    """``(contents, is_json)`` of a state or checkpoint saved as JSON or with ``torch.save`` (weights only)."""
     if not path.is_file():
         raise WhichError(f"--state {str(path)!r} does not exist")
     try:
-        saved: object = json.loads(path.read_text())
+        return json.loads(path.read_text()), True
     except (UnicodeDecodeError, ValueError):
         import torch
 
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True), False
         except Exception as error:  # any unpickling failure is bad input here
             raise WhichError(f"cannot read --state {str(path)!r} as JSON or torch.save output: {error}") from None
-    return find_state(saved)
 
 
-def parse_epochs(text: str) -> range:
-    """``"3"`` -> ``range(3, 4)``; ``"0:5"`` -> ``range(0, 5)`` (the stop excluded)."""
+def load_state_file(path: Path) -> dict[str, Any]:
+    """Read a state saved with ``torch.save`` (weights only) or as JSON, and find the sampler state in it."""
+    return find_state(read_file(path)[0])
+
+
+def parse_epochs(text: str, option: str = "--epochs") -> range:
+    """``"3"`` -> ``range(3, 4)``; ``"0:5"`` -> ``range(0, 5)`` (the stop excluded); errors name ``option``."""
     first, sep, stop = text.partition(":")
     try:
         low = int(first)
         high = int(stop) if sep else low + 1
     except ValueError:
-        raise WhichError(f"--epochs should be an epoch or a range 'first:stop', but got --epochs {text!r}") from None
+        raise WhichError(f"{option} should be a number or a range 'first:stop', but got {option} {text!r}") from None
     if low < 0 or high <= low:
-        raise WhichError(f"--epochs should be a non-empty range of epochs >= 0 'first:stop', but got --epochs {text!r}")
+        raise WhichError(
+            f"{option} should be a non-empty range 'first:stop' of numbers >= 0, but got {option} {text!r}"
+        )
     return range(low, high)
 
 
@@ -123,8 +137,10 @@ def run(
 
 
 def add_which(app: Any, console: Any) -> None:
-    """Register ``shardwise which`` on the typer ``app``."""
+    """Register ``shardwise which`` (and ``shardwise skip``) on the typer ``app``."""
     import typer
+
+    add_skip(app, console)
 
     @app.command("which")  # type: ignore[untyped-decorator]
     def which_command(
@@ -178,3 +194,69 @@ def add_which(app: Any, console: Any) -> None:
         console.print(table)
         if not rows:
             console.print("not trained in these epochs")
+
+
+def skip(target: str, *, world_size: int, state: Path, steps: str, epoch: int | None, batch_size: int | None,
+         out: Path) -> dict[str, Any]:  # fmt: skip
+    """Add the steps ``first:stop`` after the checkpoint in ``state`` to its skip ledger; write it to ``out``."""
+    from ..samplers.provenance import resolve, skip_steps
+
+    span = parse_epochs(steps, "--steps")
+    saved, is_json = read_file(state)
+    path = state_path(saved)
+    current = find_state(saved)
+    obj = build(target, world_size)
+    try:
+        sampler, _, _ = resolve(obj, batch_size)
+    except (TypeError, ValueError) as error:
+        raise WhichError(f"{target} built {type(obj).__name__}: {error}") from None
+    sampler.load_state_dict(current)
+    epoch = current[EPOCH] if epoch is None else epoch
+    start = current[CONSUMED] if epoch == current[EPOCH] else 0
+    first, stop = skip_steps(obj, epoch=epoch, steps=span, batch_size=batch_size, world_size=world_size, start=start)
+    edited = sampler.state_dict()
+    if path:
+        holder: Any = saved
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = edited
+    else:
+        saved = edited
+    if is_json:
+        out.write_text(json.dumps(saved))
+    else:
+        import torch
+
+        torch.save(saved, out)
+    return {"epoch": epoch, "steps": [span.start, span.stop], "positions": [first, stop], "ranges": len(edited["skip"])}
+
+
+def add_skip(app: Any, console: Any) -> None:
+    """Register ``shardwise skip`` on the typer ``app``."""
+    import typer
+
+    @app.command("skip")  # type: ignore[untyped-decorator]
+    def skip_command(
+        target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
+        world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run that trains next."),
+        # B008: typer declares options as call defaults; evaluated once, read-only.
+        state: Path = typer.Option(..., "--state", help="Saved sampler state or checkpoint."),  # noqa: B008
+        steps: str = typer.Option(..., "--steps", help="Steps after the checkpoint to skip: 'first:stop'."),
+        out: Path = typer.Option(..., "--out", help="Where to write the edited state or checkpoint."),  # noqa: B008
+        epoch: int | None = typer.Option(None, "--epoch", "-e", min=0, help="Epoch (default: the state's)."),
+        batch_size: int | None = typer.Option(None, "--batch-size", "-b", min=1, help="Per-rank batch size."),
+    ) -> None:
+        """Never train the samples of some steps: add them to a saved state's skip ledger."""
+        from .._core.errors import MalformedStateError, StateMismatchError
+
+        try:
+            done = skip(target, world_size=world_size, state=state, steps=steps, epoch=epoch, batch_size=batch_size,
+                        out=out)  # fmt: skip
+        except (WhichError, ValueError, TypeError, MalformedStateError, StateMismatchError) as error:
+            print(f"shardwise skip: error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise typer.Exit(USAGE_ERROR) from None
+        console.print(
+            f"epoch {done['epoch']}: steps {done['steps'][0]}-{done['steps'][1] - 1} after the checkpoint are plan "
+            f"positions [{done['positions'][0]}, {done['positions'][1]}), never trained; the ledger holds "
+            f"{done['ranges']} range(s). Written to {out}"
+        )
