@@ -19,6 +19,7 @@ from shardwise import (
     ProvenanceUnsupported,
     ScheduledBatchSampler,
     ShardedSampler,
+    skip_steps,
     when,
     which,
 )
@@ -218,9 +219,20 @@ def _after(rank: int, world_size: int, states: dict[str, Any]) -> dict[str, Any]
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_which_and_when_agree_with_a_real_run_resumed_at_another_world_size() -> None:
-    """3 gloo ranks with 2 workers each train 4 steps and checkpoint; 2 ranks resume: ``which`` names every batch."""
+    """3 gloo ranks with 2 workers each train 4 steps and checkpoint; 2 steps after it are skipped; 2 ranks resume.
+
+    ``which`` names every batch of both runs, and ``when`` every step of epoch 1, as the loaders yielded them.
+    """
     before = run_distributed(_before, 3, timeout=150)
     states = before[0]["states"]
+    skipped: dict[str, set[int]] = {}
+    for name, batch_size in (("scheduled", None), ("sharded", 4)):  # skip steps 1-2 after the checkpoint, at W=2
+        editor = _loaders()[0 if name == "scheduled" else 2]
+        editor.load_state_dict(states[name])
+        steps = dict(epoch=0, batch_size=batch_size, world_size=2, start=states[name]["consumed"])
+        skipped[name] = {i for s in (1, 2) for b in which(editor, step=s, **steps) for i in b.indices}
+        skip_steps(editor, steps=range(1, 3), **steps)
+        states[name] = editor.state_dict()
     after = run_distributed(_after, 2, states, timeout=150)
     seen: dict[str, dict[int, list[tuple[int, int, int]]]] = {
         "scheduled": defaultdict(list),
@@ -228,7 +240,10 @@ def test_which_and_when_agree_with_a_real_run_resumed_at_another_world_size() ->
     }
     for name, batch_size in (("scheduled", None), ("sharded", 4)):
         probe = _loaders()[0 if name == "scheduled" else 2]
+        probe.load_state_dict(states[name])  # the ledger: which/when number the steps the run really trained
         consumed = states[name]["consumed"]
+        if name == "sharded":  # each sample once an epoch: a skipped one is nowhere in the rest of epoch 0
+            assert skipped[name] and not skipped[name] & {i for r in after for b in r[name][0] for i in b}
         for rank, result in enumerate(before):
             for step, batch in enumerate(result["drawn"][name]):
                 assert (

@@ -8,9 +8,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
-from shardwise import MalformedStateError, ScheduledBatchSampler, ShardedSampler, skip_steps, which
+from shardwise import (
+    MalformedStateError,
+    MixtureSampler,
+    ScheduledBatchSampler,
+    ShardedSampler,
+    skip_steps,
+    when,
+    which,
+)
 from shardwise._core.skips import SkipLedger
 from tests.conformance import CASES, Case, key
 
@@ -163,3 +171,32 @@ def test_skip_before_what_was_trained_or_mid_pass_is_refused() -> None:
         sampler.skip_positions(3, 0, 10)
     with pytest.raises(ValueError, match="steps should be a non-empty range"):
         skip_steps(ShardedSampler(10, num_replicas=2, rank=0), epoch=0, steps=range(2, 2), batch_size=1)
+
+
+PROVENANCE_CASES = [c for c in CASES if c.name.startswith(("ShardedSampler", "Scheduled", "Mixture", "Bucket-batch"))]
+
+
+@pytest.mark.parametrize("case", PROVENANCE_CASES, ids=[c.name for c in PROVENANCE_CASES])
+def test_which_and_when_follow_the_ledger(case: Case) -> None:
+    """With skipped ranges, ``which`` still names each rank's batch and ``when`` never names a skipped position."""
+    n, world_size, epoch = 50, 3, 1
+    probe = case.make(n, num_replicas=world_size, rank=0, seed=2)
+    skips = [[2, 5], [probe._raw_plan_size(epoch) - 3, probe._raw_plan_size(epoch) - 1]]
+    probe.skip_ranges(epoch, skips)
+    batch_size = None if not isinstance(probe, DistributedSampler) else 3
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for rank in range(world_size):
+        sampler = case.make(n, num_replicas=world_size, rank=rank, seed=2)
+        sampler.set_epoch(epoch)
+        sampler.skip_ranges(epoch, skips)
+        units = _units(sampler)
+        steps = [units[i : i + batch_size] for i in range(0, len(units), batch_size)] if batch_size else units
+        for step, unit in enumerate(steps):
+            indices = [int(i) for i in unit] if isinstance(unit, (list, tuple)) else [int(unit)]
+            assert which(probe, epoch=epoch, step=step, rank=rank, batch_size=batch_size)[0].indices == indices
+            for index in indices:
+                seen.setdefault(index, []).append((step, rank))
+    if isinstance(probe, (ShardedSampler, ScheduledBatchSampler, MixtureSampler)):
+        for index in range(sum(int(s) for s in probe.sizes) if hasattr(probe, "sizes") else n):
+            found = [(t.step, t.rank) for t in when(probe, index, epochs=epoch, batch_size=batch_size)]
+            assert found == sorted(seen.get(index, [])), index
