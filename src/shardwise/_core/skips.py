@@ -110,13 +110,19 @@ class SkipLedger:
         if not isinstance(value, Iterable) or isinstance(value, (str, bytes)):
             raise MalformedStateError(f"state['skip'] should be a list of [epoch, first, stop], but got {value!r}")
         try:
-            rows = np.asarray(list(value), dtype=object).reshape(-1, 3)
-            ints = [[check_int("state['skip'] entry", x, minimum=0) for x in row] for row in rows.tolist()]
+            table = np.asarray(list(value))
+            if table.dtype.kind != "i" or table.ndim != 2 or table.shape[1] != 3 or (table < 0).any():
+                # Not plain non-negative int rows: check entry by entry, for a message naming the culprit.
+                rows = np.asarray(list(value), dtype=object).reshape(-1, 3)
+                table = np.asarray(
+                    [[check_int("state['skip'] entry", x, minimum=0) for x in row] for row in rows.tolist()],
+                    dtype=np.int64,
+                ).reshape(-1, 3)
         except (TypeError, ValueError) as error:
             raise MalformedStateError(
                 f"state['skip'] should hold [epoch, first, stop] rows of non-negative ints: {error}"
             ) from None
-        table = np.asarray(ints, dtype=np.int64).reshape(-1, 3)
+        ints = table.tolist()
         bad = np.flatnonzero(table[:, 2] < table[:, 1])
         if bad.size:
             raise MalformedStateError(
