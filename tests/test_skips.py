@@ -15,6 +15,8 @@ from shardwise import (
     MixtureSampler,
     ScheduledBatchSampler,
     ShardedSampler,
+    StateMismatchError,
+    rebase_state,
     skip_steps,
     when,
     which,
@@ -200,3 +202,29 @@ def test_which_and_when_follow_the_ledger(case: Case) -> None:
         for index in range(sum(int(s) for s in probe.sizes) if hasattr(probe, "sizes") else n):
             found = [(t.step, t.rank) for t in when(probe, index, epochs=epoch, batch_size=batch_size)]
             assert found == sorted(seen.get(index, [])), index
+
+
+def test_state_of_other_data_is_refused_and_rebase_state_is_the_override() -> None:
+    """Other data is refused naming what differs; rebase_state resumes at the same position, warning with the diff."""
+    saved = ShardedSampler(500, num_replicas=2, rank=0, seed=4)
+    iterator = iter(saved)
+    for _ in range(30):
+        next(iterator)
+    editor = ShardedSampler(500, num_replicas=2, rank=0, seed=4)
+    editor.load_state_dict(saved.state_dict())
+    editor.skip_positions(0, 200, 210)
+    state = editor.state_dict()
+    other = ShardedSampler(480, num_replicas=2, rank=0, seed=4)
+    with pytest.raises(StateMismatchError, match="num_samples=500, but this sampler has num_samples=480"):
+        other.load_state_dict(state)
+    with pytest.warns(UserWarning, match="num_samples: 500 -> 480"):
+        rebased = rebase_state(state, other)
+    other.load_state_dict(rebased)
+    assert other.state_dict()["consumed"] == 60 and other.skip_ledger == [[0, 200, 210]]
+    mixture = MixtureSampler([10, 20], [0.5, 0.5], num_samples=40, num_replicas=1, rank=0)
+    with pytest.raises(StateMismatchError, match="sizes"):
+        MixtureSampler([10, 21], [0.5, 0.5], num_samples=40, num_replicas=1, rank=0).load_state_dict(
+            mixture.state_dict()
+        )
+    with pytest.raises(ValueError, match="saved by 'MixtureSampler', but this sampler is 'ShardedSampler'"):
+        rebase_state(mixture.state_dict(), other)

@@ -20,6 +20,7 @@ from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
 from .samplers.mixture import MixtureSampler
 from .samplers.packed import PackedBatchSampler
 from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, skip_steps, when, which
+from .samplers.rebase import rebase_state
 from .samplers.scheduled import ScheduledBatchSampler
 from .samplers.set_epoch import set_epoch
 from .samplers.sharded import ShardedSampler
@@ -80,6 +81,7 @@ __all__ = [
     "__version__",
     "pack_collate",
     "pad_collate",
+    "rebase_state",
     "seed_worker",
     "set_epoch",
     "shard",
