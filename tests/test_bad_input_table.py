@@ -379,6 +379,21 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("packed-cache-timeout-negative", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2,
                                                                       cache_timeout=-1), V, ("cache_timeout", "-1")),
     ("verify-timeout-bool", lambda tmp: shardwise.verify(ZOO, timeout=True), T, ("timeout", "True")),
+    # -- provenance and the skip ledger (issue 23) --------------------------------------------------
+    ("which-batch-size-missing", lambda tmp: shardwise.which(ShardedSampler(10, num_replicas=2, rank=0), epoch=0,
+     step=0), V, ("batch_size", "None")),
+    ("which-step-negative", lambda tmp: shardwise.which(ShardedSampler(10, num_replicas=2, rank=0), epoch=0, step=-1,
+     batch_size=2), V, ("step", "-1")),
+    ("which-rank-too-big", lambda tmp: shardwise.which(ShardedSampler(10, num_replicas=2, rank=0), epoch=0, step=0,
+     rank=2, batch_size=2), V, ("rank", "2")),
+    ("which-not-shardwise", lambda tmp: shardwise.which(SequentialSampler(range(3)), epoch=0, step=0), T,
+     ("sampler", "SequentialSampler")),
+    ("when-index-bool", lambda tmp: shardwise.when(ShardedSampler(10, num_replicas=2, rank=0), True, epochs=0,
+     batch_size=2), T, ("index", "True")),
+    ("skip-steps-empty", lambda tmp: shardwise.skip_steps(ShardedSampler(10, num_replicas=2, rank=0), epoch=0,
+     steps=range(0), batch_size=2), V, ("steps", "range(0, 0)")),
+    ("skip-positions-stop-before-first", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_positions(0, 5, 3),
+     V, ("stop", "3")),
 ]
 
 
