@@ -54,6 +54,20 @@ def test_which_equals_what_every_rank_iterates(case: Case) -> None:
                 assert [b.indices for b in got] == [expected], (epoch, rank, step)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_rank_at_once_equals_each_rank_alone(case: Case) -> None:
+    """``rank=None`` (one call over every rank's positions) gives each rank's own answer, padded last step too."""
+    n, world_size = max(37, case.min_n), 4
+    probe = case.make(n, num_replicas=world_size, rank=0, seed=6)
+    probe.set_epoch(1)
+    batch_size = None if _is_batch_sampler(probe) else 3
+    last = len(probe) - 1 if batch_size is None else -(-len(probe) // batch_size) - 1
+    for step in sorted({0, last // 2, last}):
+        together = which(probe, epoch=1, step=step, batch_size=batch_size)
+        alone = [which(probe, epoch=1, step=step, rank=r, batch_size=batch_size)[0] for r in range(world_size)]
+        assert together == alone, step
+
+
 def test_which_every_rank_and_query_leaves_position_alone() -> None:
     """rank=None answers for every rank at that global step; the queried sampler keeps its state."""
     sampler = ShardedSampler(100, num_replicas=4, rank=2, seed=3)

@@ -176,10 +176,20 @@ def which(
     start = check_int("start", start, minimum=0)
     ranks = range(size) if rank is None else [check_int("rank", rank, minimum=0, maximum=size - 1)]
     mixture = _mixture_of(sampler)
+    # Every rank's positions in one ascending call: one pass over the plan for all ranks (a shard()
+    # wrapper reads its sampler forward), and a single round of numpy calls instead of one per rank.
+    per_rank = [
+        sampler._step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks
+    ]
+    together = np.concatenate(per_rank)
+    order = np.argsort(together, kind="stable")
+    units: list[Any] = [None] * together.size
+    for slot, unit in zip(order.tolist(), sampler._plan_units(epoch, together[order], size), strict=True):
+        units[slot] = unit
+    bounds = np.cumsum([0, *(len(p) for p in per_rank)]).tolist()
     found = []
-    for r in ranks:
-        positions = sampler._step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last)
-        indices = _flatten(sampler._plan_units(epoch, positions, size))
+    for n, r in enumerate(ranks):
+        indices = _flatten(units[bounds[n] : bounds[n + 1]])
         if mixture is None:
             found.append(TrainedBatch(epoch, int(step), r, indices))
             continue
