@@ -228,3 +228,22 @@ def test_state_of_other_data_is_refused_and_rebase_state_is_the_override() -> No
         )
     with pytest.raises(ValueError, match="saved by 'MixtureSampler', but this sampler is 'ShardedSampler'"):
         rebase_state(mixture.state_dict(), other)
+
+
+class _Subclassed(ShardedSampler):
+    """A user subclass whose hooks call the parent's: the ledger must apply once, not twice."""
+
+    def _plan_size(self, epoch: int) -> int:
+        return super()._plan_size(epoch)
+
+    def _open_pass(self, *args: Any) -> Any:
+        return super()._open_pass(*args)
+
+
+def test_a_subclass_calling_super_applies_the_ledger_once() -> None:
+    """A subclass overriding the plan hooks through super() skips exactly the ledger's positions."""
+    plain = ShardedSampler(100, num_replicas=1, rank=0, seed=1)
+    sub = _Subclassed(100, num_replicas=1, rank=0, seed=1)
+    for sampler in (plain, sub):
+        sampler.skip_positions(0, 10, 30)
+    assert len(sub) == 80 and list(sub) == list(plain)

@@ -60,7 +60,8 @@ def _compacted_size(raw: Callable[[Any, int], int]) -> Callable[[Any, int], int]
     def size(self: Any, epoch: int) -> int:
         total = raw(self, epoch)
         skips = self.__dict__.get("_skips")
-        return skips.size(epoch, total) if skips else total
+        # Only the most derived class's hook applies the ledger: a subclass calling super() gets the raw size.
+        return skips.size(epoch, total) if skips and type(self)._plan_size is size else total
 
     return size
 
@@ -72,7 +73,7 @@ def _compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSourc
     def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         source = raw(self, epoch, seed, world, start)
         skips = self.__dict__.get("_skips")
-        if not skips:
+        if not skips or type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
             return source
         total = self._raw_plan_size(epoch)
         return lambda positions: source(skips.to_plan(epoch, positions, total))
