@@ -392,6 +392,8 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
      batch_size=2), T, ("index", "True")),
     ("skip-steps-empty", lambda tmp: shardwise.skip_steps(ShardedSampler(10, num_replicas=2, rank=0), epoch=0,
      steps=range(0), batch_size=2), V, ("steps", "range(0, 0)")),
+    ("rebase-state-not-a-state", lambda tmp: shardwise.rebase_state("x", ShardedSampler(10, num_replicas=2, rank=0)),
+     V, ("state", "'x'")),
     ("skip-positions-stop-before-first", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_positions(0, 5, 3),
      V, ("stop", "3")),
 ]
@@ -408,11 +410,13 @@ PREFIXES = {
     "verify": "verify", "verify-report": "VerifyReport",
     "packed": "PackedBatchSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
     "packed-dataset": "PackedDataset", "packed-index": "PackedIndex",
+    "which": "which", "when": "when", "skip-steps": "skip_steps", "skip-positions": "ShardedSampler",
+    "rebase-state": "rebase_state",
 }
 # Enums, exceptions and results: nothing to pass badly (the enums' values are rows of the samplers).
 NOTHING_TO_PASS = {"Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",
                    "RaggedStoreError", "PaddedBatch", "worker_seeds", "__version__", "TooLong", "PackedSample",
-                   "PackedBatch"}  # fmt: skip
+                   "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch"}  # fmt: skip
 
 
 def _public_name(row_id: str) -> str:
