@@ -380,6 +380,23 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("packed-cache-timeout-negative", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2,
                                                                       cache_timeout=-1), V, ("cache_timeout", "-1")),
     ("verify-timeout-bool", lambda tmp: shardwise.verify(ZOO, timeout=True), T, ("timeout", "True")),
+    # -- provenance and the skip ledger (issue 23) --------------------------------------------------
+    ("which-batch-size-missing", lambda tmp: shardwise.which(ShardedSampler(10, num_replicas=2, rank=0), epoch=0,
+     step=0), V, ("batch_size", "None")),
+    ("which-step-negative", lambda tmp: shardwise.which(ShardedSampler(10, num_replicas=2, rank=0), epoch=0, step=-1,
+     batch_size=2), V, ("step", "-1")),
+    ("which-rank-too-big", lambda tmp: shardwise.which(ShardedSampler(10, num_replicas=2, rank=0), epoch=0, step=0,
+     rank=2, batch_size=2), V, ("rank", "2")),
+    ("which-not-shardwise", lambda tmp: shardwise.which(SequentialSampler(range(3)), epoch=0, step=0), T,
+     ("sampler", "SequentialSampler")),
+    ("when-index-bool", lambda tmp: shardwise.when(ShardedSampler(10, num_replicas=2, rank=0), True, epochs=0,
+     batch_size=2), T, ("index", "True")),
+    ("skip-steps-empty", lambda tmp: shardwise.skip_steps(ShardedSampler(10, num_replicas=2, rank=0), epoch=0,
+     steps=range(0), batch_size=2), V, ("steps", "range(0, 0)")),
+    ("rebase-state-not-a-state", lambda tmp: shardwise.rebase_state("x", ShardedSampler(10, num_replicas=2, rank=0)),
+     V, ("state", "'x'")),
+    ("skip-positions-stop-before-first", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_positions(0, 5, 3),
+     V, ("stop", "3")),
 ]
 
 
@@ -395,11 +412,13 @@ PREFIXES = {
     "packed": "PackedBatchSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
     "packed-dataset": "PackedDataset", "packed-index": "PackedIndex",
     "column": "column",
+    "which": "which", "when": "when", "skip-steps": "skip_steps", "skip-positions": "ShardedSampler",
+    "rebase-state": "rebase_state",
 }
 # Enums, exceptions and results: nothing to pass badly (the enums' values are rows of the samplers).
 NOTHING_TO_PASS = {"Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",
                    "RaggedStoreError", "PaddedBatch", "worker_seeds", "__version__", "TooLong", "PackedSample",
-                   "PackedBatch"}  # fmt: skip
+                   "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch"}  # fmt: skip
 
 
 def _public_name(row_id: str) -> str:

@@ -21,6 +21,8 @@ from .samplers.bucket import BucketBatchSampler, Oversized
 from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
 from .samplers.mixture import MixtureSampler
 from .samplers.packed import PackedBatchSampler
+from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, skip_steps, when, which
+from .samplers.rebase import rebase_state
 from .samplers.scheduled import ScheduledBatchSampler
 from .samplers.set_epoch import set_epoch
 from .samplers.sharded import ShardedSampler
@@ -59,6 +61,7 @@ __all__ = [
     "PackedSample",
     "PadCollate",
     "PaddedBatch",
+    "ProvenanceUnsupported",
     "RaggedArray",
     "RaggedStoreError",
     "RaggedWriter",
@@ -69,6 +72,8 @@ __all__ = [
     "SmallClasses",
     "StateMismatchError",
     "TooLong",
+    "Trained",
+    "TrainedBatch",
     "TwoStreamBatchSampler",
     "VerifyReport",
     "WeightSchedule",
@@ -77,12 +82,16 @@ __all__ = [
     "column",
     "pack_collate",
     "pad_collate",
+    "rebase_state",
     "seed_worker",
     "set_epoch",
     "shard",
     "shard_batches",
+    "skip_steps",
     "temperature_weights",
     "verify",
+    "when",
+    "which",
     "worker_seed",
     "worker_seeds",
 ]

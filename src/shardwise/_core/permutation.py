@@ -137,3 +137,54 @@ class Permutation:
     def __repr__(self) -> str:
         method = "table" if self._table is not None else "feistel"
         return f"Permutation(n={self._n}, method={method!r})"
+
+
+# -- the inverse: which position holds an index (provenance) ----------------------------------------
+def feistel_inverse(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`feistel`: the same rounds undone last to first (each XOR undoes itself)."""
+    low = bits // 2
+    shift = np.uint64(low)
+    low_mask = np.uint64((1 << low) - 1)
+    high_mask = np.uint64((1 << (bits - low)) - 1)
+    left = x >> shift
+    right = x & low_mask
+    for i in reversed(range(len(keys))):
+        if i % 2 == 0:
+            left ^= mix64(right ^ keys[i]) & high_mask
+        else:
+            right ^= mix64(left ^ keys[i]) & low_mask
+    merged: np.ndarray = (left << shift) | right
+    return merged
+
+
+def feistel_unpermute(indices: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
+    """The positions :func:`feistel_permute` maps to ``indices``: the cycle walked backwards."""
+    bits = _domain_bits(n)
+    limit = np.uint64(n)
+    out = feistel_inverse(np.asarray(indices, dtype=np.uint64), bits, keys)
+    outside = np.flatnonzero(out >= limit)
+    while outside.size:
+        walked = feistel_inverse(out[outside], bits, keys)
+        out[outside] = walked
+        outside = outside[walked >= limit]
+    return out.astype(np.int64)
+
+
+def positions_of(permutation: Permutation, indices: np.ndarray) -> np.ndarray:
+    """The positions at which ``permutation`` puts ``indices``: O(1) each (O(n) once for a table).
+
+    Args:
+        permutation: the keyed permutation of one epoch.
+        indices: int array, each in ``[0, n)``.
+
+    Returns:
+        positions: int64, shaped like ``indices``, with ``permutation(positions) == indices``.
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    table = permutation._table
+    if table is not None:
+        inverse = np.empty_like(table)
+        inverse[table] = np.arange(table.size, dtype=np.int64)
+        found: np.ndarray = inverse[indices]
+        return found
+    return feistel_unpermute(indices.ravel(), len(permutation), permutation._keys).reshape(indices.shape)

@@ -25,10 +25,12 @@ import numpy as np
 from .._core.errors import check_choice, check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
+from .._core.skips import SKIP, SkipLedger
 from .._core.state import Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
 from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
+from .queries import PlanQueries
 
 T = TypeVar("T")
 
@@ -84,7 +86,7 @@ class _Pass:
         return pass_end(self.total, self.start, self.world_size, self.even)
 
 
-class PlanSampler(Generic[T], metaclass=PlanMeta):
+class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     """Mixin with the behaviour DESIGN.md requires of every sampler; see the module docstring.
 
     Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks.
@@ -104,6 +106,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
     _even: Even
     _progress: Progress
     _pass: _Pass | None
+    _skips: SkipLedger
 
     # -- hooks -------------------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
@@ -134,6 +137,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         self._even = check_choice("even", even, Even)
         self._progress = Progress()
         self._pass = None
+        self._skips = SkipLedger()
 
     # -- resolution ----------------------------------------------------------------------------
     @property
@@ -357,7 +361,10 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
                     stacklevel=2,
                 )
             epoch, consumed = self._progress.epoch, self._progress.consumed
-        return make_state(epoch=epoch, consumed=consumed, seed=self.seed, fingerprint=self._full_fingerprint())
+        state = make_state(epoch=epoch, consumed=consumed, seed=self.seed, fingerprint=self._full_fingerprint())
+        if self._skips:
+            state[SKIP] = self._skips.to_state()  # O(ranges); absent when nothing is skipped
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict()`` output, in O(1), at any world size.
@@ -373,6 +380,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         )
         if adopt:
             self._adopt_seed(seed)
+        self._skips = SkipLedger.from_state(state_dict.get(SKIP, ()))  # before the size below, which it shrinks
         self._pass = None
         self._progress.load(epoch, consumed, self._plan_size(epoch))
         self._on_epoch(epoch)

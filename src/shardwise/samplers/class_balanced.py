@@ -244,7 +244,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         if self._cached is None or self._cached[:2] != (seed, epoch):
             classes, _ = self._batch_shape(epoch)
             layout = EpochLayout(
-                self._sizes, classes_per_batch=classes, num_batches=self._plan_size(epoch), seed=seed, epoch=epoch
+                self._sizes, classes_per_batch=classes, num_batches=self._raw_plan_size(epoch), seed=seed, epoch=epoch
             )
             self._cached = (seed, epoch, layout)
         return self._cached[2]
@@ -261,7 +261,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def epoch_plan(self, epoch: int) -> np.ndarray:
         """The whole global plan of ``epoch``: ``(num_batches, P * K)`` int64 (O(n): for inspection only)."""
-        return self.batches_at(np.arange(self._plan_size(epoch), dtype=np.int64), epoch)
+        return self.batches_at(np.arange(self._raw_plan_size(epoch), dtype=np.int64), epoch)
 
     def _plan_size(self, epoch: int) -> int:
         classes, samples = self._batch_shape(epoch)

@@ -15,6 +15,7 @@ from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, WeightSchedule, as_weight_schedule
 from .._core.plan import Even
+from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource
@@ -123,6 +124,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         even: str | Even = Even.PAD,
     ) -> None:
         self.sizes = source_sizes(sizes)
+        names = getattr(sizes, "names", None)  # a shardwise.Mixture names its sources
+        self.source_names: list[str] = [str(n) for n in names] if names else [str(i) for i in range(len(self.sizes))]
         self.weights: WeightSchedule = as_weight_schedule(weights)
         self.shuffle = check_bool("shuffle", shuffle)
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
@@ -193,6 +196,11 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         plan = self._plan
         return lambda positions: plan.indices(seed, epoch, positions).tolist()
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every position of ``epoch``'s plan drawing global ``index``: O(log n) a draw (provenance)."""
+        index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
+        return mixture_positions_of(self._plan, self.seed, epoch, index)
 
     def _fingerprint(self) -> Fingerprint:
         return {

@@ -23,8 +23,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.errors import check_bool, check_int
-from .._core.permutation import Permutation
+from .._core.permutation import Permutation, positions_of
 from .._core.plan import Even
+from .._core.provenance import run_occurrences, run_of_step, run_step_positions
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
@@ -266,6 +267,32 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                     batch = units[step * size : (step + 1) * size]
                     live.done += 1
                     yield [(index, run.payload) for index in batch] if with_payload else batch
+
+    # -- provenance: steps are cut from the sample plan (see shardwise.samplers.provenance) ----
+    def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
+                        drop_last: bool = False) -> np.ndarray:  # fmt: skip
+        total = self._plan_size(epoch)
+        return run_step_positions(self._runs(epoch, total, start, world.world_size), world.world_size, total, step,
+                                  world.rank)  # fmt: skip
+
+    def _position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
+                        drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+        total = self._plan_size(epoch)
+        return run_occurrences(self._runs(epoch, total, start, world_size), world_size, total, position)
+
+    def _step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                   drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        total = self._plan_size(epoch)
+        run, within = run_of_step(self._runs(epoch, total, start, world_size), step)
+        first = run.first + within * world_size * run.batch_size
+        return first, min(first + world_size * run.batch_size, total)
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        if self._inner is not None:
+            return self._inner._plan_positions_of(epoch, index)
+        if not self.shuffle:
+            return np.asarray([index], dtype=np.int64)
+        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, SHUFFLE)), np.asarray([index]))
 
     # -- what frameworks and users read --------------------------------------------------------
     @property

@@ -9,7 +9,7 @@ import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.errors import check_bool, check_int
-from .._core.permutation import MAX_SIZE, Permutation
+from .._core.permutation import MAX_SIZE, Permutation, positions_of
 from .._core.plan import Even, rank_count
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
@@ -98,6 +98,13 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
             return np.ndarray.tolist
         permutation = Permutation(self._size, derive_seed(seed, epoch, SHUFFLE))
         return lambda positions: permutation(positions).tolist()
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """The one position holding ``index``: the inverse permutation, O(1) (provenance)."""
+        index = check_int("index", index, minimum=0, maximum=self._size - 1)
+        if not self.shuffle:
+            return np.asarray([index], dtype=np.int64)
+        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, SHUFFLE)), np.asarray([index]))
 
     def _fingerprint(self) -> Fingerprint:
         return {"num_samples": self._size, "shuffle": self.shuffle}

@@ -132,6 +132,9 @@ def _app() -> Any:
             console.print(f"{key:>14}: {value}")
 
     _add_verify(app, console)
+    from .which import add_which  # shardwise which: provenance (tools/which.py)
+
+    add_which(app, console)
     return app
 
 

@@ -1,0 +1,179 @@
+"""Provenance arithmetic: which plan positions a (rank, step) trains, and the reverse, in O(1).
+
+A pass over an epoch starts at plan position ``start`` (0, or the ``consumed`` of the state the run
+resumed from) with ``W`` ranks. Two ways of cutting steps exist (see ``_core.plan`` and
+``_core.schedule``):
+
+- **unit dealing** (every sampler but ``ScheduledBatchSampler``): rank ``r`` takes the units at
+  ``start + r, start + r + W, ...``; a step is ``per_step`` consecutive units of one rank (the
+  DataLoader's ``batch_size`` over an index sampler, 1 for a batch sampler, whose unit is a batch);
+- **step dealing** (``ScheduledBatchSampler``): global step ``s`` covers ``W * b_s`` consecutive
+  positions, rank ``r`` the ``r``-th slice of ``b_s``; runs of equal-size steps describe the pass.
+
+Padding (``Even.PAD``) wraps the last at most ``W - 1`` positions to the plan's start, so a
+position may be trained twice in a pass: the reverse lookups return every occurrence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import check_int
+from .mixture import _GOLDEN, MixturePlan, element_keys, floor_share, golden_step
+from .permutation import _domain_bits, feistel_inverse, mix64
+from .schedule import Run
+
+
+class ProvenanceUnsupported(NotImplementedError):
+    """A sampler whose plan cannot (yet) be inverted in O(1): which position holds a given sample."""
+
+
+def steps_in_pass(count: int, per_step: int, *, drop_last: bool = False) -> int:
+    """Steps of each rank when it takes ``count`` units, ``per_step`` a step (a DataLoader's rule)."""
+    return count // per_step if drop_last else -(-count // per_step)
+
+
+def step_units(step: object, per_step: int, count: int, *, drop_last: bool = False) -> tuple[int, int]:
+    """The local units ``[first, stop)`` of one rank's step ``step``, when the rank takes ``count`` units.
+
+    Raises:
+        ValueError: ``step`` is negative or past the pass's last step (the message gives the range).
+    """
+    steps = steps_in_pass(count, per_step, drop_last=drop_last)
+    step = check_int("step", step, minimum=0)
+    if step >= steps:
+        raise ValueError(
+            f"step should be in [0, {steps - 1}] (this pass has {steps} steps per rank), but got step={step}"
+            if steps
+            else f"this pass has no steps (0 units per rank), but got step={step}"
+        )
+    first = step * per_step
+    return first, min(first + per_step, count)
+
+
+def unit_occurrences(position: int, start: int, world_size: int, count: int, total: int) -> list[tuple[int, int]]:
+    """``(rank, local unit)`` of every time plan ``position`` is dealt in a pass of ``count`` units a rank.
+
+    A position before ``start`` was trained before the pass, except where padding wraps to it.
+    """
+    found = []
+    end = start + count * world_size
+    for dealt in (position, position + total):  # the second: a padded tail wrapping to the plan's start
+        if start <= dealt < end and (dealt == position or dealt >= total):
+            found.append(((dealt - start) % world_size, (dealt - start) // world_size))
+    return found
+
+
+def run_of_step(runs: Sequence[Run], step: int) -> tuple[Run, int]:
+    """The run holding global step ``step`` of a pass, and the step's number within the run."""
+    step = check_int("step", step, minimum=0)
+    for run in runs:
+        if step < run.steps:
+            return run, step
+        step -= run.steps
+    steps = sum(run.steps for run in runs)
+    raise ValueError(f"step should be in [0, {steps - 1}] (this pass has {steps} steps), but got step={step + steps}")
+
+
+def run_step_positions(runs: Sequence[Run], world_size: int, total: int, step: int, rank: int) -> np.ndarray:
+    """Plan positions of rank ``rank``'s batch at global step ``step`` (step dealing), wrapped into the plan.
+
+    Returns:
+        positions: ``(batch_size,)`` int64.
+    """
+    run, within = run_of_step(runs, step)
+    first = run.first + within * world_size * run.batch_size + rank * run.batch_size
+    positions = first + np.arange(run.batch_size, dtype=np.int64)
+    if total and positions.size and positions[-1] >= total:
+        positions %= total
+    return positions
+
+
+def run_occurrences(runs: Sequence[Run], world_size: int, total: int, position: int) -> list[tuple[int, int]]:
+    """``(rank, step)`` of every time plan ``position`` is trained in a pass of ``runs`` (step dealing)."""
+    found = []
+    for dealt in (position, position + total):
+        if dealt != position and dealt < total:
+            continue
+        before = 0
+        for run in runs:
+            span = world_size * run.batch_size
+            if run.first <= dealt < run.end(world_size):
+                offset = dealt - run.first
+                found.append(((offset % span) // run.batch_size, before + offset // span))
+                break
+            before += run.steps
+    return found
+
+
+# -- mixtures: where draw d of source i lands ---------------------------------------------------------
+def keyed_unpermute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarray:
+    """The inverse of ``_core.mixture.keyed_permute`` (the cycle walked backwards)."""
+    bits = _domain_bits(size)
+    limit = np.uint64(size)
+    out = feistel_inverse(values.astype(np.uint64), bits, rounds)
+    outside = np.flatnonzero(out >= limit)
+    while outside.size:
+        walked = feistel_inverse(out[outside], bits, rounds[:, outside] if rounds.ndim == 2 else rounds)
+        out[outside] = walked
+        outside = outside[walked >= limit]
+    return out.astype(np.int64)
+
+
+def _offset_of_slot(plan: MixturePlan, slot_keys: np.ndarray | None, block: int, slot: int) -> int:
+    """The offset within block number ``block`` whose slot is ``slot`` (inverse of ``_core.mixture.slots``)."""
+    size = plan.block
+    if size == 1:
+        return 0
+    if slot_keys is None or plan.interleave:
+        rotation = 0
+        if slot_keys is not None:
+            mixed = mix64(np.asarray([block], dtype=np.uint64) * _GOLDEN ^ slot_keys[0])
+            rotation = int(mixed[0] % np.uint64(size))
+        return (slot - rotation) * pow(golden_step(size), -1, size) % size
+    keys = element_keys(slot_keys, np.asarray([block], dtype=np.int64))
+    return int(keyed_unpermute(np.asarray([slot], dtype=np.int64), size, keys)[0])
+
+
+def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -> np.ndarray:
+    """Every plan position of ``epoch`` that draws global index ``index``, ascending.
+
+    Sample ``k`` of source ``i`` is drawn once per cycle of that source: draw ``c * n_i + j`` with
+    ``j`` its place in cycle ``c``'s permutation. Each draw's block comes from the exact counts by
+    bisection (``Layout.blocks_to_reach``), its slot from the counts at the block's start, and its
+    offset by inverting the block's shuffle: O(log n) a draw, O(cycles of the source in the epoch).
+    """
+    offsets = plan.offsets
+    source = int(np.searchsorted(offsets, index, side="right")) - 1
+    size = int(plan.sizes[source])
+    within = index - int(offsets[source])
+    layout = plan.layout(epoch)
+    total = plan.plan_size(epoch)
+    slot_keys, keys = plan._epoch_keys(seed, epoch)
+    found: list[int] = []
+    cycle = 0
+    while True:
+        j = within
+        if keys is not None and size > 1:
+            rounds = element_keys(keys[source], np.asarray([cycle], dtype=np.int64))
+            j = int(keyed_unpermute(np.asarray([within], dtype=np.int64), size, rounds)[0])
+        draw = cycle * size + j
+        reached = layout.blocks_to_reach(source, draw + 1)
+        if reached is None or (reached - 1) * plan.block >= total:
+            break
+        block = reached - 1
+        before = layout.counts_at_block(block)[source]
+        s = int(layout.stretch_of(np.asarray([block]))[0])
+        start = (block - int(layout.first[s])) * plan.block
+        phase, denominator = int(layout.phase[s]), int(layout.denominator[s])
+        low = int(layout.prefix[s, source])
+        # The source's slots in this block start where the shares of the sources before it end.
+        first_slot = floor_share(low, start + plan.block, phase, denominator)
+        first_slot -= floor_share(low, start, phase, denominator)
+        position = block * plan.block + _offset_of_slot(plan, slot_keys, block, first_slot + draw - before)
+        if position < total:
+            found.append(position)
+        cycle += 1
+    return np.asarray(sorted(found), dtype=np.int64)

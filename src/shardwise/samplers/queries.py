@@ -1,0 +1,193 @@
+"""What every sampler answers about its plan without iterating it: provenance and the skip ledger.
+
+:class:`PlanQueries` is a base of ``PlanSampler`` (``samplers.base``): the hooks behind
+``shardwise.which`` / ``shardwise.when`` (which plan positions a rank's step covers, which units sit
+at given positions, where a sample is) and the skip ledger (``_core.skips``), honoured around the
+two plan hooks ``_plan_size`` / ``_open_pass`` of every subclass, once, here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._core.errors import check_int
+from .._core.plan import Even, rank_count, rank_positions
+from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
+from .._core.skips import SkipLedger
+from .._core.state import Progress
+from .._core.world import World
+
+UnitSource = Callable[[np.ndarray], list[Any]]
+"""As ``samplers.base.UnitSource`` (defined here too: base imports this module)."""
+
+
+def _compacted_size(raw: Callable[[Any, int], int]) -> Callable[[Any, int], int]:
+    """A ``_plan_size`` hook honouring the skip ledger: the plan's size without its skipped positions."""
+
+    @functools.wraps(raw)
+    def size(self: Any, epoch: int) -> int:
+        total = raw(self, epoch)
+        skips = self.__dict__.get("_skips")
+        # Only the most derived class's hook applies the ledger: a subclass calling super() gets the raw size.
+        return skips.size(epoch, total) if skips and type(self)._plan_size is size else total
+
+    return size
+
+
+def _compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSource]:
+    """An ``_open_pass`` hook honouring the skip ledger: compacted positions are mapped to plan positions."""
+
+    @functools.wraps(raw)
+    def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        source = raw(self, epoch, seed, world, start)
+        skips = self.__dict__.get("_skips")
+        if not skips or type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
+            return source
+        total = self._raw_plan_size(epoch)
+        return lambda positions: source(skips.to_plan(epoch, positions, total))
+
+    return open_pass
+
+
+class PlanQueries:
+    """Provenance hooks and the skip ledger of a ``PlanSampler``; see the module docstring."""
+
+    if TYPE_CHECKING:  # provided by PlanSampler
+        _even: Even
+        _progress: Progress
+        _pass: Any
+
+        @property
+        def seed(self) -> int: ...
+
+        def _sync(self) -> None: ...
+
+        def _plan_size(self, epoch: int) -> int: ...
+
+        def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource: ...
+
+        def _on_epoch(self, epoch: int) -> None: ...
+
+    _skips: SkipLedger
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The skip ledger (NOTE in shardwise._core.skips) is honoured around the two plan hooks, once
+        # for every sampler: a subclass's own hooks see plain plan positions.
+        super().__init_subclass__(**kwargs)
+        if "_plan_size" in cls.__dict__:
+            cls._plan_size = _compacted_size(cls.__dict__["_plan_size"])  # type: ignore[method-assign,assignment]
+        if "_open_pass" in cls.__dict__:
+            cls._open_pass = _compacted_source(cls.__dict__["_open_pass"])  # type: ignore[method-assign]
+
+    # -- provenance (see shardwise.samplers.provenance) --------------------------------------------
+    def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
+                        drop_last: bool = False) -> np.ndarray:  # fmt: skip
+        """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
+        total = self._plan_size(epoch)
+        count = rank_count(total, start, world.world_size, self._even)
+        first, stop = step_units(step, per_step, count, drop_last=drop_last)
+        return rank_positions(start, world.rank, world.world_size, first, stop, total)
+
+    def _position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
+                        drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+        """``(rank, step)`` of every time plan ``position`` is trained in a pass over ``epoch`` from ``start``."""
+        total = self._plan_size(epoch)
+        count = rank_count(total, start, world_size, self._even)
+        last = steps_in_pass(count, per_step, drop_last=drop_last)
+        found = [(rank, unit // per_step) for rank, unit in unit_occurrences(position, start, world_size, count, total)]
+        return [(rank, step) for rank, step in found if step < last]
+
+    def _plan_units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:
+        """The units at ``positions`` of ``epoch``'s global plan; a query: the position does not move.
+
+        A wrapper forwards the epoch to what it wraps for the query, then restores the upcoming one.
+        """
+        upcoming = self._progress.upcoming_epoch()
+        self._on_epoch(epoch)
+        try:
+            return self._open_pass(epoch, self.seed, World(0, world_size, "query"), 0)(positions)
+        finally:
+            self._on_epoch(upcoming)
+
+    def _step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                   drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        """The compacted plan positions ``[first, stop)`` that global step ``step`` of a pass from ``start`` covers."""
+        total = self._plan_size(epoch)
+        count = rank_count(total, start, world_size, self._even)
+        first, stop = step_units(step, per_step, count, drop_last=drop_last)
+        return start + first * world_size, min(start + stop * world_size, total)
+
+    def _trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
+        found = [self._skips.from_plan(epoch, p) for p in self._plan_positions_of(epoch, index).tolist()]
+        return np.asarray([p for p in found if p is not None], dtype=np.int64)
+
+    # -- the skip ledger (see shardwise._core.skips) ----------------------------------------------
+    @property
+    def skip_ledger(self) -> list[list[int]]:
+        """The skip ledger: ``[[epoch, first, stop], ...]`` ranges of plan positions never trained."""
+        return self._skips.to_state()
+
+    def skip_positions(self, epoch: int, first: int, stop: int) -> None:
+        """Never train positions ``[first, stop)`` of ``epoch``'s global plan, at any world size, across restarts.
+
+        The positions are absolute in the epoch's plan (the plan every rank shares). They are removed
+        from the plan before it is dealt, so every rank still gets the same number of units and
+        everything else trains exactly once; the ledger goes into ``state_dict()`` (O(ranges)).
+        :func:`shardwise.skip_steps` turns steps (as :func:`shardwise.which` numbers them) into positions.
+
+        Raises:
+            RuntimeError: a pass is being iterated (add skips before iterating, e.g. after ``load_state_dict``).
+            ValueError: the range starts before what this sampler has already trained.
+        """
+        first = check_int("first", first, minimum=0)
+        self.skip_ranges(epoch, [[first, check_int("stop", stop, minimum=first)]])
+
+    def skip_ranges(self, epoch: int, ranges: Any) -> None:
+        """:meth:`skip_positions` for many ``[first, stop)`` rows at once, in O(k log k) (``(k, 2)`` ints)."""
+        self._sync()
+        if self._pass is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.skip_positions() was called while a pass is being iterated; add skips "
+                "before iterating (right after load_state_dict)"
+            )
+        epoch = check_int("epoch", epoch, minimum=0)
+        rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if rows.size and (rows.min() < 0 or (rows[:, 1] < rows[:, 0]).any()):
+            raise ValueError(
+                f"ranges should be [first, stop) rows with 0 <= first <= stop, but got {rows.tolist()[:3]}"
+            )
+        progress = self._progress
+        trained = self._plan_done(progress.epoch)
+        first = int(rows[:, 0].min()) if rows.size else trained
+        if epoch < progress.epoch or (epoch == progress.epoch and first < trained):
+            raise ValueError(
+                f"first should be at or after what was already trained (plan position {trained} of epoch "
+                f"{progress.epoch}), but got epoch={epoch}, first={first}; a skip cannot undo training"
+            )
+        self._skips = self._skips.add_many(epoch, rows)
+
+    def _raw_plan_size(self, epoch: int) -> int:
+        """``epoch``'s plan size with its skipped positions: what builds the plan (``_plan_size`` is what is dealt)."""
+        size: int = type(self)._plan_size.__wrapped__(self, epoch)  # type: ignore[attr-defined]
+        return size
+
+    def _plan_done(self, epoch: int) -> int:
+        """The plan position (not compacted) up to which ``epoch`` has been trained."""
+        progress = self._progress
+        total = self._raw_plan_size(epoch)
+        if progress.completed or progress.consumed >= self._plan_size(epoch):
+            return int(total)
+        return int(self._skips.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Plan positions of ``epoch`` whose unit holds sample ``index`` (O(1) where a sampler inverts its plan)."""
+        raise ProvenanceUnsupported(
+            f"{type(self).__name__} cannot yet say where a sample is trained (its plan is not inverted); "
+            "use shardwise.which(sampler, epoch=..., step=...) for the forward question, which every sampler answers"
+        )
+

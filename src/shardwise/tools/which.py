@@ -1,0 +1,262 @@
+"""``shardwise which``: the samples a step trained, or the steps a sample trained at, from the command line.
+
+The target is the factory ``verify`` takes (``path/to/file.py:make_loader`` or ``package.module:fn``,
+returning a shardwise sampler, batch sampler or a DataLoader over one); ``--state`` loads a saved
+sampler state (a ``torch.save``'d or JSON file: the state itself or a checkpoint holding it) whose
+epoch and position number the steps, so step 0 is the first step after that checkpoint.
+
+Registered by ``shardwise.tools.cli`` through :func:`add_which`. Bad input is one line on stderr,
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .._core.state import CONSUMED, EPOCH, KEYS
+
+USAGE_ERROR = 2
+
+
+class WhichError(ValueError):
+    """Bad input to ``shardwise which``: printed as one line, exit status 2."""
+
+
+def state_path(saved: object, depth: int = 4) -> list[Any]:
+    """The keys leading to the shardwise sampler state in ``saved`` (``[]``: ``saved`` is the state)."""
+    level: list[tuple[list[Any], object]] = [([], saved)]
+    for _ in range(depth):
+        nested: list[tuple[list[Any], object]] = []
+        for path, item in level:
+            if isinstance(item, Mapping):
+                if all(key in item for key in KEYS):
+                    return path
+                nested.extend(([*path, key], value) for key, value in item.items())
+        level = nested
+    raise WhichError(
+        f"no shardwise sampler state (a dict with keys {', '.join(KEYS)}) found in the --state file; "
+        "save sampler.state_dict() (or a checkpoint dict holding it)"
+    )
+
+
+def find_state(saved: object) -> dict[str, Any]:
+    """The shardwise sampler state in ``saved``: the state itself, or the first one nested in a checkpoint dict."""
+    item: Any = saved
+    for key in state_path(saved):
+        item = item[key]
+    return dict(item)
+
+
+def read_file(path: Path) -> tuple[object, bool]:
+    """``(contents, is_json)`` of a state or checkpoint saved as JSON or with ``torch.save`` (weights only)."""
+    if not path.is_file():
+        raise WhichError(f"--state {str(path)!r} does not exist")
+    try:
+        return json.loads(path.read_text()), True
+    except (UnicodeDecodeError, ValueError):
+        import torch
+
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True), False
+        except Exception as error:  # any unpickling failure is bad input here
+            raise WhichError(f"cannot read --state {str(path)!r} as JSON or torch.save output: {error}") from None
+
+
+def load_state_file(path: Path) -> dict[str, Any]:
+    """Read a state saved with ``torch.save`` (weights only) or as JSON, and find the sampler state in it."""
+    return find_state(read_file(path)[0])
+
+
+def parse_epochs(text: str, option: str = "--epochs") -> range:
+    """``"3"`` -> ``range(3, 4)``; ``"0:5"`` -> ``range(0, 5)`` (the stop excluded); errors name ``option``."""
+    first, sep, stop = text.partition(":")
+    try:
+        low = int(first)
+        high = int(stop) if sep else low + 1
+    except ValueError:
+        raise WhichError(f"{option} should be a number or a range 'first:stop', but got {option} {text!r}") from None
+    if low < 0 or high <= low:
+        raise WhichError(
+            f"{option} should be a non-empty range 'first:stop' of numbers >= 0, but got {option} {text!r}"
+        )
+    return range(low, high)
+
+
+def build(target: str, world_size: int) -> Any:
+    """Call the factory as ``verify`` does (``rank=0``, ``world_size=``), returning what it builds."""
+    from .verify.target import TargetError, call_factory, load_spec
+
+    try:
+        factory = load_spec(target)
+        return call_factory(factory, 0, world_size)
+    except TargetError as error:
+        raise WhichError(str(error)) from None
+
+
+def run(
+    target: str,
+    *,
+    world_size: int,
+    epoch: int | None,
+    step: int | None,
+    rank: int | None,
+    sample: int | None,
+    epochs: str | None,
+    batch_size: int | None,
+    start: int | None,
+    state: Path | None,
+) -> tuple[str, list[dict[str, Any]]]:
+    """The rows to print: ``("batches", ...)`` for ``--step``, ``("trained", ...)`` for ``--sample``."""
+    from ..samplers.provenance import resolve, when, which
+
+    if (step is None) == (sample is None):
+        raise WhichError("pass either --step (which samples a step trained) or --sample (when a sample trained)")
+    obj = build(target, world_size)
+    try:
+        sampler, _, _ = resolve(obj, batch_size)
+    except (TypeError, ValueError) as error:
+        message = (
+            str(error).replace("pass batch_size=...", "pass --batch-size").replace("leave it out", "drop --batch-size")
+        )
+        raise WhichError(f"{target} built {type(obj).__name__}: {message}") from None
+    if state is not None:
+        saved = load_state_file(state)
+        sampler.load_state_dict(saved)
+        epoch = saved[EPOCH] if epoch is None else epoch
+        start = saved[CONSUMED] if start is None and epoch == saved[EPOCH] else start
+    common: dict[str, Any] = {"batch_size": batch_size, "world_size": world_size, "start": start or 0}
+    if step is not None:
+        batches = which(obj, epoch=0 if epoch is None else epoch, step=step, rank=rank, **common)
+        return "batches", [b.to_dict() for b in batches]
+    span = parse_epochs(epochs) if epochs is not None else range(epoch or 0, (epoch or 0) + 1)
+    return "trained", [t.to_dict() for t in when(obj, sample or 0, epochs=span, **common)]
+
+
+def add_which(app: Any, console: Any) -> None:
+    """Register ``shardwise which`` (and ``shardwise skip``) on the typer ``app``."""
+    import typer
+
+    add_skip(app, console)
+
+    @app.command("which")  # type: ignore[untyped-decorator]
+    def which_command(
+        target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
+        world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run."),
+        step: int | None = typer.Option(None, "--step", "-s", min=0, help="Step within the pass (from 0)."),
+        rank: int | None = typer.Option(None, "--rank", "-r", min=0, help="One rank (default: every rank)."),
+        sample: int | None = typer.Option(None, "--sample", min=0, help="Sample id: when was it trained?"),
+        epoch: int | None = typer.Option(None, "--epoch", "-e", min=0, help="Epoch (default: 0, or the state's)."),
+        epochs: str | None = typer.Option(None, "--epochs", help="Epochs for --sample: 'first:stop'."),
+        batch_size: int | None = typer.Option(None, "--batch-size", "-b", min=1, help="Per-rank batch size."),
+        start: int | None = typer.Option(None, "--start", min=0, help="Plan position the pass began at."),
+        # B008: typer declares options as call defaults; evaluated once, read-only.
+        state: Path | None = typer.Option(None, "--state", help="Saved sampler state or checkpoint."),  # noqa: B008
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ) -> None:
+        """Which samples a step trained on each rank, or at which (epoch, step, rank) a sample trained."""
+        from rich.table import Table
+
+        from .._core.errors import MalformedStateError, StateMismatchError
+        from ..samplers.provenance import ProvenanceUnsupported
+
+        try:
+            kind, rows = run(
+                target, world_size=world_size, epoch=epoch, step=step, rank=rank, sample=sample, epochs=epochs,
+                batch_size=batch_size, start=start, state=state,
+            )  # fmt: skip
+        except (WhichError, ValueError, TypeError, ProvenanceUnsupported, MalformedStateError,
+                StateMismatchError) as error:  # fmt: skip
+            print(f"shardwise which: error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise typer.Exit(USAGE_ERROR) from None
+        if as_json:
+            print(json.dumps({kind: rows}))
+            return
+        table = Table(title=f"shardwise which {target} ({world_size} ranks)")
+        columns = ["epoch", "step", "rank"] + (["samples"] if kind == "batches" else ["plan position"])
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            if kind == "batches":
+                if row["sources"] is None:
+                    cell = ", ".join(map(str, row["indices"]))
+                else:
+                    cell = ", ".join(
+                        f"{i} ({name}[{k}])"
+                        for i, name, k in zip(row["indices"], row["sources"], row["source_indices"], strict=True)
+                    )
+                table.add_row(str(row["epoch"]), str(row["step"]), str(row["rank"]), cell)
+            else:
+                table.add_row(str(row["epoch"]), str(row["step"]), str(row["rank"]), str(row["position"]))
+        console.print(table)
+        if not rows:
+            console.print("not trained in these epochs")
+
+
+def skip(target: str, *, world_size: int, state: Path, steps: str, epoch: int | None, batch_size: int | None,
+         out: Path) -> dict[str, Any]:  # fmt: skip
+    """Add the steps ``first:stop`` after the checkpoint in ``state`` to its skip ledger; write it to ``out``."""
+    from ..samplers.provenance import resolve, skip_steps
+
+    span = parse_epochs(steps, "--steps")
+    saved, is_json = read_file(state)
+    path = state_path(saved)
+    current = find_state(saved)
+    obj = build(target, world_size)
+    try:
+        sampler, _, _ = resolve(obj, batch_size)
+    except (TypeError, ValueError) as error:
+        raise WhichError(f"{target} built {type(obj).__name__}: {error}") from None
+    sampler.load_state_dict(current)
+    epoch = current[EPOCH] if epoch is None else epoch
+    start = current[CONSUMED] if epoch == current[EPOCH] else 0
+    first, stop = skip_steps(obj, epoch=epoch, steps=span, batch_size=batch_size, world_size=world_size, start=start)
+    edited = sampler.state_dict()
+    if path:
+        holder: Any = saved
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = edited
+    else:
+        saved = edited
+    if is_json:
+        out.write_text(json.dumps(saved))
+    else:
+        import torch
+
+        torch.save(saved, out)
+    return {"epoch": epoch, "steps": [span.start, span.stop], "positions": [first, stop], "ranges": len(edited["skip"])}
+
+
+def add_skip(app: Any, console: Any) -> None:
+    """Register ``shardwise skip`` on the typer ``app``."""
+    import typer
+
+    @app.command("skip")  # type: ignore[untyped-decorator]
+    def skip_command(
+        target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
+        world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run that trains next."),
+        # B008: typer declares options as call defaults; evaluated once, read-only.
+        state: Path = typer.Option(..., "--state", help="Saved sampler state or checkpoint."),  # noqa: B008
+        steps: str = typer.Option(..., "--steps", help="Steps after the checkpoint to skip: 'first:stop'."),
+        out: Path = typer.Option(..., "--out", help="Where to write the edited state or checkpoint."),  # noqa: B008
+        epoch: int | None = typer.Option(None, "--epoch", "-e", min=0, help="Epoch (default: the state's)."),
+        batch_size: int | None = typer.Option(None, "--batch-size", "-b", min=1, help="Per-rank batch size."),
+    ) -> None:
+        """Never train the samples of some steps: add them to a saved state's skip ledger."""
+        from .._core.errors import MalformedStateError, StateMismatchError
+
+        try:
+            done = skip(target, world_size=world_size, state=state, steps=steps, epoch=epoch, batch_size=batch_size,
+                        out=out)  # fmt: skip
+        except (WhichError, ValueError, TypeError, MalformedStateError, StateMismatchError) as error:
+            print(f"shardwise skip: error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise typer.Exit(USAGE_ERROR) from None
+        console.print(
+            f"epoch {done['epoch']}: steps {done['steps'][0]}-{done['steps'][1] - 1} after the checkpoint are plan "
+            f"positions [{done['positions'][0]}, {done['positions'][1]}), never trained; the ledger holds "
+            f"{done['ranges']} range(s). Written to {out}"
+        )
