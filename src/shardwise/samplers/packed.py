@@ -32,20 +32,20 @@ from torch.utils.data import Sampler
 from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.errors import check_bool, check_choice, check_int, check_seconds
 from .._core.packing import (
+    PLAN_VERSION,
     Balance,
     PackedIndex,
     PieceIndex,
     StratumLayout,
     StratumPlan,
     TooLong,
+    carried_slots,
     class_phases,
     class_shuffle_key,
-    layout_stratum,
     long_samples,
     order_stratum,
     piece_index,
     shuffle_within_classes,
-    stratum_histogram,
     stratum_layouts,
     stratum_order_key,
     stratum_slots,
@@ -278,7 +278,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def _layout_config(self) -> str:
         return (f"{self._key}|{self.too_long.value}|{self.max_len}|{self.rows_per_batch}|{self.tokens_per_batch}|"
-                f"{self.balance.value}|{self.window}|{self.drop_last}")  # fmt: skip
+                f"{self.balance.value}|{self.window}|{self.drop_last}|plan={PLAN_VERSION}")  # fmt: skip
 
     def _batch_counts(self) -> np.ndarray:
         """Batches of every stratum, from the strata's layouts (epoch-independent, computed once).
@@ -288,10 +288,10 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         epoch only fills the layouts with its items.
         """
         if not self._shared:
-            self._layouts = stratum_layouts(
+            self._layouts = list(stratum_layouts(
                 self._counts, self.num_strata, self.max_len, rows_per_batch=self.rows_per_batch,
                 tokens_per_batch=self.tokens_per_batch, balance=self.balance, drop_short=self.drop_last,
-            )  # fmt: skip
+            ))  # fmt: skip
             return np.array([layout.num_batches for layout in self._layouts], dtype=np.int64)
         arrays = self._shared_layouts(build=True)
         return np.diff(np.asarray(arrays["batch_offsets"]))
@@ -307,26 +307,26 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         def write(directory: Path) -> None:
             if not build:
                 raise RuntimeError("PackedBatchSampler's stratum layouts are not in the cache; build the sampler again")
-            phases = class_phases(counts.size)
             slot_rows = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
                                                   shape=(int(counts.sum()),))  # fmt: skip
-            rows, costs, sizes = [], [], np.zeros((3, strata), dtype=np.int64)
+            rows, costs, sizes = [], [], np.zeros((4, strata), dtype=np.int64)
             at = 0
-            for stratum in range(strata):  # one stratum in memory at a time (the slots stream to the file)
-                layout = layout_stratum(stratum_histogram(counts, strata, stratum, phases), max_len,
-                                        rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch,
-                                        balance=balance, drop_short=drop_short)  # fmt: skip
+            layouts = stratum_layouts(counts, strata, max_len, rows_per_batch=rows_per_batch,
+                                      tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)
+            for stratum, layout in enumerate(layouts):  # one stratum in memory at a time (slots stream to the file)
                 slot_rows[at : at + layout.slot_rows.size] = layout.slot_rows
                 at += layout.slot_rows.size
                 rows.append(layout.batch_of_row.astype(np.int32))
-                costs.append(layout.batch_costs)
-                sizes[:, stratum] = layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches
+                costs.append(layout.batch_keys)
+                sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
+                                     layout.carried)  # fmt: skip
             slot_rows.flush()
             del slot_rows
-            for name, values in (("batch_of_row", rows), ("batch_costs", costs)):
+            for name, values in (("batch_of_row", rows), ("batch_keys", costs)):
                 np.save(directory / f"{name}.npy", np.concatenate(values))
-            for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes, strict=True):
+            for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
                 np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
+            np.save(directory / "carried.npy", sizes[3])
 
         self._layout_arrays = build_or_open(LAYOUTS_KIND, self._layout_config(), write, cache_dir=self._cache_dir,
                                             timeout=self._cache_timeout)  # fmt: skip
@@ -341,7 +341,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return StratumLayout(
             np.asarray(arrays["slot_rows"][slots[0] : slots[1]], dtype=np.int64),
             np.asarray(arrays["batch_of_row"][rows[0] : rows[1]], dtype=np.int64),
-            np.asarray(arrays["batch_costs"][batches[0] : batches[1]], dtype=np.int64),
+            np.asarray(arrays["batch_keys"][batches[0] : batches[1]], dtype=np.int64),
+            int(arrays["carried"][stratum]),
         )
 
     @property
@@ -374,13 +375,19 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         if cached is not None and cached[:3] == (epoch, seed, slot):
             return cached[3]
         classes, ranks = stratum_slots(self._counts, self.num_strata, stratum, self._phases)
+        layout = self._stratum_layout(stratum)
+        if layout.carried:  # the rows the previous stratum handed on: its slots, filled with this epoch's items
+            previous = stratum_slots(self._counts, self.num_strata, stratum - 1, self._phases)
+            more = carried_slots(self._stratum_layout(stratum - 1), *previous, own_rows=layout.own_rows)
+            classes, ranks = np.concatenate([classes, more[0]]), np.concatenate([ranks, more[1]])
+            layout = StratumLayout(np.concatenate([layout.slot_rows, more[2]]), layout.batch_of_row,
+                                   layout.batch_keys, layout.carried)  # fmt: skip
         items = self._index.offsets[classes] + ranks
         if self.shuffle and self._shared:  # O(1) memory: a keyed Feistel permutation per class
             keys = group_keys(class_shuffle_key(seed, epoch), classes)
             items = self._index.offsets[classes] + permute_within(ranks, self._counts[classes], keys)
         elif self.shuffle:  # small data: the whole shuffle materialised once per epoch, faster
             items = self._class_order(epoch, seed)[items]
-        layout = self._stratum_layout(stratum)
         key = derive_seed(seed, epoch, "pack", stratum) if self.shuffle else None
         plan = order_stratum(items, classes, layout, group=self.balance_group, key=key)
         self._stratum = (epoch, seed, slot, plan)
@@ -427,6 +434,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             "balance_group": self.balance_group,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "plan": PLAN_VERSION,
         }
 
     def _config(self) -> dict[str, Any]:
