@@ -22,14 +22,8 @@ from shardwise import (
     StateMismatchError,
     pack_collate,
 )
-from shardwise._core.packing import (
-    TooLong,
-    class_phases,
-    pack_histogram,
-    piece_index,
-    row_loads,
-    stratum_histogram,
-)
+from shardwise._core.packing import TooLong, class_phases, piece_index, stratum_histogram
+from shardwise._core.rowpack import pack_histogram, row_loads
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
 

@@ -11,8 +11,10 @@ pieces of long samples) whose lengths add up to at most ``max_len``. How an epoc
 2. each epoch: the strata are visited in a keyed random order, and each takes a keyed random
    choice of items of each length (a Feistel permutation per length class: O(1) memory);
 3. each stratum is packed on its own when the plan reaches it: best-fit decreasing into rows,
-   then the rows dealt back and forth into batches of equal cost (tokens, or the sum of squared
-   document lengths with ``balance="attention"``), then batches, rows and documents shuffled.
+   then the rows (with the emptiest rows the previous stratum handed on, beyond its multiple
+   of ``rows_per_batch``) dealt back and forth into batches of equal cost (tokens, or the sum
+   of squared document lengths with ``balance="attention"``), then batches, rows and documents
+   shuffled.
 
 So the number of batches of every epoch is known before the first batch, the same on every rank
 and in every epoch; the first batch waits for one stratum, not for the epoch; a rank holds one
@@ -127,7 +129,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     its pieces), rows never exceed ``max_len``, and ranks get equal numbers of batches.
 
     Pass exactly one of ``rows_per_batch`` (each batch is that many rows, except fewer than
-    ``rows_per_batch`` batches per stratum that hold one row less; ``drop_last=True`` makes
+    ``rows_per_batch`` batches an epoch that hold one row less; ``drop_last=True`` makes
     every batch full by leaving those rows' documents out of this epoch) or ``tokens_per_batch``
     (each batch is as many rows as keep its real tokens within the budget: for padding-free
     varlen training).
@@ -156,8 +158,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         balance: ``"tokens"`` (default) makes the batches of a stratum (hence of every step)
             hold about the same number of tokens; ``"attention"`` the same sum of squared
             document lengths (per-document attention cost), while rows stay as full.
-        window: items (documents or pieces) per stratum. Larger: fewer short batches (fewer than
-            ``rows_per_batch`` per stratum, each one row short), more memory per rank (about
+        window: items (documents or pieces) per stratum. Larger: rows packed a little tighter
+            (each stratum's last row is partly empty), more memory per rank (about
             100 bytes an item) and a later first batch.
         balance_group: batches of a stratum sorted by cost are shuffled in groups of this many:
             use a multiple of the world size, so that the W batches of a step cost alike.
@@ -165,7 +167,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
-        drop_last: make every batch full (leave out the emptiest rows of a stratum beyond a
+        drop_last: make every batch full (leave out the last stratum's emptiest rows beyond a
             multiple of ``rows_per_batch``, different documents every epoch) and drop the last
             partial global step instead of padding it.
         cache_dir: where the shared index lives (from 2**18 samples on; see
