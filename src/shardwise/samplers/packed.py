@@ -413,7 +413,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             stops = item_starts + plan.lengths[lo:hi]
             rows = np.repeat(np.arange(last_row - first_row), np.diff(plan.row_offsets[first_row : last_row + 1]))
             spans = zip(samples.tolist(), rows.tolist(), item_starts.tolist(), stops.tolist(), strict=True)
-            out.append([PackedIndex(s, r, a, z) for s, r, a, z in spans])
+            out.append([PackedIndex.trusted(s, r, a, z) for s, r, a, z in spans])
         return out
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
