@@ -44,6 +44,10 @@ Metrics (Multipack's notebook definitions, over 3 epochs):
   max over steps in place of the mean);
 - batches per epoch, documents dropped per epoch, repeats (fraction of epoch 1's batches, as
   sets of documents, that epoch 0 had), plan time (one rank's plan of one epoch, best of 3).
+
+Two tables at scale: plan time, first batch and private memory at 1e6-1e7 WikiText-like documents
+(``--scale``), and fill and utilization at 1e6 documents drawn from the stdlib function lengths
+(``--quality-scale``), both on the node-shared index (many strata).
 """
 
 from __future__ import annotations
@@ -362,9 +366,26 @@ def scale(n: int, max_len: int, rows: int) -> None:
     shutil.rmtree(cache)
 
 
+def quality_at_scale(n: int, max_len: int, rows: int) -> None:
+    """Fill and utilization of the global plan of n documents drawn from the stdlib function lengths (shared index)."""
+    lengths = np.random.default_rng(5).choice(function_lengths(), size=n).astype(np.uint16)
+    needed = -(-int(lengths.astype(np.int64).sum()) // (rows * max_len))
+    for balance in ("tokens", "attention"):
+        cache = tempfile.mkdtemp(prefix="shardwise-bench-")
+        sampler = PackedBatchSampler(lengths, max_len=max_len, rows_per_batch=rows, balance=balance, seed=SEED,
+                                     num_replicas=1, rank=0, cache_dir=cache)  # fmt: skip
+        loads = np.array([sum(i.stop - i.start for i in batch) for batch in sampler])
+        dealt = loads[np.arange(-(-loads.size // WORLD) * WORLD) % loads.size].reshape(-1, WORLD)
+        print(f"| {n:.0e} | {balance} | {sampler.num_strata} | {loads.size} | {needed} | "
+              f"{dealt.sum() / (dealt.size * rows * max_len):.2%} | {dealt.sum() / (dealt.max(1).sum() * WORLD):.2%} |")
+        shutil.rmtree(cache)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, nargs="*", default=[1e6, 1e7], help="document counts, scale table")
+    parser.add_argument("--quality-scale", type=float, nargs="*", default=[1e6],
+                        help="document counts, fill/utilization at scale table")  # fmt: skip
     args = parser.parse_args()
     table("WikiText-2 paragraphs", wikitext_lengths(), max_len=1024, rows=4)
     table("Python stdlib code (top-level defs/classes)", stdlib_code_lengths(), max_len=2048, rows=8)
@@ -376,6 +397,12 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.scale:
         scale(int(n), 1024, 4)
+    print(f"\nfill and utilization at scale: documents drawn from the stdlib function lengths, max_len=4096, "
+          f"rows_per_batch=4, W={WORLD} (the global plan, last step padded as dealt)")  # fmt: skip
+    print("| documents | balance | strata | batches | ceil(tokens / budget) | fill | utilization |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for n in args.quality_scale:
+        quality_at_scale(int(n), 4096, 4)
 
 
 if __name__ == "__main__":
