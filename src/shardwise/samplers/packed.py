@@ -129,7 +129,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     its pieces), rows never exceed ``max_len``, and ranks get equal numbers of batches.
 
     Pass exactly one of ``rows_per_batch`` (each batch is that many rows, except fewer than
-    ``rows_per_batch`` batches an epoch that hold one row less; ``drop_last=True`` makes
+    ``rows_per_batch`` batches an epoch (per stratum if ``window`` packs fewer than
+    ``rows_per_batch`` rows) that hold one row less; ``drop_last=True`` makes
     every batch full by leaving those rows' documents out of this epoch) or ``tokens_per_batch``
     (each batch is as many rows as keep its real tokens within the budget: for padding-free
     varlen training).
