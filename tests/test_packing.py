@@ -22,7 +22,17 @@ from shardwise import (
     StateMismatchError,
     pack_collate,
 )
-from shardwise._core.packing import TooLong, class_phases, piece_index, stratum_histogram
+from shardwise._core.packing import (
+    CARRIED,
+    Balance,
+    TooLong,
+    carried_slots,
+    class_phases,
+    piece_index,
+    stratum_histogram,
+    stratum_layouts,
+    stratum_slots,
+)
 from shardwise._core.rowpack import pack_histogram, row_loads
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
@@ -30,6 +40,8 @@ from tests.lockstep import lockstep_epochs
 # Heavy-tailed: many short documents, a sparse tail of long ones, a few longer than max_len.
 LENGTHS = np.concatenate([np.arange(600) % 50 + 1, np.arange(120) * 7 % 300 + 50, [400, 700, 1300, 0, 0]])
 MAX_LEN = 256
+# A fixed long-tailed length set (log-normal: median 45, p99 ~690, max 5122).
+LONG_TAILED = np.ceil(np.random.default_rng(19).lognormal(3.8, 1.2, size=16000)).astype(np.int64)
 
 
 def make(**kw) -> PackedBatchSampler:
@@ -83,6 +95,32 @@ def test_strata_split_every_class_exactly() -> None:
         histograms = np.array([stratum_histogram(counts, strata, s, phases) for s in range(strata)])
         assert histograms.sum(axis=0).tolist() == counts.tolist()
         assert np.all(histograms >= counts // strata) and np.all(histograms <= -(-counts // strata))
+
+
+def test_strata_hand_their_extra_rows_on_and_every_slot_is_dealt_once() -> None:
+    """Every stratum but the last deals a multiple of R rows; the rows it hands on are dealt by the next, whole."""
+    counts = np.bincount(LONG_TAILED[:3000] % 300 + 1, minlength=257)[:257]
+    strata, rows_per_batch = 6, 4
+    layouts = list(stratum_layouts(counts, strata, 256, rows_per_batch=rows_per_batch, tokens_per_batch=None,
+                                   balance=Balance.TOKENS))  # fmt: skip
+    phases, seen = class_phases(counts.size), Counter()
+    for s, layout in enumerate(layouts):
+        dealt = layout.batch_of_row >= 0
+        assert int(dealt.sum()) % rows_per_batch == 0 or s == strata - 1
+        classes, ranks = stratum_slots(counts, strata, s, phases)
+        own = dealt[: layout.own_rows][layout.slot_rows]  # own slots whose row this stratum deals
+        seen.update(zip(classes[own].tolist(), ranks[own].tolist(), strict=True))
+        if layout.carried:
+            previous = stratum_slots(counts, strata, s - 1, phases)
+            more = carried_slots(layouts[s - 1], *previous, own_rows=layout.own_rows)
+            assert set(more[2].tolist()) == set(range(layout.own_rows, layout.batch_of_row.size))
+            seen.update(zip(more[0].tolist(), more[1].tolist(), strict=True))
+        else:
+            assert s == 0 or not (layouts[s - 1].batch_of_row == CARRIED).any()
+    assert (layouts[-1].batch_of_row != CARRIED).all() and any(layout.carried for layout in layouts)
+    assert set(seen.values()) == {1} and sum(seen.values()) == int(counts.sum())
+    total_rows = sum(layout.own_rows for layout in layouts)
+    assert sum(layout.num_batches for layout in layouts) == -(-total_rows // rows_per_batch)
 
 
 def test_piece_index_splits_long_samples_into_max_len_pieces() -> None:
@@ -175,10 +213,6 @@ def test_attention_balance_evens_out_squared_lengths_across_a_step() -> None:
     attention = _lag(list(make(balance="attention", **common)), lengths, 8)
     tokens = _lag(list(make(balance="tokens", **common)), lengths, 8)
     assert attention < 0.5 * tokens
-
-
-# A fixed long-tailed length set (log-normal: median 45, p99 ~690, max 5122 > max_len), in 8 strata.
-LONG_TAILED = np.ceil(np.random.default_rng(19).lognormal(3.8, 1.2, size=16000)).astype(np.int64)
 
 
 def _fill_and_utilization(batches, capacity: int, world_size: int) -> tuple[float, float]:
