@@ -1,9 +1,16 @@
-"""What several benchmarks share: the WikiText-2 lengths, and readings of this machine's /proc (Linux).
+"""What several benchmarks share: the WikiText-2 and stdlib function lengths, and readings of /proc (Linux).
 
 Benchmarks run as scripts (``python bench/bench_x.py``), so this module is imported as ``_common``.
 """
 
 from __future__ import annotations
+
+import ast
+import io
+import os
+import textwrap
+import tokenize
+from pathlib import Path
 
 import numpy as np
 
@@ -41,3 +48,58 @@ def smaps_rollup() -> dict[str, int]:
             if len(parts) == 3 and parts[2] == "kB":
                 values[parts[0].rstrip(":")] = int(parts[1]) * 1024
     return values
+
+
+STDLIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
+"""The CPython 3.11.7 standard library on this machine: real source code, for code-length distributions."""
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+"""Where benchmarks cache derived arrays (gitignored)."""
+
+_LAYOUT = {tokenize.ENCODING, tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+
+
+def _function_tokens(source: str) -> list[int]:
+    """Tokens of every function (``def``/``async def``, methods and nested ones too) of one module's source."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # a file of another Python version (lib2to3 test data): not code of this one
+        return []
+    lines = source.splitlines(keepends=True)
+    sizes = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        segment = textwrap.dedent("".join(lines[first - 1 : node.end_lineno]))
+        try:
+            tokens = tokenize.generate_tokens(io.StringIO(segment).readline)
+            sizes.append(sum(1 for token in tokens if token.type not in _LAYOUT))
+        except (tokenize.TokenError, IndentationError, SyntaxError):  # pragma: no cover - a segment that dedent mangles
+            sizes.append(len(segment) // 4)
+    return sizes
+
+
+def function_lengths(root: str = STDLIB) -> np.ndarray:
+    """Tokens of every function of the Python standard library: a real, long-tailed length distribution.
+
+    Every ``.py`` file under ``root`` (``site-packages`` excluded; test suites included: they are
+    real code too) is parsed with :mod:`ast`; each ``FunctionDef``/``AsyncFunctionDef`` node
+    (top-level functions, methods, nested functions), from its first decorator to its last line,
+    dedented, is one document whose length is its :mod:`tokenize` tokens, layout tokens
+    (``NEWLINE``, ``NL``, ``INDENT``, ``DEDENT``, ``ENCODING``, ``ENDMARKER``) not counted:
+    names, operators, literals and comments are. Files in sorted path order, functions in
+    :func:`ast.walk` order. Cached in ``bench/out/function_lengths.npy`` (about 40 s to build).
+    """
+    cache = os.path.join(OUT, "function_lengths.npy")
+    if os.path.exists(cache):
+        return np.load(cache)
+    sizes: list[int] = []
+    for path in sorted(Path(root).rglob("*.py")):
+        if "site-packages" in path.relative_to(root).parts:
+            continue
+        sizes += _function_tokens(path.read_text(encoding="utf-8", errors="replace"))
+    lengths = np.array(sizes, dtype=np.int64)
+    os.makedirs(OUT, exist_ok=True)
+    np.save(cache, lengths)
+    return lengths

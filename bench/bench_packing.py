@@ -5,14 +5,17 @@ the original, which is numba-jitted; without it the Multipack plan times are not
 
     flock /tmp/shardwise-bench.lock python bench/bench_packing.py
 
-Data (real length distributions, both available offline):
+Data (real length distributions, all available offline):
 
 - WikiText-2: the paragraphs of ``/work/shared/data/wikitext-2/{valid,test}.txt`` (one per line;
   blank and `` = heading = `` lines skipped), length = whitespace tokens (4,024 documents, 1..481);
 - Python stdlib code: every ``.py`` file of the interpreter's standard library (``sysconfig``
   ``stdlib`` path, ``site-packages`` and test directories excluded), cut before each top-level
   ``def``/``class``, length = tokens of the rule ``\\w+|[^\\w\\s]`` (a heavy tail: documents above
-  ``max_len`` are cut into ``max_len`` pieces, for every scheme alike, as ``too_long="split"`` does).
+  ``max_len`` are cut into ``max_len`` pieces, for every scheme alike, as ``too_long="split"`` does);
+- Python stdlib functions: every function (``def``, methods and nested ones included) of the
+  interpreter's standard library parsed with ``ast``, length = its ``tokenize`` tokens
+  (``_common.function_lengths``, cached in ``bench/out/``): a long tail (median 42, max ~93x that).
 
 Schemes (each gives, per epoch, the batches of W=8 ranks; step ``s`` is ranks' batches ``sW..sW+W-1``):
 
@@ -41,6 +44,10 @@ Metrics (Multipack's notebook definitions, over 3 epochs):
   max over steps in place of the mean);
 - batches per epoch, documents dropped per epoch, repeats (fraction of epoch 1's batches, as
   sets of documents, that epoch 0 had), plan time (one rank's plan of one epoch, best of 3).
+
+Two tables at scale: plan time, first batch and private memory at 1e6-1e7 WikiText-like documents
+(``--scale``), and fill and utilization at 1e6 documents drawn from the stdlib function lengths
+(``--quality-scale``), both on the node-shared index (many strata).
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import status_bytes, wikitext_lengths
+from _common import function_lengths, status_bytes, wikitext_lengths
 from shardwise import BucketBatchSampler, PackedBatchSampler
 
 WORLD = 8
@@ -289,9 +296,11 @@ def rank_epoch(lengths: np.ndarray, max_len: int, rows: int, **options: object) 
 def table(name: str, lengths: np.ndarray, max_len: int, rows: int) -> None:
     items = pieces(lengths, max_len)
     budget = rows * max_len
+    p50, p99 = np.percentile(lengths, [50, 99])
     print(f"\n{name}: {lengths.size} documents ({items.size} pieces of <= {max_len}), {int(lengths.sum())} tokens, "
-          f"median {int(np.median(lengths))}, max {int(lengths.max())}; max_len={max_len}, rows_per_batch={rows} "
-          f"(budget {budget} tokens a rank-batch), W={WORLD}, {EPOCHS} epochs")  # fmt: skip
+          f"p50 {p50:.0f}, p99 {p99:.0f}, max {int(lengths.max())}; max_len={max_len}, rows_per_batch={rows} "
+          f"(budget {budget} tokens a rank-batch), W={WORLD}, {EPOCHS} epochs; fill bound keeping every document: "
+          f"{items.sum() / (-(-int(items.sum()) // budget) * budget):.2%}")  # fmt: skip
     schemes: dict[str, tuple[Callable[[int], Epoch], Callable[[], object]]] = {
         "random padded": (lambda e: random_padded(items, e, budget), lambda: random_padded(items, 1, budget)),
         "BucketBatchSampler(max_tokens=budget)": (lambda e: bucket(items, e, budget), lambda: bucket(items, 1, budget)),
@@ -303,6 +312,9 @@ def table(name: str, lengths: np.ndarray, max_len: int, rows: int) -> None:
             lambda e: multipack(items, e, budget, True), lambda: multipack(items, 1, budget, True)),
         "PackedBatchSampler balance=tokens": (
             lambda e: packed(lengths, e, max_len, rows), rank_epoch(lengths, max_len, rows)),
+        "PackedBatchSampler balance=tokens, drop_last": (
+            lambda e: packed(lengths, e, max_len, rows, drop_last=True),
+            rank_epoch(lengths, max_len, rows, drop_last=True)),
         "PackedBatchSampler balance=attention": (
             lambda e: packed(lengths, e, max_len, rows, balance="attention"),
             rank_epoch(lengths, max_len, rows, balance="attention")),
@@ -354,12 +366,30 @@ def scale(n: int, max_len: int, rows: int) -> None:
     shutil.rmtree(cache)
 
 
+def quality_at_scale(n: int, max_len: int, rows: int) -> None:
+    """Fill and utilization of the global plan of n documents drawn from the stdlib function lengths (shared index)."""
+    lengths = np.random.default_rng(5).choice(function_lengths(), size=n).astype(np.uint16)
+    needed = -(-int(lengths.astype(np.int64).sum()) // (rows * max_len))
+    for balance in ("tokens", "attention"):
+        cache = tempfile.mkdtemp(prefix="shardwise-bench-")
+        sampler = PackedBatchSampler(lengths, max_len=max_len, rows_per_batch=rows, balance=balance, seed=SEED,
+                                     num_replicas=1, rank=0, cache_dir=cache)  # fmt: skip
+        loads = np.array([sum(i.stop - i.start for i in batch) for batch in sampler])
+        dealt = loads[np.arange(-(-loads.size // WORLD) * WORLD) % loads.size].reshape(-1, WORLD)
+        print(f"| {n:.0e} | {balance} | {sampler.num_strata} | {loads.size} | {needed} | "
+              f"{dealt.sum() / (dealt.size * rows * max_len):.2%} | {dealt.sum() / (dealt.max(1).sum() * WORLD):.2%} |")
+        shutil.rmtree(cache)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, nargs="*", default=[1e6, 1e7], help="document counts, scale table")
+    parser.add_argument("--quality-scale", type=float, nargs="*", default=[1e6],
+                        help="document counts, fill/utilization at scale table")  # fmt: skip
     args = parser.parse_args()
     table("WikiText-2 paragraphs", wikitext_lengths(), max_len=1024, rows=4)
     table("Python stdlib code (top-level defs/classes)", stdlib_code_lengths(), max_len=2048, rows=8)
+    table("Python stdlib functions (ast, tokenize tokens)", function_lengths(), max_len=4096, rows=4)
     print(f"\nscale: documents drawn from the WikiText-2 lengths, max_len=1024, rows_per_batch=4, W={WORLD}, rank 0; "
           "construction builds the node-shared index (cache) and the per-stratum batch counts once")  # fmt: skip
     print("| documents | strata | construction s (build, once a node) | construction ms (cache hit, other ranks) | "
@@ -367,6 +397,12 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.scale:
         scale(int(n), 1024, 4)
+    print(f"\nfill and utilization at scale: documents drawn from the stdlib function lengths, max_len=4096, "
+          f"rows_per_batch=4, W={WORLD} (the global plan, last step padded as dealt)")  # fmt: skip
+    print("| documents | balance | strata | batches | ceil(tokens / budget) | fill | utilization |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for n in args.quality_scale:
+        quality_at_scale(int(n), 4096, 4)
 
 
 if __name__ == "__main__":

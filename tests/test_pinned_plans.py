@@ -78,9 +78,9 @@ PINNED: dict[str, str] = {
     "Mixture-all_exhausted": "a967b6be554f4838",
     "Mixture-by_samples": "0d0f4cefbfa6f626",
     "ClassBalanced-by_epoch": "de75d81a02b8a147",
-    "Packed-rows": "42b83663743338c6",
-    "Packed-tokens-attention-split": "d28c015d855b8108",
-    "Packed-drop": "fbb912d22fc365ca",
+    "Packed-rows": "254aa7cb897a57c4",
+    "Packed-tokens-attention-split": "5ce2a2f675a7a3ea",
+    "Packed-drop": "a22a5360ef5b59d8",
 }
 
 

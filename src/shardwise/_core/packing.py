@@ -27,6 +27,7 @@ stratum (O(window) memory) is ever materialised at a time.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ import numpy as np
 from .batching import balanced_batch_order
 from .errors import check_int
 from .permutation import mix64
+from .rowpack import deal_rows, pack_histogram, row_loads
 from .seeds import derive_seed, derive_words
 
 
@@ -75,6 +77,13 @@ class PackedIndex(int):
         start = check_int("start", start, minimum=0)
         stop = check_int("stop", stop, minimum=-1)
         self = super().__new__(cls, index)
+        self.row, self.start, self.stop = row, start, stop
+        return self
+
+    @classmethod
+    def trusted(cls, index: int, row: int, start: int, stop: int) -> PackedIndex:
+        """Build from values the plan made (non-negative Python ints): no checks, ~4x faster per item."""
+        self = int.__new__(cls, index)
         self.row, self.start, self.stop = row, start, stop
         return self
 
@@ -238,178 +247,6 @@ def stratum_slots(
     return np.repeat(classes, per).astype(np.int64), ranks
 
 
-# -- packing one stratum ----------------------------------------------------------------------------
-class _Rooms:
-    """Rows grouped by the room they have left: ``take`` rows with a given room, ``put`` them back."""
-
-    def __init__(self, max_len: int) -> None:
-        self.stacks: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # room -> blocks of row ids
-        self.count = np.zeros(max_len + 1, dtype=np.int64)  # room -> rows with that room
-
-    def smallest_fitting(self, length: int) -> int:
-        """The least room that holds ``length`` tokens, or -1."""
-        found = np.flatnonzero(self.count[length:])
-        return length + int(found[0]) if found.size else -1
-
-    def take(self, room: int, count: int) -> np.ndarray:
-        pieces, got = [], 0
-        stack = self.stacks[room]
-        while got < count:
-            block = stack.pop()
-            if block.size > count - got:
-                stack.append(block[count - got :])
-                block = block[: count - got]
-            pieces.append(block)
-            got += block.size
-        self.count[room] -= count
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-    def put(self, room: int, rows: np.ndarray) -> None:
-        if rows.size:
-            self.stacks[room].append(rows)
-            self.count[room] += rows.size
-
-
-def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
-    """Best-fit decreasing into rows of ``max_len`` tokens, on a histogram of item lengths.
-
-    Items are placed longest first, each into the fullest row it still fits (a new row if none):
-    exactly what best-fit decreasing does item by item, computed per (length, row-room) pair:
-    a row that is the best fit for an item of length ``l`` stays the best fit for the next ones
-    until it has no room, so a whole run of equal items is placed in a few numpy operations.
-    Items of length 0 go round the rows.
-
-    Args:
-        histogram: ``(max_len + 1,)`` items of each length.
-        max_len: row capacity.
-
-    Returns:
-        ``item_rows`` ``(histogram.sum(),)`` int64, the row of each item, items ordered by length
-        ascending (class by class, as :func:`stratum_slots` lists them), and the number of rows.
-    """
-    histogram = np.asarray(histogram, dtype=np.int64)
-    rooms = _Rooms(max_len)
-    num_rows = 0
-    placed: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # length -> row of each item, in order
-    for length in range(max_len, 0, -1):
-        need = int(histogram[length])
-        while need:
-            room = rooms.smallest_fitting(length)
-            if room < 0:  # no row has room: open rows, each filled with as many as fit
-                per_row = max_len // length
-                opened = -(-need // per_row)
-                rows = np.arange(num_rows, num_rows + opened, dtype=np.int64)
-                num_rows += opened
-                placed[length].append(np.repeat(rows, per_row)[:need])
-                rooms.put(max_len - per_row * length, rows[:-1])
-                rooms.put(max_len - (need - (opened - 1) * per_row) * length, rows[-1:])
-                break
-            per_row = room // length
-            full = min(int(rooms.count[room]), need // per_row)
-            if full:  # rows of this room that the run fills to the brim, one after another
-                rows = rooms.take(room, full)
-                placed[length].append(np.repeat(rows, per_row))
-                rooms.put(room - per_row * length, rows)
-                need -= full * per_row
-            if need and rooms.count[room]:  # the rest of the run: fewer than fill one row
-                row = rooms.take(room, 1)
-                placed[length].append(np.repeat(row, need))
-                rooms.put(room - need * length, row)
-                need = 0
-    zeros = int(histogram[0])
-    if zeros:
-        num_rows = max(num_rows, 1)
-        placed[0].append(np.arange(zeros, dtype=np.int64) % num_rows)
-    item_rows = [np.concatenate(p) for p in placed if p]
-    flat = np.concatenate(item_rows) if item_rows else np.empty(0, dtype=np.int64)
-    return flat.astype(np.int64, copy=False), num_rows
-
-
-def row_loads(item_rows: np.ndarray, item_lengths: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(num_rows,)`` int64 tokens and ``(num_rows,)`` int64 sum of squared lengths of each row."""
-    lengths = item_lengths.astype(np.int64)
-    tokens = np.bincount(item_rows, weights=lengths, minlength=num_rows).astype(np.int64)
-    squares = np.bincount(item_rows, weights=(lengths * lengths).astype(np.float64), minlength=num_rows)
-    return tokens, np.rint(squares).astype(np.int64)
-
-
-def _deal(costs_sorted: np.ndarray, num_batches: int) -> np.ndarray:
-    """Batch of each row of a cost-descending list: round by round, the costliest go to the lightest batches.
-
-    Round ``k`` deals rows ``k * B .. (k + 1) * B - 1`` one per batch, matching the costliest row
-    of the round with the batch that is lightest so far (a longest-processing-time rule that
-    keeps every batch's row count within one of the others). ``R`` numpy sorts, no loop per row.
-    """
-    rows = costs_sorted.size
-    batch = np.empty(rows, dtype=np.int64)
-    loads = np.zeros(num_batches, dtype=np.float64)
-    for first in range(0, rows, num_batches):
-        chunk = slice(first, min(first + num_batches, rows))
-        size = chunk.stop - first
-        lightest = np.argsort(loads, kind="stable")[:size]
-        batch[chunk] = lightest
-        loads[lightest] += costs_sorted[chunk]
-    return batch
-
-
-def deal_rows(
-    tokens: np.ndarray,
-    costs: np.ndarray,
-    *,
-    rows_per_batch: int | None,
-    tokens_per_batch: int | None,
-    drop_short: bool = False,
-) -> tuple[np.ndarray, int]:
-    """Deal the rows of one stratum into batches whose costs are about equal.
-
-    Rows are sorted by cost (descending, stable) and dealt round by round, the costliest rows
-    of a round to the lightest batches so far, so the costliest rows are spread one per batch
-    and every batch ends with about the same cost. With
-    ``rows_per_batch`` there are ``ceil(rows / rows_per_batch)`` batches (fewer than
-    ``rows_per_batch`` of them hold one row less); with ``tokens_per_batch`` the fewest batches
-    that this deal keeps under the budget (one more at a time from ``ceil(tokens / budget)``).
-    Does not depend on any key: the count of batches is a function of the rows alone.
-
-    Args:
-        tokens: ``(r,)`` tokens per row.
-        costs: ``(r,)`` the cost to balance per row (tokens, or squared lengths).
-        drop_short: with ``rows_per_batch``, leave out the ``r % rows_per_batch`` rows with the
-            fewest tokens (marked -1) so that every batch is full.
-
-    Returns:
-        ``batch_of_row`` ``(r,)`` int64 (-1: dropped) and the number of batches.
-    """
-    rows = tokens.size
-    if rows == 0:
-        return np.empty(0, dtype=np.int64), 0
-    batch_of_row = np.full(rows, -1, dtype=np.int64)
-    keep = np.arange(rows, dtype=np.int64)
-    if rows_per_batch is not None:
-        if drop_short:
-            extra = rows % rows_per_batch
-            if extra:
-                fewest = np.argsort(tokens, kind="stable")[:extra]
-                keep = np.setdiff1d(keep, fewest)
-            if keep.size == 0:
-                return batch_of_row, 0
-        num_batches = -(-keep.size // rows_per_batch)
-        by_cost = keep[np.argsort(-costs[keep], kind="stable")]
-        batch_of_row[by_cost] = _deal(costs[by_cost], num_batches)
-        return batch_of_row, num_batches
-    if tokens_per_batch is None:
-        raise ValueError("deal_rows needs rows_per_batch or tokens_per_batch")
-    by_cost = np.argsort(-costs, kind="stable")
-    num_batches = max(1, -(-int(tokens.sum()) // tokens_per_batch))
-    while True:
-        dealt = _deal(costs[by_cost], num_batches)
-        loads = np.bincount(dealt, weights=tokens[by_cost], minlength=num_batches)
-        if loads.max() <= tokens_per_batch or num_batches >= rows:
-            break
-        num_batches += 1
-    batch_of_row[by_cost] = dealt
-    return batch_of_row, num_batches
-
-
 @dataclass(frozen=True, eq=False)
 class StratumPlan:
     """One packed stratum: batch ``b`` is rows ``batch_offsets[b]:batch_offsets[b + 1]``, row ``r`` items
@@ -451,24 +288,47 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return offsets
 
 
+CARRIED = -2
+"""``batch_of_row`` of a row handed on to the next stratum (``-1``: a row left out by ``drop_short``)."""
+
+PLAN_VERSION = 2
+"""The version of the packing plan (1: every stratum rounded its rows up to whole batches alone;
+2: a stratum hands its emptiest rows beyond a multiple of ``rows_per_batch`` on to the next).
+States and cached layouts of another version are refused."""
+
+
 @dataclass(frozen=True, eq=False)
 class StratumLayout:
     """The epoch-independent shape of one stratum: which slot goes to which row, which row to which batch.
 
+    Rows ``0 .. own - 1`` are the stratum's own (its slots' rows); the last ``carried`` rows are
+    the rows the previous stratum (by index) handed on, already packed there
+    (:func:`carried_slots` finds their slots).
+
     Attributes:
         slot_rows: ``(k,)`` int64 row of each item slot (slots by class ascending, as
             :func:`stratum_slots` lists them).
-        batch_of_row: ``(rows,)`` int64 batch of each row (-1: left out by ``drop_short``).
-        batch_costs: ``(batches,)`` int64 balance cost of each batch (tokens, or squared lengths).
+        batch_of_row: ``(rows,)`` int64 batch of each row (-1: left out by ``drop_short``;
+            :data:`CARRIED`: handed on to the next stratum).
+        batch_keys: ``(batches,)`` int64 the order of the batches by cost: batches short of a full
+            batch by the most half rows first (so that the few light batches of a stratum make
+            whole steps together instead of each slowing a step of full ones down), then by
+            balance cost (tokens, or squared lengths) ascending.
+        carried: rows at the end of ``batch_of_row`` that came from the previous stratum.
     """
 
     slot_rows: np.ndarray
     batch_of_row: np.ndarray
-    batch_costs: np.ndarray
+    batch_keys: np.ndarray
+    carried: int = 0
 
     @property
     def num_batches(self) -> int:
-        return int(self.batch_costs.size)
+        return int(self.batch_keys.size)
+
+    @property
+    def own_rows(self) -> int:
+        return int(self.batch_of_row.size - self.carried)
 
 
 def layout_stratum(
@@ -479,18 +339,71 @@ def layout_stratum(
     tokens_per_batch: int | None,
     balance: Balance,
     drop_short: bool = False,
-) -> StratumLayout:
-    """Pack a stratum's histogram into rows (:func:`pack_histogram`), deal the rows into batches (:func:`deal_rows`)."""
+    carry_in: tuple[np.ndarray, np.ndarray] | None = None,
+    hand_on: bool = False,
+) -> tuple[StratumLayout, tuple[np.ndarray, np.ndarray]]:
+    """Pack a stratum's histogram into rows (:func:`pack_histogram`), deal them and ``carry_in``'s into batches.
+
+    With ``rows_per_batch`` and ``hand_on``, the stratum's emptiest own rows beyond a multiple of
+    ``rows_per_batch`` (counting the rows carried in) are not dealt but handed on (marked
+    :data:`CARRIED`): then every batch of the stratum is full, and only the last stratum of the
+    chain rounds up (or, with ``drop_short``, drops). Rows are never repacked, so the rows
+    handed on are packed exactly as here. (A stratum with fewer own rows than it should hand
+    on hands on all of them and deals the rest as usual.)
+
+    Args:
+        carry_in: ``(tokens, squares)`` per row handed on by the previous stratum.
+        hand_on: this stratum may hand rows on (every stratum but the last).
+
+    Returns:
+        The layout and ``(tokens, squares)`` of the rows handed on.
+    """
     slot_rows, num_rows = pack_histogram(histogram, max_len)
     slot_lengths = np.repeat(np.arange(histogram.size, dtype=np.int64), histogram)
-    tokens, squares = row_loads(slot_rows, slot_lengths, num_rows)
+    own_tokens, own_squares = row_loads(slot_rows, slot_lengths, num_rows)
+    in_tokens, in_squares = carry_in if carry_in is not None else (np.empty(0, np.int64),) * 2
+    tokens = np.concatenate([own_tokens, in_tokens])
+    squares = np.concatenate([own_squares, in_squares])
     costs = squares if balance is Balance.ATTENTION else tokens
-    batch_of_row, num_batches = deal_rows(
-        tokens, costs, rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch, drop_short=drop_short
-    )
+    handed = np.empty(0, dtype=np.int64)
+    if hand_on and rows_per_batch is not None:
+        extra = min(tokens.size % rows_per_batch, num_rows)
+        handed = np.sort(np.argsort(own_tokens, kind="stable")[:extra])
+    dealt = np.setdiff1d(np.arange(tokens.size, dtype=np.int64), handed)
+    batch_of_row = np.full(tokens.size, CARRIED, dtype=np.int64)
+    batch_of_row[dealt], num_batches = deal_rows(
+        tokens[dealt], costs[dealt], rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch,
+        drop_short=drop_short,
+    )  # fmt: skip
     kept = batch_of_row >= 0
     batch_costs = np.bincount(batch_of_row[kept], weights=costs[kept], minlength=num_batches)
-    return StratumLayout(slot_rows, batch_of_row, np.rint(batch_costs).astype(np.int64))
+    batch_tokens = np.bincount(batch_of_row[kept], weights=tokens[kept], minlength=num_batches).astype(np.int64)
+    capacity = rows_per_batch * max_len if rows_per_batch is not None else int(tokens_per_batch or 0)
+    short = (capacity - batch_tokens) // max(1, max_len // 2)  # half rows short of a full batch
+    batch_keys = np.empty(num_batches, dtype=np.int64)
+    batch_keys[np.lexsort((np.rint(batch_costs), -short))] = np.arange(num_batches, dtype=np.int64)
+    layout = StratumLayout(slot_rows, batch_of_row, batch_keys, int(in_tokens.size))
+    return layout, (own_tokens[handed], own_squares[handed])
+
+
+def carried_slots(
+    previous: StratumLayout, classes: np.ndarray, ranks: np.ndarray, own_rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The slots of the rows ``previous`` handed on, as rows of the next stratum (after its ``own_rows``).
+
+    Args:
+        previous: the previous stratum's layout; ``classes``, ``ranks``: its slots
+            (:func:`stratum_slots`).
+        own_rows: the next stratum's own rows (its carried rows are numbered from there, in
+            the order of their row in ``previous``).
+
+    Returns:
+        ``classes``, ``ranks`` and ``rows`` ``(j,)`` int64 of the handed-on slots.
+    """
+    handed = previous.batch_of_row[: previous.own_rows] == CARRIED
+    renumber = np.cumsum(handed) - 1 + own_rows
+    picked = np.flatnonzero(handed[previous.slot_rows])
+    return classes[picked], ranks[picked], renumber[previous.slot_rows[picked]].astype(np.int64)
 
 
 def order_stratum(
@@ -499,13 +412,13 @@ def order_stratum(
     """Lay one epoch's items (one per slot, with their ``lengths``) out as the stratum's batches, in plan order.
 
     Batches are ordered by :func:`~shardwise._core.batching.balanced_batch_order` over their
-    costs: sorted by cost and shuffled in groups of ``group``, so that the W batches of a
+    ``batch_keys``: sorted by cost and shuffled in groups of ``group``, so that the W batches of a
     global step (W dividing ``group``) cost about the same. ``key`` also shuffles rows within a
     batch and items within a row; ``None`` keeps cost order and layout order.
     """
     slot_rows, batch_of_row = layout.slot_rows, layout.batch_of_row
     num_rows, num_batches = batch_of_row.size, layout.num_batches
-    order = balanced_batch_order(layout.batch_costs, group, None if key is None else derive_seed(key, "batches"))
+    order = balanced_batch_order(layout.batch_keys, group, None if key is None else derive_seed(key, "batches"))
     batch_rank = np.empty(num_batches, dtype=np.int64)
     batch_rank[order] = np.arange(num_batches, dtype=np.int64)
     if key is None:
@@ -536,14 +449,24 @@ def stratum_layouts(
     tokens_per_batch: int | None,
     balance: Balance,
     drop_short: bool = False,
-) -> list[StratumLayout]:
-    """Every stratum's layout (its number of batches is the plan's size: the same in every epoch)."""
+) -> Iterator[StratumLayout]:
+    """Every stratum's layout, stratum by stratum (each stratum's batch count is fixed: the same every epoch).
+
+    A chain: stratum ``s`` deals the rows stratum ``s - 1`` handed on with its own and hands its
+    emptiest own rows beyond a multiple of ``rows_per_batch`` on to ``s + 1``
+    (:func:`layout_stratum`), so the plan has ``ceil(rows / rows_per_batch)`` batches in all, not
+    one partial batch per stratum. A generator: one stratum in memory at a time.
+    """
     phases = class_phases(counts.size)
-    return [
-        layout_stratum(stratum_histogram(counts, num_strata, stratum, phases), max_len, rows_per_batch=rows_per_batch,
-                       tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)
-        for stratum in range(num_strata)
-    ]  # fmt: skip
+    carry: tuple[np.ndarray, np.ndarray] | None = None
+    for stratum in range(num_strata):
+        last = stratum == num_strata - 1
+        layout, carry = layout_stratum(
+            stratum_histogram(counts, num_strata, stratum, phases), max_len, rows_per_batch=rows_per_batch,
+            tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short, carry_in=carry,
+            hand_on=not last,
+        )  # fmt: skip
+        yield layout
 
 
 def shuffle_within_classes(offsets: np.ndarray, key: int) -> np.ndarray:

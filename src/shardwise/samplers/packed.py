@@ -11,8 +11,10 @@ pieces of long samples) whose lengths add up to at most ``max_len``. How an epoc
 2. each epoch: the strata are visited in a keyed random order, and each takes a keyed random
    choice of items of each length (a Feistel permutation per length class: O(1) memory);
 3. each stratum is packed on its own when the plan reaches it: best-fit decreasing into rows,
-   then the rows dealt back and forth into batches of equal cost (tokens, or the sum of squared
-   document lengths with ``balance="attention"``), then batches, rows and documents shuffled.
+   then the rows (with the emptiest rows the previous stratum handed on, beyond its multiple
+   of ``rows_per_batch``) dealt back and forth into batches of equal cost (tokens, or the sum
+   of squared document lengths with ``balance="attention"``), then batches, rows and documents
+   shuffled.
 
 So the number of batches of every epoch is known before the first batch, the same on every rank
 and in every epoch; the first batch waits for one stratum, not for the epoch; a rank holds one
@@ -32,20 +34,20 @@ from torch.utils.data import Sampler
 from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
 from .._core.packing import (
+    PLAN_VERSION,
     Balance,
     PackedIndex,
     PieceIndex,
     StratumLayout,
     StratumPlan,
     TooLong,
+    carried_slots,
     class_phases,
     class_shuffle_key,
-    layout_stratum,
     long_samples,
     order_stratum,
     piece_index,
     shuffle_within_classes,
-    stratum_histogram,
     stratum_layouts,
     stratum_order_key,
     stratum_slots,
@@ -131,7 +133,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     its pieces), rows never exceed ``max_len``, and ranks get equal numbers of batches.
 
     Pass exactly one of ``rows_per_batch`` (each batch is that many rows, except fewer than
-    ``rows_per_batch`` batches per stratum that hold one row less; ``drop_last=True`` makes
+    ``rows_per_batch`` batches an epoch (per stratum if ``window`` packs fewer than
+    ``rows_per_batch`` rows) that hold one row less; ``drop_last=True`` makes
     every batch full by leaving those rows' documents out of this epoch) or ``tokens_per_batch``
     (each batch is as many rows as keep its real tokens within the budget: for padding-free
     varlen training).
@@ -160,8 +163,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         balance: ``"tokens"`` (default) makes the batches of a stratum (hence of every step)
             hold about the same number of tokens; ``"attention"`` the same sum of squared
             document lengths (per-document attention cost), while rows stay as full.
-        window: items (documents or pieces) per stratum. Larger: fewer short batches (fewer than
-            ``rows_per_batch`` per stratum, each one row short), more memory per rank (about
+        window: items (documents or pieces) per stratum. Larger: rows packed a little tighter
+            (each stratum's last row is partly empty), more memory per rank (about
             100 bytes an item) and a later first batch.
         balance_group: batches of a stratum sorted by cost are shuffled in groups of this many:
             use a multiple of the world size, so that the W batches of a step cost alike.
@@ -169,7 +172,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
-        drop_last: make every batch full (leave out the emptiest rows of a stratum beyond a
+        drop_last: make every batch full (leave out the last stratum's emptiest rows beyond a
             multiple of ``rows_per_batch``, different documents every epoch) and drop the last
             partial global step instead of padding it.
         cache_dir: where the shared index lives (from 2**18 samples on; see
@@ -283,7 +286,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def _layout_config(self) -> str:
         return (f"{self._key}|{self.too_long.value}|{self.max_len}|{self.rows_per_batch}|{self.tokens_per_batch}|"
-                f"{self.balance.value}|{self.window}|{self.drop_last}")  # fmt: skip
+                f"{self.balance.value}|{self.window}|{self.drop_last}|plan={PLAN_VERSION}")  # fmt: skip
 
     def _batch_counts(self) -> np.ndarray:
         """Batches of every stratum, from the strata's layouts (epoch-independent, computed once).
@@ -293,10 +296,10 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         epoch only fills the layouts with its items.
         """
         if not self._shared:
-            self._layouts = stratum_layouts(
+            self._layouts = list(stratum_layouts(
                 self._counts, self.num_strata, self.max_len, rows_per_batch=self.rows_per_batch,
                 tokens_per_batch=self.tokens_per_batch, balance=self.balance, drop_short=self.drop_last,
-            )  # fmt: skip
+            ))  # fmt: skip
             return np.array([layout.num_batches for layout in self._layouts], dtype=np.int64)
         arrays = self._shared_layouts(build=True)
         return np.diff(np.asarray(arrays["batch_offsets"]))
@@ -312,26 +315,26 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         def write(directory: Path) -> None:
             if not build:
                 raise RuntimeError("PackedBatchSampler's stratum layouts are not in the cache; build the sampler again")
-            phases = class_phases(counts.size)
             slot_rows = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
                                                   shape=(int(counts.sum()),))  # fmt: skip
-            rows, costs, sizes = [], [], np.zeros((3, strata), dtype=np.int64)
+            rows, costs, sizes = [], [], np.zeros((4, strata), dtype=np.int64)
             at = 0
-            for stratum in range(strata):  # one stratum in memory at a time (the slots stream to the file)
-                layout = layout_stratum(stratum_histogram(counts, strata, stratum, phases), max_len,
-                                        rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch,
-                                        balance=balance, drop_short=drop_short)  # fmt: skip
+            layouts = stratum_layouts(counts, strata, max_len, rows_per_batch=rows_per_batch,
+                                      tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)
+            for stratum, layout in enumerate(layouts):  # one stratum in memory at a time (slots stream to the file)
                 slot_rows[at : at + layout.slot_rows.size] = layout.slot_rows
                 at += layout.slot_rows.size
                 rows.append(layout.batch_of_row.astype(np.int32))
-                costs.append(layout.batch_costs)
-                sizes[:, stratum] = layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches
+                costs.append(layout.batch_keys)
+                sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
+                                     layout.carried)  # fmt: skip
             slot_rows.flush()
             del slot_rows
-            for name, values in (("batch_of_row", rows), ("batch_costs", costs)):
+            for name, values in (("batch_of_row", rows), ("batch_keys", costs)):
                 np.save(directory / f"{name}.npy", np.concatenate(values))
-            for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes, strict=True):
+            for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
                 np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
+            np.save(directory / "carried.npy", sizes[3])
 
         self._layout_arrays = build_or_open(LAYOUTS_KIND, self._layout_config(), write, cache_dir=self._cache_dir,
                                             timeout=self._cache_timeout)  # fmt: skip
@@ -348,7 +351,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return StratumLayout(
             read("slot_rows", slots[0], slots[1]),
             read("batch_of_row", rows[0], rows[1]),
-            read("batch_costs", batches[0], batches[1]),
+            read("batch_keys", batches[0], batches[1]),
+            int(read("carried", stratum, stratum + 1)[0]),
         )
 
     @property
@@ -381,13 +385,19 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         if cached is not None and cached[:3] == (epoch, seed, slot):
             return cached[3]
         classes, ranks = stratum_slots(self._counts, self.num_strata, stratum, self._phases)
+        layout = self._stratum_layout(stratum)
+        if layout.carried:  # the rows the previous stratum handed on: its slots, filled with this epoch's items
+            previous = stratum_slots(self._counts, self.num_strata, stratum - 1, self._phases)
+            more = carried_slots(self._stratum_layout(stratum - 1), *previous, own_rows=layout.own_rows)
+            classes, ranks = np.concatenate([classes, more[0]]), np.concatenate([ranks, more[1]])
+            layout = StratumLayout(np.concatenate([layout.slot_rows, more[2]]), layout.batch_of_row,
+                                   layout.batch_keys, layout.carried)  # fmt: skip
         items = self._index.offsets[classes] + ranks
         if self.shuffle and self._shared:  # O(1) memory: a keyed Feistel permutation per class
             keys = group_keys(class_shuffle_key(seed, epoch), classes)
             items = self._index.offsets[classes] + permute_within(ranks, self._counts[classes], keys)
         elif self.shuffle:  # small data: the whole shuffle materialised once per epoch, faster
             items = self._class_order(epoch, seed)[items]
-        layout = self._stratum_layout(stratum)
         key = derive_seed(seed, epoch, "pack", stratum) if self.shuffle else None
         plan = order_stratum(items, classes, layout, group=self.balance_group, key=key)
         self._stratum = (epoch, seed, slot, plan)
@@ -413,7 +423,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             stops = item_starts + plan.lengths[lo:hi]
             rows = np.repeat(np.arange(last_row - first_row), np.diff(plan.row_offsets[first_row : last_row + 1]))
             spans = zip(samples.tolist(), rows.tolist(), item_starts.tolist(), stops.tolist(), strict=True)
-            out.append([PackedIndex(s, r, a, z) for s, r, a, z in spans])
+            out.append([PackedIndex.trusted(s, r, a, z) for s, r, a, z in spans])
         return out
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
@@ -436,6 +446,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             "balance_group": self.balance_group,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "plan": PLAN_VERSION,
         }
 
     def _config(self) -> dict[str, Any]:
