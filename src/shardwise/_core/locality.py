@@ -99,7 +99,8 @@ class LocalityPermutation:
 
     def shard_order(self) -> np.ndarray:
         """``(S,)`` shard ids in the order the plan reads them (window ``w`` is ``[w*window, (w+1)*window)``)."""
-        return self._order.copy()
+        order: np.ndarray = self._order.copy()
+        return order
 
     def window_of(self, positions: np.ndarray) -> np.ndarray:
         """The window each plan position falls in (int64, same shape)."""
