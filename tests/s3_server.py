@@ -60,7 +60,7 @@ def s3_endpoint() -> Iterator[str]:
                     break
             except (urllib.error.URLError, ConnectionError, OSError):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"moto's S3 server did not answer on {endpoint} within {START_TIMEOUT:g} s")
+                    raise TimeoutError(f"moto's S3 server did not answer on {endpoint} within {START_TIMEOUT:g} s") from None
                 time.sleep(0.05)
         yield endpoint
     finally:

@@ -158,6 +158,8 @@ class ShardCache:
                 if copied != size:
                     raise ShardError(f"shard {url} {_for(sample)}has {copied} bytes, but its metadata says {size}")
                 os.replace(part, final)  # atomic: readers see the whole shard or nothing
+                for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed downloads; we hold the lock
+                    stale.unlink(missing_ok=True)
                 self.fetched_bytes += copied
                 return
             except FileNotFoundError as error:

@@ -169,8 +169,8 @@ class ShardReader:
             self._table = table.select(columns) if columns is not None else table
             self._reader = self._arrow_row
         else:
-            self._tar = open(path, "rb")  # noqa: SIM115  # kept open for the reader's life, closed by close()
-            self._keys = list(_tar_members(self._tar).items())
+            with open(path, "rb") as handle:
+                self._keys = list(_tar_members(handle).items())
             self._reader = self._tar_row
 
     def __len__(self) -> int:
@@ -198,14 +198,14 @@ class ShardReader:
     def _tar_row(self, index: int) -> dict[str, Any]:
         key, parts = self._keys[index]
         row: dict[str, Any] = {"__key__": key}
-        for extension, (offset, size) in parts.items():
-            self._tar.seek(offset)
-            row[extension] = self._tar.read(size)
+        # Opened per sample, not kept open: a reader dropped by a worker never leaks a file descriptor.
+        with open(self.path, "rb") as handle:
+            for extension, (offset, size) in parts.items():
+                handle.seek(offset)
+                row[extension] = handle.read(size)
         return row
 
     def close(self) -> None:
         """Release the file."""
         if self.fmt is Format.ARROW:
             self._file.close()
-        elif self.fmt is Format.WEBDATASET:
-            self._tar.close()
