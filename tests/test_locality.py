@@ -113,3 +113,14 @@ def test_bad_input(kwargs: dict[str, object], match: str) -> None:
     """Bad sizes or window fail at construction, naming the parameter and the value."""
     with pytest.raises((ValueError, TypeError), match=match):
         LocalityPermutation(key=0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_docstring_examples_run() -> None:
+    """The Example sections of the locality modules run as written."""
+    import doctest
+
+    from shardwise._core import locality
+    from shardwise.samplers import locality as sampler_module
+
+    for module in (locality, sampler_module):
+        assert doctest.testmod(module).failed == 0, module.__name__

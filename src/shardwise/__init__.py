@@ -15,8 +15,10 @@ from .data.collate import PadCollate, PaddedBatch, pad_collate
 from .data.mixture import Mixture
 from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate
 from .data.ragged import RaggedArray, RaggedStoreError, RaggedWriter
+from .data.sharded import ShardCache, ShardedSource, ShardError
 from .samplers.bucket import BucketBatchSampler, Oversized
 from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
+from .samplers.locality import LocalitySampler
 from .samplers.mixture import MixtureSampler
 from .samplers.packed import PackedBatchSampler
 from .samplers.scheduled import ScheduledBatchSampler
@@ -46,6 +48,7 @@ __all__ = [
     "BucketBatchSampler",
     "ClassBalancedBatchSampler",
     "Even",
+    "LocalitySampler",
     "MalformedStateError",
     "Mixture",
     "MixtureSampler",
@@ -63,8 +66,11 @@ __all__ = [
     "RaggedStoreError",
     "RaggedWriter",
     "ScheduledBatchSampler",
+    "ShardCache",
+    "ShardError",
     "ShardedBatchWrapper",
     "ShardedSampler",
+    "ShardedSource",
     "ShardedWrapper",
     "SmallClasses",
     "StateMismatchError",
