@@ -154,14 +154,12 @@ class ShardReader:
 
     def __init__(self, path: str, fmt: Format, columns: list[str] | None = None) -> None:
         self.path, self.fmt, self.columns = path, fmt, columns
-        self._cached: tuple[int, Any] | None = None  # (row group, decoded table) of the last Parquet read
         self._reader: Callable[[int], dict[str, Any]]
         if fmt is Format.PARQUET:
-            self._parquet = pyarrow().parquet.ParquetFile(path, memory_map=True)
-            metadata = self._parquet.metadata
-            sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
-            self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-            self._reader = self._parquet_row
+            # Decoded whole, once: the locality-aware plan reads a shard's samples in random order
+            # while its window is resident, so decoding a row group per sample would cost ~100x more.
+            self._table = pyarrow().parquet.read_table(path, columns=columns, memory_map=True)
+            self._reader = self._arrow_row
         elif fmt is Format.ARROW:
             pa = pyarrow()
             self._file = pa.memory_map(path)
@@ -174,22 +172,13 @@ class ShardReader:
             self._reader = self._tar_row
 
     def __len__(self) -> int:
-        if self.fmt is Format.PARQUET:
-            return int(self._group_starts[-1])
-        if self.fmt is Format.ARROW:
+        if self.fmt is not Format.WEBDATASET:
             return int(self._table.num_rows)
         return len(self._keys)
 
     def row(self, index: int) -> dict[str, Any]:
         """Row ``index`` of the shard as a dict (WebDataset: ``{"__key__": key, extension: bytes}``)."""
         return self._reader(index)
-
-    def _parquet_row(self, index: int) -> dict[str, Any]:
-        group = int(np.searchsorted(self._group_starts, index, side="right")) - 1
-        if self._cached is None or self._cached[0] != group:
-            self._cached = (group, self._parquet.read_row_group(group, columns=self.columns))
-        row: dict[str, Any] = self._cached[1].slice(index - int(self._group_starts[group]), 1).to_pylist()[0]
-        return row
 
     def _arrow_row(self, index: int) -> dict[str, Any]:
         row: dict[str, Any] = self._table.slice(index, 1).to_pylist()[0]

@@ -35,7 +35,7 @@ from .cache import ShardCache, is_local
 from .formats import Format, ShardError, ShardReader, count_rows, format_of, read_column
 
 KIND = "sharded-meta"
-_OPEN_READERS = 4  # shards kept open per process: a window's worth of locality, bounded memory
+OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
 _PREFETCH_WINDOWS = 2  # windows prefetched ahead of the one being read
 
 
@@ -74,6 +74,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
             directory, without a byte budget.
         storage_options: fsspec options for the URLs (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``).
         index_dir: where the metadata index lives (``shardwise.index`` cache); ``False``: in memory.
+        open_shards: shards kept open (decoded) per process; raised to ``window + 1`` when a
+            ``LocalitySampler`` drives the source. Private memory grows with it, not with n.
 
     Example:
         >>> source = ShardedSource(["s3://bucket/train-0.parquet", "s3://bucket/train-1.parquet"])  # doctest: +SKIP
@@ -91,6 +93,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         cache: ShardCache | None = None,
         storage_options: dict[str, Any] | None = None,
         index_dir: CacheDir = None,
+        open_shards: int = OPEN_SHARDS,
     ) -> None:
         self.storage_options = dict(storage_options or (cache.storage_options if cache is not None else {}))
         self.urls = expand_urls(urls, self.storage_options)
@@ -112,6 +115,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes, dtype=np.int64)])
         self.lengths: np.ndarray | None = arrays.get("lengths")
         self.labels: np.ndarray | None = arrays.get("labels")
+        self.open_shards = check_int("open_shards", open_shards, minimum=1)
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
 
     # -- metadata ------------------------------------------------------------------------------
@@ -200,14 +204,15 @@ class ShardedSource(Dataset[dict[str, Any]]):
             raise ShardError(f"shard {url} (needed for sample {sample}) now has {len(reader)} samples, but its "
                              f"metadata says {int(self.shard_sizes[shard])}: it changed since the index was built")
         self._readers[shard] = reader
-        while len(self._readers) > _OPEN_READERS:
+        while len(self._readers) > self.open_shards:
             self._readers.popitem(last=False)[1].close()
         return reader
 
     # -- the plan ------------------------------------------------------------------------------
     def follow_plan(self, permutation: Any, positions: np.ndarray) -> None:
         """Prefetch the shards the plan reads from ``positions`` on, in order (``LocalitySampler`` calls it)."""
-        if positions.size == 0 or all(is_local(u) for u in self.urls[:1]):
+        self.open_shards = max(self.open_shards, permutation.window + 1)  # read by workers pickled after this
+        if positions.size == 0 or is_local(self.urls[0]):
             return
         first = int(permutation.window_of(positions[:1])[0])
         last = int(permutation.window_of(positions[-1:])[0])
