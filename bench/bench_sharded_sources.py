@@ -89,12 +89,42 @@ def timed(rows: Iterable[Any], get_id: Any) -> tuple[list[int], float]:
     return ids, time.perf_counter() - start
 
 
+def scale_probe() -> None:
+    """Private memory a rank's LocalitySampler adds at 1e9 samples in 1e5 shards (the metadata simulated)."""
+    import itertools
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import smaps_rollup
+    from shardwise import LocalitySampler
+
+    before = smaps_rollup()["Anonymous"]
+    sizes = np.full(100_000, 10_000, dtype=np.int64)  # 1e9 samples
+    sampler = LocalitySampler(sizes, window=8, num_replicas=8, rank=3, seed=0)
+    start = time.perf_counter()
+    drawn = sum(1 for _ in itertools.islice(iter(sampler), 1_000_000))
+    seconds = time.perf_counter() - start
+    grown = smaps_rollup()["Anonymous"] - before
+    print(f"SCALE {drawn} {seconds:.3f} {grown}")
+
+
 def main() -> None:
+    if "--scale-probe" in sys.argv:
+        scale_probe()
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
     args = parser.parse_args()
+
+    import subprocess
+
+    probe = subprocess.run([sys.executable, __file__, "--scale-probe"], capture_output=True, text=True, check=True,
+                           timeout=600).stdout.split("SCALE ")[1].split()
+    scale_rows = [
+        ("private memory added per rank, 1e9 samples in 1e5 shards", "shardwise", f"{int(probe[2]) / 2**20:.1f} MiB"),
+        ("indices/s per rank at that scale (first 1e6)", "shardwise", f"{int(probe[0]) / float(probe[1]):,.0f}"),
+    ]
 
     import datasets
     import webdataset as wds
@@ -189,6 +219,7 @@ def main() -> None:
             rows.append(("samples/s, one rank, num_workers=0", name, rate))
         rows.append(("bytes fetched / dataset (one epoch, cold)", "shardwise", fetched))
 
+    rows.extend(scale_rows)
     width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     print(f"| {'figure':<{width[0]}} | {'loader':<{width[1]}} | value |")
     print(f"|{'-' * (width[0] + 2)}|{'-' * (width[1] + 2)}|-------|")
