@@ -253,3 +253,25 @@ def test_bad_arguments_name_the_parameter(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="format should be one of 'parquet', 'arrow', 'webdataset'"):
         (tmp_path / "a.parquet").write_bytes(b"")
         ShardedSource([str(tmp_path / "a.parquet")], format="csv", index_dir=False)
+
+
+def test_retries_are_bounded_and_named(s3: dict[str, Any], tmp_path: Path) -> None:
+    """A download that keeps failing (here: fewer bytes than the metadata says) is retried, then raises naming the URL."""
+    cache = ShardCache(tmp_path, retries=2, backoff=0.01, storage_options=storage_options(s3["endpoint"]))
+    url = f"s3://{BUCKET}/parquet/shard-01.parquet"
+    size = int(s3["fs"].info(url)["size"])
+    with pytest.raises(ShardError, match=rf"could not fetch shard {url} \(needed for sample 9\) after 3 attempts: .* "
+                                         rf"has {size} bytes, but its metadata says {size + 1}"):
+        cache.path(url, size + 1, sample=9)
+    assert [p.suffix for p in tmp_path.iterdir()] == [".lock"]  # no shard, no temporary file
+    assert Path(cache.path(url, size)).stat().st_size == size
+
+
+def test_local_shards_are_read_in_place(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Local paths are not copied into the cache; the source reads them where they are."""
+    paths = [str(s3["local"] / f"{s}.parquet") for s in range(len(SIZES))]
+    cache = ShardCache(tmp_path / "cache")
+    source = ShardedSource(paths, cache=cache, index_dir=tmp_path / "index")
+    ids = list(LocalitySampler(source, window=3, num_replicas=1, rank=0, seed=2))
+    assert [source[i]["id"] for i in ids] == ids
+    assert not (tmp_path / "cache").exists()
