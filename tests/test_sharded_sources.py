@@ -275,3 +275,25 @@ def test_local_shards_are_read_in_place(s3: dict[str, Any], tmp_path: Path) -> N
     ids = list(LocalitySampler(source, window=3, num_replicas=1, rank=0, seed=2))
     assert [source[i]["id"] for i in ids] == ids
     assert not (tmp_path / "cache").exists()
+
+
+def test_mixture_and_class_balanced_over_sources(s3: dict[str, Any], tmp_path: Path) -> None:
+    """MixtureSampler over a Parquet and a WebDataset source, ClassBalanced over a label column: unchanged samplers."""
+    from shardwise import ClassBalancedBatchSampler, Mixture, MixtureSampler
+
+    parquet = _source(s3, tmp_path, "parquet", label_column="label")
+    tars = _source(s3, tmp_path, "tar")
+    data = Mixture({"parquet": parquet, "tar": tars})
+    sampler = MixtureSampler(data, [0.75, 0.25], num_samples=64, num_replicas=1, rank=0, seed=0)
+    drawn = [data.locate(i)[0] for i in sampler]
+    assert Counter(drawn) == {0: 48, 1: 16}
+    for i in list(sampler)[:12]:
+        source, k = data.locate(i)
+        row = data[i]
+        assert (row["id"] if source == 0 else int(row["__key__"][1:])) == k
+    assert parquet.labels is not None
+    batches = ClassBalancedBatchSampler(parquet.labels, classes_per_batch=2, samples_per_class=3, num_replicas=1,
+                                        rank=0, seed=0)
+    for batch in list(batches)[:5]:
+        labels = Counter(int(parquet[i]["label"]) for i in batch)
+        assert sorted(labels.values()) == [3, 3]
