@@ -227,24 +227,27 @@ class ShardCache:
         budget = self.budget_bytes
         if budget is None:
             return
-        files = [entry for entry in os.scandir(self.directory) if entry.is_file() and not _temporary(entry.name)]
-        total = sum(entry.stat().st_size for entry in files)
+        # Other processes of the node evict too: a file may vanish between listing and removal.
+        files: list[tuple[str, str, int, float]] = []  # (name, path, bytes, last access)
+        for entry in os.scandir(self.directory):
+            if _temporary(entry.name):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                stat = entry.stat()
+                files.append((entry.name, entry.path, stat.st_size, stat.st_atime))
+        total = sum(size for _, _, size, _ in files)
         if total <= budget:
             return
         never = len(self._upcoming)
-
-        def order(entry: os.DirEntry[str]) -> tuple[int, float]:
-            # Not read again (rank ``never``) before anything read later, the furthest first.
-            rank = self._upcoming.get(entry.name, never)
-            return (-rank, entry.stat().st_atime)
-
-        for entry in sorted(files, key=order):
+        # Not read again this epoch (rank ``never``) first, least recently used first; then the
+        # shards the plan reads last.
+        files.sort(key=lambda f: (-self._upcoming.get(f[0], never), f[3]))
+        for name, path, size, _ in files:
             if total <= budget:
                 break
-            if entry.name == keep:
+            if name == keep:
                 continue
-            size = entry.stat().st_size
-            Path(entry.path).unlink(missing_ok=True)  # readers that mapped it keep their mapping
+            Path(path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
             total -= size
 
 
