@@ -210,9 +210,12 @@ class ShardCache:
             item = pending.get()
             if item is None:
                 return
+            url, size = item
+            if not self._room_for(self.name(url), size):
+                continue  # it would evict a shard read sooner: the reader fetches it when it is due
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
             with contextlib.suppress(ShardError):
-                self.path(*item)
+                self.path(url, size)
 
     def close(self) -> None:
         """Stop the prefetch thread (it also stops with the process: it is a daemon)."""
@@ -222,19 +225,36 @@ class ShardCache:
             self._thread.join(timeout=self.timeout)
         self._thread = self._queue = None
 
-    def _evict(self, keep: str) -> None:
-        """Bring the cache under its budget: shards the plan no longer reads first (oldest), then the latest read."""
-        budget = self.budget_bytes
-        if budget is None:
-            return
-        # Other processes of the node evict too: a file may vanish between listing and removal.
-        files: list[tuple[str, str, int, float]] = []  # (name, path, bytes, last access)
+    def _cached(self) -> list[tuple[str, str, int, float]]:
+        """``(name, path, bytes, last access)`` of every whole shard in the cache directory."""
+        # Other processes of the node evict too: a file may vanish between listing and stat.
+        files: list[tuple[str, str, int, float]] = []
+        if not self.directory.is_dir():
+            return files
         for entry in os.scandir(self.directory):
             if _temporary(entry.name):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 stat = entry.stat()
                 files.append((entry.name, entry.path, stat.st_size, stat.st_atime))
+        return files
+
+    def _room_for(self, name: str, size: int) -> bool:
+        """Whether prefetching ``name`` fits the budget by evicting only shards the plan reads later (or never)."""
+        budget = self.budget_bytes
+        if budget is None:
+            return True
+        never = len(self._upcoming)
+        rank = self._upcoming.get(name, never)
+        kept = sum(f[2] for f in self._cached() if f[0] != name and self._upcoming.get(f[0], never) < rank)
+        return kept + size <= budget
+
+    def _evict(self, keep: str) -> None:
+        """Bring the cache under its budget: shards the plan no longer reads first (oldest), then the latest read."""
+        budget = self.budget_bytes
+        if budget is None:
+            return
+        files = self._cached()
         total = sum(size for _, _, size, _ in files)
         if total <= budget:
             return
