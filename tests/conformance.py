@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 import shardwise
 from shardwise import BatchSizeSchedule, ScheduledBatchSampler, ShardedSampler, shard, shard_batches
+from shardwise.samplers.locality import LocalitySampler
 from tests.classic import TwoStreamBatchSampler
 
 
@@ -47,6 +48,8 @@ CASES: list[Case] = [
     Case("ShardedSampler", ShardedSampler, lambda n: Counter(range(n))),
     Case("ShardedSampler-noshuffle", lambda n, **kw: ShardedSampler(n, shuffle=False, **kw),
          lambda n: Counter(range(n)), shuffles=False),
+    Case("LocalitySampler", lambda n, **kw: LocalitySampler([3] * (n // 3) + [0, n % 3], window=2, **kw),
+         lambda n: Counter(range(n))),
     Case("ShardedSampler-drop", lambda n, **kw: ShardedSampler(n, drop_last=True, **kw), lambda n: Counter(range(n))),
     Case("shard-RandomSampler", lambda n, **kw: shard(RandomSampler(range(n)), **kw), lambda n: Counter(range(n)),
          min_n=1),

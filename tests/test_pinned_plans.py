@@ -49,6 +49,7 @@ def digest(case: Case) -> str:
 
 
 PINNED: dict[str, str] = {
+    "LocalitySampler": "6db9af52b6e191af",
     "ShardedSampler": "64d76a5d097740b7",
     "ShardedSampler-noshuffle": "97be88a4ce1058b2",
     "ShardedSampler-drop": "b296eee9f898885f",

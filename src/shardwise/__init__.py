@@ -16,9 +16,11 @@ from .data.collate import PadCollate, PaddedBatch, pad_collate
 from .data.mixture import Mixture
 from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate
 from .data.ragged import RaggedArray, RaggedStoreError, RaggedWriter
+from .data.sharded import ShardCache, ShardedSource, ShardError
 from .index.arrow import column
 from .samplers.bucket import BucketBatchSampler, Oversized
 from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
+from .samplers.locality import LocalitySampler
 from .samplers.mixture import MixtureSampler
 from .samplers.packed import PackedBatchSampler
 from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, skip_steps, when, which
@@ -48,6 +50,7 @@ __all__ = [
     "BucketBatchSampler",
     "ClassBalancedBatchSampler",
     "Even",
+    "LocalitySampler",
     "MalformedStateError",
     "Mixture",
     "MixtureSampler",
@@ -66,8 +69,11 @@ __all__ = [
     "RaggedStoreError",
     "RaggedWriter",
     "ScheduledBatchSampler",
+    "ShardCache",
+    "ShardError",
     "ShardedBatchWrapper",
     "ShardedSampler",
+    "ShardedSource",
     "ShardedWrapper",
     "SmallClasses",
     "StateMismatchError",

@@ -1,0 +1,242 @@
+"""Sharded data on S3, side by side: shardwise (ShardedSource + LocalitySampler) vs HF datasets streaming vs WebDataset.
+
+The same samples are written as Parquet shards (shardwise, HF datasets) and WebDataset tars, in an
+uneven number of uneven shards, and served by moto's S3 server on 127.0.0.1 (``tests/s3_server.py``).
+Each loader is used as its documentation says:
+
+- shardwise: ``ShardedSource(s3 URLs)`` + ``LocalitySampler(window=...)`` in a ``DataLoader``;
+- HF datasets: ``load_dataset("parquet", streaming=True)`` + ``.shuffle(buffer_size=1000)`` +
+  ``split_dataset_by_node``;
+- WebDataset: ``WebDataset(presigned http URLs, nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``.
+
+Figures: steps per rank (min/max) at W = 3 and 4 (batch 32, ranks simulated by ``RANK``/``WORLD_SIZE``
+or explicit rank arguments in this process); shuffle quality of one epoch's order against a uniform
+permutation (fraction of consecutive samples from one shard, mean |id difference| over n, Spearman
+correlation of position and id); samples/s of one rank reading every sample (``num_workers=0``),
+cold and warm; bytes shardwise fetched over the dataset's size. MosaicML Streaming and LitData are
+left out: they do not install alongside torch 2.13 and this repository's pins (see BENCHMARKS.md).
+
+Run: ``flock /tmp/shardwise-bench.lock python bench/bench_sharded_sources.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
+
+BATCH = 32
+
+
+def shuffle_quality(ids: np.ndarray, shard_of: np.ndarray) -> dict[str, float]:
+    """How well an order of ids is mixed: same-shard pairs, mean |id step| / n, Spearman(position, id)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    shards = shard_of[ids]
+    same = float(np.mean(shards[1:] == shards[:-1]))
+    spread = float(np.mean(np.abs(np.diff(ids)))) / n
+    ranks = np.argsort(np.argsort(ids))
+    spearman = float(np.corrcoef(np.arange(n), ranks)[0, 1])
+    return {"same_shard": same, "id_step": spread, "spearman": spearman}
+
+
+def write_shards(root: Path, n: int, shards: int, seed: int) -> tuple[np.ndarray, int, int]:
+    """Parquet and WebDataset shards of ``n`` samples (id, ~300 int32 tokens) in ``shards`` uneven shards."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import webdataset
+
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=shards - 1, replace=False))
+    sizes = np.diff(np.concatenate([[0], cuts, [n]]))
+    lengths = rng.integers(100, 500, size=n)
+    first = 0
+    for s, size in enumerate(sizes.tolist()):
+        ids = np.arange(first, first + size)
+        tokens = [rng.integers(0, 50_000, size=lengths[i], dtype=np.int32) for i in ids]
+        table = pa.table({"id": ids, "tokens": pa.array(tokens, type=pa.list_(pa.int32()))})
+        pq.write_table(table, root / f"train-{s:03d}.parquet", row_group_size=256)
+        with webdataset.TarWriter(str(root / f"train-{s:03d}.tar")) as tar:
+            for i, tok in zip(ids.tolist(), tokens, strict=True):
+                tar.write({"__key__": f"{i:08d}", "cls": i, "npy": tok})
+        first += size
+    parquet = sum(p.stat().st_size for p in root.glob("*.parquet"))
+    tars = sum(p.stat().st_size for p in root.glob("*.tar"))
+    return sizes, parquet, tars
+
+
+def steps(count: int) -> int:
+    return math.ceil(count / BATCH)
+
+
+def list_collate(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def timed(rows: Iterable[Any], get_id: Any) -> tuple[list[int], float]:
+    start = time.perf_counter()
+    ids = [int(get_id(row)) for row in rows]
+    return ids, time.perf_counter() - start
+
+
+def scale_probe() -> None:
+    """Private memory a rank's LocalitySampler adds at 1e9 samples in 1e5 shards (the metadata simulated)."""
+    import itertools
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import smaps_rollup
+    from shardwise import LocalitySampler
+
+    before = smaps_rollup()["Anonymous"]
+    sizes = np.full(100_000, 10_000, dtype=np.int64)  # 1e9 samples
+    sampler = LocalitySampler(sizes, window=8, num_replicas=8, rank=3, seed=0)
+    start = time.perf_counter()
+    drawn = sum(1 for _ in itertools.islice(iter(sampler), 1_000_000))
+    seconds = time.perf_counter() - start
+    grown = smaps_rollup()["Anonymous"] - before
+    print(f"SCALE {drawn} {seconds:.3f} {grown}")
+
+
+def main() -> None:
+    if "--scale-probe" in sys.argv:
+        scale_probe()
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--shards", type=int, default=37)
+    parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
+    args = parser.parse_args()
+
+    import subprocess
+
+    probe = subprocess.run([sys.executable, __file__, "--scale-probe"], capture_output=True, text=True, check=True,
+                           timeout=600).stdout.split("SCALE ")[1].split()
+    scale_rows = [
+        ("private memory added per rank, 1e9 samples in 1e5 shards", "shardwise", f"{int(probe[2]) / 2**20:.1f} MiB"),
+        ("indices/s per rank at that scale (first 1e6)", "shardwise", f"{int(probe[0]) / float(probe[1]):,.0f}"),
+    ]
+
+    import datasets
+    import webdataset as wds
+    from datasets.distributed import split_dataset_by_node
+    from tests.s3_server import make_bucket, s3_endpoint, storage_options
+    from torch.utils.data import DataLoader
+
+    from shardwise import LocalitySampler, ShardCache, ShardedSampler, ShardedSource
+
+    datasets.disable_progress_bars()
+    rows: list[tuple[str, str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-sharded-") as tmp, s3_endpoint() as endpoint:
+        root = Path(tmp)
+        (root / "shards").mkdir()
+        sizes, parquet_bytes, tar_bytes = write_shards(root / "shards", args.samples, args.shards, seed=0)
+        n = int(sizes.sum())
+        shard_of = np.repeat(np.arange(len(sizes)), sizes)
+        fs = make_bucket(endpoint, "bench")
+        fs.put(str(root / "shards") + "/", "bench/train/", recursive=True)
+        options = storage_options(endpoint)
+        parquet_urls = [f"s3://bench/train/train-{s:03d}.parquet" for s in range(len(sizes))]
+        import boto3
+
+        # WebDataset reads http(s) URLs with curl: presigned GETs of the same private objects.
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        tar_urls = [client.generate_presigned_url("get_object", ExpiresIn=3600, Params={
+            "Bucket": "bench", "Key": f"train/train-{s:03d}.tar"}) for s in range(len(sizes))]
+        hf_options = {k: options[k] for k in ("key", "secret", "client_kwargs")}
+        print(f"{n} samples in {len(sizes)} shards (sizes {sizes.min()}..{sizes.max()}); "
+              f"parquet {parquet_bytes / 1e6:.1f} MB, tar {tar_bytes / 1e6:.1f} MB; endpoint {endpoint}")
+
+        def shardwise_source(cache_dir: str, budget: int | None = None) -> ShardedSource:
+            cache = ShardCache(root / cache_dir, budget_bytes=budget, storage_options=options)
+            return ShardedSource(parquet_urls, cache=cache, index_dir=root / "index")
+
+        def hf(rank: int, world_size: int, columns: list[str] | None = None) -> Any:
+            ds = datasets.load_dataset("parquet", data_files={"train": parquet_urls}, split="train", streaming=True,
+                                       storage_options=hf_options)
+            if columns is not None:
+                ds = ds.select_columns(columns)
+            ds = ds.shuffle(seed=0, buffer_size=1000)
+            return split_dataset_by_node(ds, rank=rank, world_size=world_size)
+
+        def webdataset(rank: int, world_size: int) -> Any:
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+            return wds.WebDataset(tar_urls, nodesplitter=wds.split_by_node, shardshuffle=100, seed=0,
+                                  empty_check=False).shuffle(1000)
+
+        # -- steps per rank ----------------------------------------------------------------------
+        source = shardwise_source("cache-steps")
+        for world_size in (3, 4):
+            ours = [steps(len(LocalitySampler(source, window=args.window, num_replicas=world_size, rank=r)))
+                    for r in range(world_size)]
+            theirs_hf = [steps(sum(1 for _ in hf(r, world_size, ["id"]))) for r in range(world_size)]
+            theirs_wds = [steps(sum(1 for _ in webdataset(r, world_size))) for r in range(world_size)]
+            for name, counts in (("shardwise", ours), ("HF datasets", theirs_hf), ("WebDataset", theirs_wds)):
+                rows.append((f"steps per rank, W={world_size}", name, f"{min(counts)} / {max(counts)}"))
+        os.environ.pop("RANK"), os.environ.pop("WORLD_SIZE")
+
+        # -- one epoch, one rank: shuffle quality and samples/s ------------------------------------
+        orders: dict[str, np.ndarray] = {}
+        rates: dict[str, str] = {}
+        fetched = ""
+        for label, cache_dir in (("cold", "cache-epoch"), ("warm", "cache-epoch")):
+            src = shardwise_source(cache_dir)
+            sampler = LocalitySampler(src, window=args.window, num_replicas=1, rank=0, seed=0)
+            loader = DataLoader(src, sampler=sampler, batch_size=BATCH, collate_fn=list_collate)
+            ids, seconds = timed((row for batch in loader for row in batch), lambda row: row["id"])
+            rates[f"shardwise {label}"] = f"{n / seconds:,.0f}"
+            orders["shardwise"] = np.asarray(ids)
+            if label == "cold":
+                fetched = f"{src.cache.fetched_bytes / parquet_bytes:.3f}"
+        # A node cache of two windows (the 2 x window largest shards): each shard still fetched once.
+        shard_bytes = np.sort(np.asarray(shardwise_source("cache-epoch").file_sizes))
+        budget = int(shard_bytes[-2 * args.window :].sum())
+        src = shardwise_source("cache-budget", budget)
+        sampler = LocalitySampler(src, window=args.window, num_replicas=1, rank=0, seed=0)
+        loader = DataLoader(src, sampler=sampler, batch_size=BATCH, collate_fn=list_collate)
+        ids, seconds = timed((row for batch in loader for row in batch), lambda row: row["id"])
+        rates[f"shardwise cold, cache budget {budget / parquet_bytes:.0%} of the data"] = f"{n / seconds:,.0f}"
+        src.cache.close()
+        budget_fetched = f"{src.cache.fetched_bytes / parquet_bytes:.3f} (budget {budget / parquet_bytes:.0%})"
+        ids, seconds = timed(hf(0, 1), lambda row: row["id"])
+        rates["HF datasets"] = f"{n / seconds:,.0f}"
+        orders["HF datasets"] = np.asarray(ids)
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
+        ids, seconds = timed(webdataset(0, 1).decode(), lambda row: row["cls"])
+        rates["WebDataset"] = f"{n / seconds:,.0f}"
+        orders["WebDataset"] = np.asarray(ids)
+        orders["uniform (ShardedSampler)"] = np.asarray(list(ShardedSampler(n, num_replicas=1, rank=0, seed=0)))
+        for window in (1, 2, 4, 16):
+            sampler = LocalitySampler(sizes, window=window, num_replicas=1, rank=0, seed=0)
+            orders[f"shardwise window={window}"] = np.asarray(list(sampler))
+        for name, order in orders.items():
+            if sorted(order.tolist()) != list(range(n)):
+                raise RuntimeError(f"{name} did not read every sample exactly once in one epoch")
+            quality = shuffle_quality(order, shard_of)
+            shown = name if name != "shardwise" else f"shardwise window={args.window}"
+            rows.append(("same-shard pairs / mean |id step|/n / Spearman", shown,
+                         f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"))
+        for name, rate in rates.items():
+            rows.append(("samples/s, one rank, num_workers=0", name, rate))
+        rows.append(("bytes fetched / dataset (one epoch, cold)", "shardwise", fetched))
+        rows.append(("bytes fetched / dataset (one epoch, cold, two-window budget)", "shardwise", budget_fetched))
+
+    rows.extend(scale_rows)
+    width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    print(f"| {'figure':<{width[0]}} | {'loader':<{width[1]}} | value |")
+    print(f"|{'-' * (width[0] + 2)}|{'-' * (width[1] + 2)}|-------|")
+    for figure, name, value in rows:
+        print(f"| {figure:<{width[0]}} | {name:<{width[1]}} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

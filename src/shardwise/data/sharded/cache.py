@@ -1,0 +1,292 @@
+"""The node cache: each remote shard is downloaded once per node, shared by every rank and worker.
+
+A download takes the shard's file lock (``filelock``), writes a temporary file next to the final
+one, checks its size against the metadata and renames it into place: a reader sees a whole shard
+or none, and a download killed halfway leaves only a temporary file that nobody opens (the next
+download overwrites it). Transient errors are retried with bounded exponential backoff; a missing
+shard fails at once; every wait (the lock, the retries) is bounded, so a failure is an error,
+never a hang.
+
+The plan drives the cache (NOTE [ Locality-aware shuffle ]): :meth:`ShardCache.follow` receives
+the shards in the order the plan will read them; a background thread prefetches them in that
+order, and when the cache is over its byte budget the shards the plan will not read again this
+epoch are evicted first (least recently used), then the ones it reads last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from ..._core.errors import check_int, check_path, check_seconds
+from .formats import ShardError
+
+PART = ".part"
+_BLOCK = 4 << 20  # bytes copied per read: large enough for object storage, small enough to stop promptly
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a path on this node (no protocol, or ``file://``)."""
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    """The path of a local URL."""
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDWISE_SHARD_CACHE``, else ``$XDG_CACHE_HOME/shardwise/shards``, else ``~/.cache/shardwise/shards``."""
+    explicit = os.environ.get("SHARDWISE_SHARD_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardwise" / "shards"
+
+
+class ShardCache:
+    """Local copies of remote shards, one per node, within a byte budget, prefetched in plan order.
+
+    Args:
+        directory: where shards are kept (local disk, shared by the node's processes); default
+            :func:`default_cache_dir`.
+        budget_bytes: bytes of shards kept; ``None``: no limit. Hold at least two windows.
+        retries: attempts after the first for a transient error.
+        backoff: seconds before the first retry, doubled each time, at most 8 s.
+        timeout: seconds to wait for another process's download of the same shard.
+        storage_options: passed to ``fsspec.filesystem`` (e.g. ``{"endpoint_url": ...}`` for S3).
+
+    Example:
+        >>> cache = ShardCache("/tmp/shard-cache", budget_bytes=2 << 30)
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        budget_bytes: int | None = None,
+        retries: int = 3,
+        backoff: float = 0.5,
+        timeout: float = 600.0,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.directory = Path(check_path("directory", directory)) if directory is not None else default_cache_dir()
+        self.budget_bytes = None if budget_bytes is None else check_int("budget_bytes", budget_bytes, minimum=1)
+        self.retries = check_int("retries", retries, minimum=0)
+        self.backoff = check_seconds("backoff", backoff)
+        self.timeout = check_seconds("timeout", timeout, allow_zero=False)
+        self.storage_options = dict(storage_options or {})
+        self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
+        self._upcoming: dict[str, int] = {}  # file name -> rank in the plan's reading order
+        self._queue: queue.Queue[tuple[str, int] | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._fs: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers get a copy without the thread, the queue or open filesystems.
+        state = self.__dict__.copy()
+        state.update(_queue=None, _thread=None, _fs={}, _upcoming={})
+        return state
+
+    def filesystem(self, url: str) -> Any:
+        """The fsspec filesystem for ``url``'s protocol (one per protocol and process)."""
+        import fsspec
+
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        fs = self._fs.get(protocol)
+        if fs is None:
+            options = self.storage_options if protocol not in ("file", "local") else {}
+            fs = self._fs[protocol] = fsspec.filesystem(protocol, **options)
+        return fs
+
+    def name(self, url: str) -> str:
+        """The cached file's name: a hash of the URL, keeping its suffix (formats are told by suffix)."""
+        digest = hashlib.blake2b(url.encode(), digest_size=12).hexdigest()
+        return f"{digest}-{url.rstrip('/').rpartition('/')[2][-60:]}"
+
+    def path(self, url: str, size: int, *, sample: int | None = None) -> str:
+        """A local path holding the whole shard ``url`` (``size`` bytes), downloading it if needed.
+
+        Raises:
+            ShardError: the shard is missing, of another size, or could not be fetched after the
+                retries (names the URL and ``sample``).
+        """
+        if is_local(url):
+            path = local_path(url)
+            if not os.path.isfile(path):
+                raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)")
+            return path
+        final = self.directory / self.name(url)
+        if _complete(final, size):
+            _touch(final)
+            return str(final)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(str(final) + ".lock", timeout=self.timeout):
+                if not _complete(final, size):  # another process may have fetched it while we waited
+                    self._download(url, final, size, sample)
+        except Timeout as error:
+            raise ShardError(
+                f"shard {url} {_for(sample)}was being downloaded by another process for more than "
+                f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
+            ) from error
+        self._evict(keep=final.name)
+        return str(final)
+
+    def _download(self, url: str, final: Path, size: int, sample: int | None) -> None:
+        part = final.with_name(f"{final.name}{PART}{os.getpid()}")
+        fs = self.filesystem(url)
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                copied = 0
+                with fs.open(url, "rb") as source, open(part, "wb") as target:
+                    while block := source.read(_BLOCK):
+                        target.write(block)
+                        copied += len(block)
+                    target.flush()
+                    os.fsync(target.fileno())
+                if copied != size:
+                    raise ShardError(f"shard {url} {_for(sample)}has {copied} bytes, but its metadata says {size}")
+                os.replace(part, final)  # atomic: readers see the whole shard or nothing
+                for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed downloads; we hold the lock
+                    stale.unlink(missing_ok=True)
+                self.fetched_bytes += copied
+                return
+            except FileNotFoundError as error:
+                raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)") from error
+            except (OSError, ShardError) as error:
+                if attempt == self.retries:
+                    raise ShardError(
+                        f"could not fetch shard {url} {_for(sample)}after {attempt + 1} attempts: {error}"
+                    ) from error
+                time.sleep(delay)
+                delay = min(2 * delay, 8.0)
+            finally:
+                part.unlink(missing_ok=True)
+
+    # -- the plan ------------------------------------------------------------------------------
+    def follow(self, shards: Sequence[tuple[str, int]]) -> None:
+        """The remote shards ``(url, size)`` the plan reads next, in order: prefetch them, keep them.
+
+        Replaces the previous list: shards not in it are the first evicted.
+        """
+        remote = [(url, size) for url, size in shards if not is_local(url)]
+        self._upcoming = {self.name(url): i for i, (url, _) in enumerate(remote)}
+        if not remote:
+            return
+        if self._thread is None or not self._thread.is_alive():
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._prefetch, args=(self._queue,), daemon=True,
+                                            name="shardwise-prefetch")
+            self._thread.start()
+        pending = self._queue
+        if pending is None:  # pragma: no cover - set together with the thread just above
+            return
+        while not pending.empty():  # the new plan supersedes what was still queued
+            try:
+                pending.get_nowait()
+            except queue.Empty:  # pragma: no cover - raced with the thread
+                break
+        budget = self.budget_bytes
+        planned = 0
+        for url, size in remote:
+            planned += size
+            if budget is not None and planned > budget:
+                break  # prefetching beyond the budget would evict what is read sooner
+            pending.put((url, size))
+
+    def _prefetch(self, pending: queue.Queue[tuple[str, int] | None]) -> None:
+        while True:
+            item = pending.get()
+            if item is None:
+                return
+            url, size = item
+            if not self._room_for(self.name(url), size):
+                continue  # it would evict a shard read sooner: the reader fetches it when it is due
+            # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
+            with contextlib.suppress(ShardError):
+                self.path(url, size)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (it also stops with the process: it is a daemon)."""
+        if self._queue is not None:
+            self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout)
+        self._thread = self._queue = None
+
+    def _cached(self) -> list[tuple[str, str, int, float]]:
+        """``(name, path, bytes, last access)`` of every whole shard in the cache directory."""
+        # Other processes of the node evict too: a file may vanish between listing and stat.
+        files: list[tuple[str, str, int, float]] = []
+        if not self.directory.is_dir():
+            return files
+        for entry in os.scandir(self.directory):
+            if _temporary(entry.name):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                stat = entry.stat()
+                files.append((entry.name, entry.path, stat.st_size, stat.st_atime))
+        return files
+
+    def _room_for(self, name: str, size: int) -> bool:
+        """Whether prefetching ``name`` fits the budget by evicting only shards the plan reads later (or never)."""
+        budget = self.budget_bytes
+        if budget is None:
+            return True
+        never = len(self._upcoming)
+        rank = self._upcoming.get(name, never)
+        kept = sum(f[2] for f in self._cached() if f[0] != name and self._upcoming.get(f[0], never) < rank)
+        return kept + size <= budget
+
+    def _evict(self, keep: str) -> None:
+        """Bring the cache under its budget: shards the plan no longer reads first (oldest), then the latest read."""
+        budget = self.budget_bytes
+        if budget is None:
+            return
+        files = self._cached()
+        total = sum(size for _, _, size, _ in files)
+        if total <= budget:
+            return
+        never = len(self._upcoming)
+        # Not read again this epoch (rank ``never``) first, least recently used first; then the
+        # shards the plan reads last.
+        files.sort(key=lambda f: (-self._upcoming.get(f[0], never), f[3]))
+        for name, path, size, _ in files:
+            if total <= budget:
+                break
+            if name == keep:
+                continue
+            Path(path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
+            total -= size
+
+
+def _for(sample: int | None) -> str:
+    return "" if sample is None else f"(needed for sample {sample}) "
+
+
+def _temporary(name: str) -> bool:
+    return name.endswith(".lock") or PART in name
+
+
+def _complete(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def _touch(path: Path) -> None:
+    # Evicted by another process meanwhile: the reader's open fails and it fetches the shard again.
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(path)
