@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from .errors import check_callable, check_int
+from .thresholds import last_at_or_below, read_thresholds
 
 
 class Step(NamedTuple):
@@ -70,46 +71,13 @@ def _split_value(name: str, value: object) -> tuple[int, Any]:
 
 
 def _read_points(name: str, points: object, unit: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]:
-    """Validate ``{threshold: size or (size, payload)}``: thresholds from 0, strictly increasing."""
-    if not isinstance(points, Mapping) or not points:
-        raise TypeError(
-            f"{name} should be a non-empty mapping {{{unit}: batch_size}} starting at 0, but got {name}={points!r}"
-        )
-    thresholds: list[int] = []
-    sizes: list[int] = []
-    payloads: list[Any] = []
-    for key, value in points.items():
-        threshold = check_int(f"{name} key", key, minimum=0)
-        if thresholds and threshold <= thresholds[-1]:
-            raise ValueError(
-                f"{name} thresholds should be strictly increasing, but got {threshold} after {thresholds[-1]} "
-                f"in {name}={dict(points)!r}"
-            )
-        size, payload = _split_value(f"{name}[{threshold}]", value)
-        thresholds.append(threshold)
-        sizes.append(size)
-        payloads.append(payload)
-    if thresholds[0] != 0:
-        raise ValueError(
-            f"{name} should start at {unit} 0 (the size before the first change), but its first key is "
-            f"{thresholds[0]} in {name}={dict(points)!r}"
-        )
-    with_payload = [p is not _NO_PAYLOAD for p in payloads]
+    """Validate ``{threshold: size or (size, payload)}`` (see :func:`~shardwise._core.thresholds.read_thresholds`)."""
+    thresholds, values = read_thresholds(name, points, unit, "batch_size", _split_value)
+    with_payload = [payload is not _NO_PAYLOAD for _, payload in values]
     if any(with_payload) and not all(with_payload):
-        raise ValueError(f"{name} should give a payload for every entry or for none, but got {name}={dict(points)!r}")
-    return tuple(thresholds), tuple(sizes), tuple(None if p is _NO_PAYLOAD else p for p in payloads)
-
-
-def _last_at_or_below(thresholds: tuple[int, ...], value: int) -> int:
-    """Index of the last threshold <= ``value`` (thresholds[0] == 0 <= value)."""
-    low, high = 0, len(thresholds)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if thresholds[middle] <= value:
-            low = middle
-        else:
-            high = middle
-    return low
+        raise ValueError(f"{name} should give a payload for every entry or for none, but got {name}={points!r}")
+    sizes = tuple(size for size, _ in values)
+    return thresholds, sizes, tuple(None if payload is _NO_PAYLOAD else payload for _, payload in values)
 
 
 class BatchSizeSchedule:
@@ -203,7 +171,7 @@ class BatchSizeSchedule:
         A change takes effect at the first global step that starts at or after its threshold,
         mid-epoch if the threshold falls there.
         """
-        thresholds, values, payloads = _read_points("sizes", sizes, "sample")
+        thresholds, values, payloads = _read_points("sizes", sizes, "samples")
         return cls._build(_SAMPLES, thresholds, values, payloads, has_payload=_has_payload(sizes))
 
     @classmethod
@@ -266,9 +234,9 @@ class BatchSizeSchedule:
         if kind == _CONSTANT:
             return self._sizes[0], self._payloads[0], None
         if kind == _EPOCH:
-            level = _last_at_or_below(self._thresholds, epoch)
+            level = last_at_or_below(self._thresholds, epoch)
             return self._sizes[level], self._payloads[level], None
-        level = _last_at_or_below(self._thresholds, samples)
+        level = last_at_or_below(self._thresholds, samples)
         until = self._thresholds[level + 1] if level + 1 < len(self._thresholds) else None
         return self._sizes[level], self._payloads[level], until
 
