@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # balanced_batch_order is re-exported: _core/packing.py imports it from here.
+from .offsets import offsets_from_counts, span_positions
 from .ordering import balanced_batch_order
 
 __all__ = ["BatchPlan", "balanced_batch_order"]
@@ -64,7 +65,7 @@ class BatchPlan:
         if not plans:
             return cls.empty()
         order = np.concatenate([plan.order for plan in plans])
-        shifts = np.cumsum([0] + [plan.num_samples for plan in plans[:-1]])
+        shifts = offsets_from_counts([plan.num_samples for plan in plans])[:-1]
         offsets = np.concatenate(
             [np.zeros(1, dtype=np.int64)] + [p.offsets[1:] + s for p, s in zip(plans, shifts, strict=True)]
         )
@@ -91,10 +92,7 @@ class BatchPlan:
         positions = np.asarray(positions, dtype=np.int64)
         starts = self.offsets[positions]
         sizes = self.offsets[positions + 1] - starts
-        # flat: (sizes.sum(),) -- start of each batch repeated, plus the rank within the batch.
-        firsts = np.cumsum(sizes) - sizes
-        flat = np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
-        return flat, sizes
+        return span_positions(starts, sizes), sizes
 
     def batches(self, positions: np.ndarray) -> list[list[int]]:
         """The batches at plan ``positions`` as lists of ints (what a batch sampler yields)."""
@@ -110,9 +108,7 @@ class BatchPlan:
     def take(self, batch_indices: np.ndarray) -> BatchPlan:
         """A plan of the batches ``batch_indices`` (a reordering, or a subset), in that order."""
         flat, sizes = self.flat_positions(batch_indices)
-        offsets = np.zeros(sizes.size + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        return BatchPlan(self.order[flat], offsets)
+        return BatchPlan(self.order[flat], offsets_from_counts(sizes))
 
     def costs(self, lengths: np.ndarray) -> np.ndarray:
         """``(len(plan),)`` int64 padded cost of each batch: ``len(batch) * max(length in batch)``."""

@@ -17,18 +17,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .offsets import offsets_from_counts
+
 SizeSpec = int | np.ndarray | Callable[[np.ndarray], np.ndarray]
 """A batch size (or token budget) along the plan: one int for every batch, an array whose
 entry ``j`` is batch ``j``'s (the last entry holds for every later batch), or a function that
 takes an int64 array of batch positions ``j`` and returns their values (same shape, integers)."""
 
 _SIZE_CHUNK = 4096  # batch positions a size function is asked about at a time
-
-
-def _offsets_from_sizes(sizes: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(sizes.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    return offsets
 
 
 def fixed_offsets(n: int, batch_size: int, *, partial_at: int | None = None) -> np.ndarray:
@@ -50,7 +46,7 @@ def fixed_offsets(n: int, batch_size: int, *, partial_at: int | None = None) -> 
     if rest:
         at = full if partial_at is None else min(max(partial_at, 0), full)
         sizes = np.insert(sizes, at, rest)
-    return _offsets_from_sizes(sizes)
+    return offsets_from_counts(sizes)
 
 
 def _size_values(spec: SizeSpec, first: int, count: int, name: str) -> np.ndarray:
@@ -93,7 +89,7 @@ def sized_offsets(n: int, sizes: SizeSpec, *, drop_partial: bool = False, name: 
         pieces.append(values)
         covered, first, chunk = int(ends[-1]), first + chunk, min(chunk * 4, _SIZE_CHUNK * 16)
     all_sizes = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
-    offsets = _offsets_from_sizes(all_sizes)
+    offsets = offsets_from_counts(all_sizes)
     count = int(np.searchsorted(offsets, n, side="left"))  # first boundary at or past n
     offsets = offsets[: count + 1]
     if offsets[-1] > n:

@@ -24,6 +24,7 @@ from .mixture_blocks import (
     slot_keys_for,
     source_keys,
 )
+from .offsets import offsets_from_counts
 from .weights import BY_SAMPLES, Weights, WeightSchedule, exact_weights
 
 
@@ -79,7 +80,7 @@ class MixturePlan:
         interleave: bool = False,
     ) -> None:
         self.sizes = sizes
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.offsets = offsets_from_counts(sizes)[:-1]  # where each source starts in the concatenation
         self.schedule = schedule
         schedule.check_sources(len(sizes))
         self.entries = [Weights(*exact_weights(w)) for w in schedule.weights]

@@ -13,6 +13,7 @@ import numpy as np
 
 from .bucketing import SHORTEN_ONE_IN
 from .cutting import oversized_error
+from .offsets import offsets_from_counts
 from .permutation import Permutation
 from .seeds import derive_seed
 
@@ -102,8 +103,7 @@ class SortedBucketPlan:
             raise ValueError("SortedBucketPlan needs exactly one of batch_size and max_tokens")
         self.run_lengths = np.asarray(run_lengths, dtype=np.int64)
         self.run_counts = np.asarray(run_counts, dtype=np.int64)
-        self.run_starts = np.zeros(self.run_lengths.size + 1, dtype=np.int64)
-        np.cumsum(self.run_counts, out=self.run_starts[1:])
+        self.run_starts = offsets_from_counts(self.run_counts)
         self.num_samples = int(self.run_starts[-1])
         self.key = key
         self.group = group
@@ -183,8 +183,7 @@ class SortedBucketPlan:
         order = kept[np.lexsort((segment[kept], cost[kept]))]
         self._class_segment = segment[order]
         self._class_short = order >= self._seg_start.size
-        self._class_first = np.zeros(order.size + 1, dtype=np.int64)
-        np.cumsum(count[order], out=self._class_first[1:])
+        self._class_first = offsets_from_counts(count[order])
         self._num_batches = int(self._class_first[-1])
 
     def _token_spans(self, ranked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -322,9 +321,3 @@ def _reach_count(batches: np.ndarray, phase: np.ndarray) -> np.ndarray:
     """Shortened batches among the first ``batches`` of a run with this ``phase``."""
     counts: np.ndarray = np.maximum(0, (batches - phase + SHORTEN_CYCLE - 1) // SHORTEN_CYCLE)
     return counts
-
-
-def span_positions(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """``(sizes.sum(),)`` int64: the stream positions of every span, concatenated."""
-    firsts = np.cumsum(sizes) - sizes
-    return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
