@@ -92,6 +92,11 @@ def bucket_plan(
     return plan.take(balanced_batch_order(plan.costs(lengths), group, groups_key))
 
 
+def short_batch_at(batches: int, key: int | None) -> int:
+    """Which of ``batches`` fixed-size batches is the short one: keyed, or the last without a key."""
+    return batches - 1 if key is None else derive_seed(key, "short-batch") % batches
+
+
 def _fixed_plan(order: np.ndarray, size: int, window: int, key: int | None, drop_short: bool) -> BatchPlan:
     """Fixed-size batches; the short one lands at a random batch of the last window (last without a key)."""
     count = order.size
@@ -99,8 +104,7 @@ def _fixed_plan(order: np.ndarray, size: int, window: int, key: int | None, drop
     if count % size:
         last_window = (count - 1) // window * window
         in_last = -(-(count - last_window) // size)
-        draw = in_last - 1 if key is None else derive_seed(key, "short-batch") % in_last
-        short = last_window // size + draw
+        short = last_window // size + short_batch_at(in_last, key)
     plan = BatchPlan(order, fixed_offsets(count, size, partial_at=short))
     if short is not None and drop_short:
         plan = plan.take(np.delete(np.arange(len(plan), dtype=np.int64), short))

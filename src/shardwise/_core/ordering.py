@@ -62,6 +62,70 @@ def window_starts(n: int, window: int) -> np.ndarray:
     return np.arange(0, n, max(window, 1), dtype=np.int64)
 
 
+class GroupShuffle:
+    """The balancing reorder as a map: the cost-order position of each plan position, in O(1) each.
+
+    Batches in cost order are cut into groups of ``group`` consecutive batches and the groups are
+    shuffled as units; when ``group`` does not divide ``count``, the short group (drawn from
+    ``key``) goes last, so that every full group starts at a multiple of ``group``. Holds a few
+    integers and a keyed :class:`~shardwise._core.permutation.Permutation` of the groups, so a
+    plan of 1e9 batches costs nothing to reorder until positions are asked for.
+
+    Args:
+        count: batches in the plan.
+        group: batches per shuffled group.
+        key: a 64-bit key (``None``: the identity, cost order).
+
+    Example:
+        >>> ranks = GroupShuffle(10, 4, key=7).cost_rank(np.arange(10))
+        >>> sorted(ranks.tolist()) == list(range(10))
+        True
+    """
+
+    __slots__ = ("_full", "_group", "_groups", "_rest", "_short")
+
+    def __init__(self, count: int, group: int, key: int | None) -> None:
+        self._group = group
+        self._full, self._rest = divmod(count, group)
+        self._groups: Permutation | None = None
+        self._short = self._full
+        if key is None or count == 0:
+            return
+        if self._rest:
+            self._short = derive_seed(key, "short-group") % (self._full + 1)
+        self._groups = Permutation(self._full, derive_seed(key, "groups"))
+
+    def cost_rank(self, positions: np.ndarray) -> np.ndarray:
+        """The cost-order position of each plan position (int64, the shape of ``positions``)."""
+        if self._groups is None or self._full == 0:
+            return positions
+        group = self._group
+        full = self._full * group
+        in_full = positions < full
+        # Full group g of the shuffled order is cost-order group perm(g), which starts at
+        # perm(g) * group, or rest later when it comes after the short group.
+        starts = self._group_starts(self._groups(np.where(in_full, positions // group, 0)))
+        tail = self._short * group + (positions - full)
+        ranks: np.ndarray = np.where(in_full, starts + positions % group, tail)
+        return ranks
+
+    def all_ranks(self) -> np.ndarray:
+        """``cost_rank`` of every plan position ``0 .. count - 1``, one permutation call per group."""
+        group, count = self._group, self._full * self._group + self._rest
+        if self._groups is None or self._full == 0:
+            return np.arange(count, dtype=np.int64)
+        starts = self._group_starts(self._groups(np.arange(self._full, dtype=np.int64)))
+        # picks: (full * group,) -- each group's start repeated, plus the rank within the group.
+        picks = (starts[:, None] + np.arange(group, dtype=np.int64)[None, :]).ravel()
+        tail = np.arange(self._short * group, self._short * group + self._rest, dtype=np.int64)
+        return np.concatenate([picks, tail])
+
+    def _group_starts(self, shuffled: np.ndarray) -> np.ndarray:
+        """Where cost-order groups ``shuffled`` start: ``g * group``, or ``rest`` later past the short group."""
+        starts: np.ndarray = shuffled * self._group + np.where(shuffled >= self._short, self._rest, 0)
+        return starts
+
+
 def balanced_batch_order(costs: np.ndarray, group: int, key: int | None) -> np.ndarray:
     """A batch order in which neighbours have similar cost, yet which changes with ``key``.
 
@@ -81,17 +145,5 @@ def balanced_batch_order(costs: np.ndarray, group: int, key: int | None) -> np.n
         ``(num_batches,)`` int64 batch indices in plan order.
     """
     by_cost = np.argsort(costs, kind="stable").astype(np.int64)
-    count = by_cost.size
-    if key is None or count == 0:
-        return by_cost
-    full, rest = divmod(count, group)
-    short = derive_seed(key, "short-group") % (full + 1) if rest else full
-    # Full group g starts at g * group, or, past the short group, rest later.
-    group_starts = np.arange(full, dtype=np.int64) * group
-    group_starts[short:] += rest
-    shuffled_starts = group_starts[Permutation(full, derive_seed(key, "groups"))(np.arange(full))]
-    # picks: (full * group,) -- each group's start repeated, plus the rank within the group.
-    picks = (shuffled_starts[:, None] + np.arange(group, dtype=np.int64)[None, :]).ravel()
-    tail = np.arange(short * group, short * group + rest, dtype=np.int64)
-    result: np.ndarray = by_cost[np.concatenate([picks, tail])]
+    result: np.ndarray = by_cost[GroupShuffle(by_cost.size, group, key).all_ranks()]
     return result

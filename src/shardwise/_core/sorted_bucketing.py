@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from .bucketing import SHORTEN_ONE_IN
+from .bucketing import SHORTEN_ONE_IN, short_batch_at
 from .cutting import oversized_error
 from .offsets import offsets_from_counts
-from .permutation import Permutation
+from .ordering import GroupShuffle
 from .seeds import derive_seed
 
 SHORTEN_CYCLE = SHORTEN_ONE_IN
@@ -83,7 +83,7 @@ class SortedBucketPlan:
     Example:
         >>> plan = SortedBucketPlan(np.array([4, 2, 1]), np.array([2, 3, 1]), max_tokens=8)
         >>> len(plan), plan.spans(np.arange(len(plan)))[1].tolist()
-        (3, [2, 3, 1])
+        (2, [2, 4])
     """
 
     def __init__(
@@ -211,8 +211,7 @@ class SortedBucketPlan:
         self._short_rank = batches
         self._drop = False
         if rest:
-            key = self.key
-            self._short = batches - 1 if key is None else derive_seed(key, "short-batch") % batches
+            self._short = short_batch_at(batches, self.key)
             self._short_size = rest
             if drop_short:
                 self._drop = True
@@ -257,30 +256,8 @@ class SortedBucketPlan:
 
     # -- balancing: cost order shuffled in groups ---------------------------------------------
     def _init_groups(self) -> None:
-        count, group = self._num_batches, self.group
-        self._groups: Permutation | None = None
-        if self.key is None or count == 0:
-            return
-        groups_key = derive_seed(self.key, "groups")
-        full, rest = divmod(count, group)
-        self._short_group = derive_seed(groups_key, "short-group") % (full + 1) if rest else full
-        self._rest = rest
-        self._full_groups = full
-        self._groups = Permutation(full, derive_seed(groups_key, "groups"))
-
-    def _cost_rank(self, positions: np.ndarray) -> np.ndarray:
-        """Cost-order position of each plan position (the inverse of nothing: a direct map)."""
-        if self._groups is None:
-            return positions
-        group = self.group
-        if self._full_groups == 0:
-            return positions
-        full = self._full_groups * group
-        in_full = positions < full
-        shuffled = self._groups(np.where(in_full, positions // group, 0))
-        starts = shuffled * group + np.where(shuffled >= self._short_group, self._rest, 0)
-        tail = self._short_group * group + (positions - full)
-        return np.where(in_full, starts + positions % group, tail)
+        groups_key = None if self.key is None else derive_seed(self.key, "groups")
+        self._groups = GroupShuffle(self._num_batches, self.group, groups_key)
 
     # -- what the sampler reads ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -288,7 +265,7 @@ class SortedBucketPlan:
 
     def spans(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, sizes)``: the stream span of the plan batches at ``positions`` (int64 arrays)."""
-        ranked = self._cost_rank(np.asarray(positions, dtype=np.int64))
+        ranked = self._groups.cost_rank(np.asarray(positions, dtype=np.int64))
         if self._fixed is not None:
             return self._fixed_spans(ranked)
         return self._token_spans(ranked)
