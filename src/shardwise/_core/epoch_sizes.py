@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from .schedule import BY_EPOCH, CALLABLE, CONSTANT, BatchSizeSchedule, Step
+from .schedule import CALLABLE, CONSTANT, BatchSizeSchedule, Step
+from .thresholds import BY_EPOCH
 
 _Default = TypeVar("_Default", bound=int | None)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .errors import check_callable, check_int
-from .thresholds import last_at_or_below, read_thresholds
+from .thresholds import BY_EPOCH, Stepwise, read_thresholds
 
 
 class Step(NamedTuple):
@@ -48,8 +48,8 @@ class Run:
         return self.first + self.steps * world_size * self.batch_size
 
 
-CONSTANT, BY_EPOCH, BY_SAMPLES, RAMP, CALLABLE = "constant", "by_epoch", "by_samples", "ramp", "callable"
-"""The kinds of :class:`BatchSizeSchedule`."""
+CONSTANT, BY_SAMPLES, RAMP, CALLABLE = "constant", "by_samples", "ramp", "callable"
+"""Kinds of :class:`BatchSizeSchedule` (with ``thresholds.BY_EPOCH``)."""
 _NO_PAYLOAD = object()
 
 
@@ -79,7 +79,7 @@ def _read_points(name: str, points: object, unit: str) -> tuple[tuple[int, ...],
     return thresholds, sizes, tuple(None if payload is _NO_PAYLOAD else payload for _, payload in values)
 
 
-class BatchSizeSchedule:
+class BatchSizeSchedule(Stepwise):
     """The per-rank batch size, and optionally a payload, as a function of the plan position.
 
     Build one with a constructor: :meth:`constant`, :meth:`by_epoch`, :meth:`by_samples`,
@@ -207,16 +207,6 @@ class BatchSizeSchedule:
         return bool(self._has_payload)
 
     @property
-    def kind(self) -> str:
-        """``"constant"``, ``"by_epoch"``, ``"by_samples"``, ``"ramp"`` or ``"callable"``."""
-        return self._kind
-
-    @property
-    def thresholds(self) -> tuple[int, ...]:
-        """Where each size starts (epochs for ``by_epoch``, samples otherwise); ``(0,)`` for a function."""
-        return self._thresholds
-
-    @property
     def is_callable(self) -> bool:
         """Whether the schedule is an arbitrary function (evaluated step by step)."""
         return self._kind == CALLABLE
@@ -242,10 +232,9 @@ class BatchSizeSchedule:
             return (*self._evaluate(epoch, samples), samples + 1)
         if kind == CONSTANT:
             return self._sizes[0], self._payloads[0], None
+        level = self.level_at(epoch, samples)
         if kind == BY_EPOCH:
-            level = last_at_or_below(self._thresholds, epoch)
             return self._sizes[level], self._payloads[level], None
-        level = last_at_or_below(self._thresholds, samples)
         until = self._thresholds[level + 1] if level + 1 < len(self._thresholds) else None
         return self._sizes[level], self._payloads[level], until
 

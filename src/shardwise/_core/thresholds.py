@@ -4,7 +4,7 @@ A schedule (a batch-size schedule, a weight schedule) is a mapping from threshol
 value of the last threshold at or below the current epoch (or sample count) holds. Thresholds
 start at 0 and increase strictly, in the order given. :func:`read_thresholds` validates such a
 mapping once, at construction, with one wording for every schedule; :func:`last_at_or_below`
-finds the entry in effect in O(log entries).
+finds the entry in effect in O(log entries); :class:`Stepwise` is what both schedules share.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from typing import TypeVar
 from .errors import check_int
 
 _Value = TypeVar("_Value")
+
+BY_EPOCH = "by_epoch"
+"""The kind of a schedule whose thresholds count epochs (every other kind counts samples consumed)."""
 
 
 def read_thresholds(
@@ -67,3 +70,30 @@ def read_thresholds(
 def last_at_or_below(thresholds: Sequence[int], value: int) -> int:
     """Index of the last threshold ``<= value`` (``thresholds`` increasing, ``thresholds[0] == 0 <= value``)."""
     return bisect.bisect_right(thresholds, value) - 1
+
+
+class Stepwise:
+    """A schedule whose value is a step function of the epoch or of the samples consumed.
+
+    Subclasses (``WeightSchedule``, ``BatchSizeSchedule``) set ``_kind``, the name of the
+    constructor that built them, and ``_thresholds``, where each value starts.
+    """
+
+    __slots__ = ()
+
+    _kind: str
+    _thresholds: tuple[int, ...]
+
+    @property
+    def kind(self) -> str:
+        """The constructor that built the schedule: ``"constant"``, ``"by_epoch"``, ``"by_samples"``, ..."""
+        return self._kind
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        """Where each value starts, from 0: epochs for ``by_epoch``, samples consumed otherwise."""
+        return self._thresholds
+
+    def level_at(self, epoch: int, samples: int) -> int:
+        """Which value is in effect at ``epoch`` with ``samples`` consumed over the run (both checked already)."""
+        return last_at_or_below(self._thresholds, epoch if self._kind == BY_EPOCH else samples)

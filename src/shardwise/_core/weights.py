@@ -20,7 +20,7 @@ import numpy as np
 
 from .arrays import as_weight_array, digest
 from .errors import check_int
-from .thresholds import last_at_or_below, read_thresholds
+from .thresholds import BY_EPOCH, Stepwise, read_thresholds
 
 WEIGHT_DENOMINATOR = 1 << 30
 """Weights that are not simple fractions are rounded to multiples of ``1 / WEIGHT_DENOMINATOR``."""
@@ -110,11 +110,11 @@ class Weights:
         return [a / self.denominator for a in self.a]
 
 
-CONSTANT, BY_SAMPLES, BY_EPOCH = "constant", "by_samples", "by_epoch"
-"""The kinds of :class:`WeightSchedule`."""
+CONSTANT, BY_SAMPLES = "constant", "by_samples"
+"""Kinds of :class:`WeightSchedule` (with ``thresholds.BY_EPOCH``)."""
 
 
-class WeightSchedule:
+class WeightSchedule(Stepwise):
     """Mixture weights as a function of the epoch or of the samples consumed (a curriculum).
 
     Build one with :meth:`constant`, :meth:`by_samples` or :meth:`by_epoch`. ``samples`` counts plan
@@ -150,15 +150,6 @@ class WeightSchedule:
         return cls(BY_EPOCH, *_read_points(points, "epoch"))
 
     @property
-    def kind(self) -> str:
-        """``"constant"``, ``"by_samples"`` or ``"by_epoch"``."""
-        return self._kind
-
-    @property
-    def thresholds(self) -> tuple[int, ...]:
-        return self._thresholds
-
-    @property
     def weights(self) -> tuple[np.ndarray, ...]:
         return self._weights
 
@@ -170,7 +161,7 @@ class WeightSchedule:
             ValueError: ``epoch`` or ``samples`` is negative.
         """
         epoch, samples = check_int("epoch", epoch, minimum=0), check_int("samples", samples, minimum=0)
-        return last_at_or_below(self._thresholds, epoch if self._kind == BY_EPOCH else samples)
+        return self.level_at(epoch, samples)
 
     def at(self, epoch: int, samples: int) -> list[float]:
         """The weights in effect at ``epoch`` with ``samples`` consumed (as given, not normalised)."""
