@@ -14,17 +14,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Sampler
 
 from shardwise import BucketBatchSampler, Oversized, StateMismatchError
-from shardwise._core.batching import (
-    BatchPlan,
-    balanced_batch_order,
-    bucket_plan,
-    fixed_offsets,
-    shuffled,
-    sized_offsets,
-    sort_in_windows,
-    token_offsets,
-    window_starts,
-)
+from shardwise._core.batching import BatchPlan
+from shardwise._core.bucketing import bucket_plan
+from shardwise._core.cutting import fixed_offsets, sized_offsets, token_offsets
+from shardwise._core.ordering import balanced_batch_order, shuffled, sort_in_windows, window_starts
 from shardwise._core.permutation import table_permutation
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import shardwise
 from shardwise import Mixture, MixtureSampler, ScheduledBatchSampler, WeightSchedule, temperature_weights
-from shardwise._core.mixture import MixtureStop, Weights, exact_weights
+from shardwise._core.mixture import MixtureStop
+from shardwise._core.weights import Weights, exact_weights
 from tests.strategies import mixture_weights
 
 SIZES = [1000, 50, 10]

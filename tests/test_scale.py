@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 from shardwise import BucketBatchSampler, RaggedArray
-from shardwise._core.batching import SortedBucketPlan, balanced_batch_order, bucket_plan, span_positions
+from shardwise._core.bucketing import bucket_plan
+from shardwise._core.offsets import span_positions
+from shardwise._core.ordering import balanced_batch_order
 from shardwise._core.seeds import derive_seed
+from shardwise._core.sorted_bucketing import SortedBucketPlan
 from shardwise.index import cache as cache_module
 from tests.memcap import run_capped
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise import BatchSizeSchedule
-from shardwise._core.schedule import EpochSizes, as_schedule, check_per_epoch, epoch_value, plan_steps
+from shardwise._core.epoch_sizes import EpochSizes, check_per_epoch, epoch_value
+from shardwise._core.schedule import as_schedule, plan_steps
 
 
 def test_module_examples_run() -> None:

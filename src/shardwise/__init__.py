@@ -7,11 +7,12 @@ dealt out to ranks by position, with O(1)-memory shuffles and an O(1) resume sta
 from typing import Any
 
 from ._core.errors import MalformedStateError, StateMismatchError
-from ._core.mixture import MixtureStop, WeightSchedule, temperature_weights
+from ._core.mixture import MixtureStop
 from ._core.packing import PackedIndex, TooLong
 from ._core.plan import Even
 from ._core.schedule import BatchSizeSchedule
 from ._core.version import __version__
+from ._core.weights import WeightSchedule, temperature_weights
 from .data.collate import PadCollate, PaddedBatch, pad_collate
 from .data.mixture import Mixture
 from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate

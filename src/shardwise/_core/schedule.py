@@ -21,9 +21,10 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from .errors import check_callable, check_int
+from .thresholds import BY_EPOCH, Stepwise, read_thresholds
 
 
 class Step(NamedTuple):
@@ -47,9 +48,8 @@ class Run:
         return self.first + self.steps * world_size * self.batch_size
 
 
-_Default = TypeVar("_Default", bound=int | None)
-
-_CONSTANT, _EPOCH, _SAMPLES, _RAMP, _CALLABLE = "constant", "by_epoch", "by_samples", "ramp", "callable"
+CONSTANT, BY_SAMPLES, RAMP, CALLABLE = "constant", "by_samples", "ramp", "callable"
+"""Kinds of :class:`BatchSizeSchedule` (with ``thresholds.BY_EPOCH``)."""
 _NO_PAYLOAD = object()
 
 
@@ -70,49 +70,16 @@ def _split_value(name: str, value: object) -> tuple[int, Any]:
 
 
 def _read_points(name: str, points: object, unit: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]:
-    """Validate ``{threshold: size or (size, payload)}``: thresholds from 0, strictly increasing."""
-    if not isinstance(points, Mapping) or not points:
-        raise TypeError(
-            f"{name} should be a non-empty mapping {{{unit}: batch_size}} starting at 0, but got {name}={points!r}"
-        )
-    thresholds: list[int] = []
-    sizes: list[int] = []
-    payloads: list[Any] = []
-    for key, value in points.items():
-        threshold = check_int(f"{name} key", key, minimum=0)
-        if thresholds and threshold <= thresholds[-1]:
-            raise ValueError(
-                f"{name} thresholds should be strictly increasing, but got {threshold} after {thresholds[-1]} "
-                f"in {name}={dict(points)!r}"
-            )
-        size, payload = _split_value(f"{name}[{threshold}]", value)
-        thresholds.append(threshold)
-        sizes.append(size)
-        payloads.append(payload)
-    if thresholds[0] != 0:
-        raise ValueError(
-            f"{name} should start at {unit} 0 (the size before the first change), but its first key is "
-            f"{thresholds[0]} in {name}={dict(points)!r}"
-        )
-    with_payload = [p is not _NO_PAYLOAD for p in payloads]
+    """Validate ``{threshold: size or (size, payload)}`` (see :func:`~shardwise._core.thresholds.read_thresholds`)."""
+    thresholds, values = read_thresholds(name, points, unit, "batch_size", _split_value)
+    with_payload = [payload is not _NO_PAYLOAD for _, payload in values]
     if any(with_payload) and not all(with_payload):
-        raise ValueError(f"{name} should give a payload for every entry or for none, but got {name}={dict(points)!r}")
-    return tuple(thresholds), tuple(sizes), tuple(None if p is _NO_PAYLOAD else p for p in payloads)
+        raise ValueError(f"{name} should give a payload for every entry or for none, but got {name}={points!r}")
+    sizes = tuple(size for size, _ in values)
+    return thresholds, sizes, tuple(None if payload is _NO_PAYLOAD else payload for _, payload in values)
 
 
-def _last_at_or_below(thresholds: tuple[int, ...], value: int) -> int:
-    """Index of the last threshold <= ``value`` (thresholds[0] == 0 <= value)."""
-    low, high = 0, len(thresholds)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if thresholds[middle] <= value:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
-class BatchSizeSchedule:
+class BatchSizeSchedule(Stepwise):
     """The per-rank batch size, and optionally a payload, as a function of the plan position.
 
     Build one with a constructor: :meth:`constant`, :meth:`by_epoch`, :meth:`by_samples`,
@@ -164,7 +131,7 @@ class BatchSizeSchedule:
         """
         if isinstance(function, BatchSizeSchedule):
             raise TypeError(f"{name} should be a callable (epoch, samples) -> batch_size, but got {name}={function!r}")
-        self._setup(_CALLABLE, (0,), (1,), (None,), has_payload=None)
+        self._setup(CALLABLE, (0,), (1,), (None,), has_payload=None)
         self._function = check_callable(name, function, arguments=("epoch", "samples"), returns="batch_size")
         self._name = name
         self._evaluate(0, 0)
@@ -187,14 +154,14 @@ class BatchSizeSchedule:
     def constant(cls, batch_size: int, payload: Any = None) -> BatchSizeSchedule:
         """One size for the whole run (what a plain ``batch_size=int`` means); ``payload`` opts in."""
         size = check_int("batch_size", batch_size, minimum=1)
-        return cls._build(_CONSTANT, (0,), (size,), (payload,), has_payload=payload is not None)
+        return cls._build(CONSTANT, (0,), (size,), (payload,), has_payload=payload is not None)
 
     @classmethod
     def by_epoch(cls, sizes: Mapping[int, int | tuple[int, Any]]) -> BatchSizeSchedule:
         """``{first epoch: size}``, e.g. ``{0: 256, 10: 128, 20: 64}``; values may be ``(size, payload)``."""
         thresholds, values, payloads = _read_points("sizes", sizes, "epoch")
         has_payload = _has_payload(sizes)
-        return cls._build(_EPOCH, thresholds, values, payloads, has_payload=has_payload)
+        return cls._build(BY_EPOCH, thresholds, values, payloads, has_payload=has_payload)
 
     @classmethod
     def by_samples(cls, sizes: Mapping[int, int | tuple[int, Any]]) -> BatchSizeSchedule:
@@ -203,8 +170,8 @@ class BatchSizeSchedule:
         A change takes effect at the first global step that starts at or after its threshold,
         mid-epoch if the threshold falls there.
         """
-        thresholds, values, payloads = _read_points("sizes", sizes, "sample")
-        return cls._build(_SAMPLES, thresholds, values, payloads, has_payload=_has_payload(sizes))
+        thresholds, values, payloads = _read_points("sizes", sizes, "samples")
+        return cls._build(BY_SAMPLES, thresholds, values, payloads, has_payload=_has_payload(sizes))
 
     @classmethod
     def ramp(cls, *, start: int, end: int, increment: int, over_samples: int) -> BatchSizeSchedule:
@@ -227,11 +194,11 @@ class BatchSizeSchedule:
             )
         count = (end - start) // increment
         if count == 0 or over_samples == 0:
-            return cls._build(_CONSTANT, (0,), (end,), (None,), has_payload=False)
+            return cls._build(CONSTANT, (0,), (end,), (None,), has_payload=False)
         # Threshold of level j: the least s with s * count // over_samples >= j.
         thresholds = tuple(-(-j * over_samples // count) for j in range(count + 1))
         sizes = tuple(start + j * increment for j in range(count + 1))
-        return cls._build(_RAMP, thresholds, sizes, (None,) * (count + 1), has_payload=False, increment=increment)
+        return cls._build(RAMP, thresholds, sizes, (None,) * (count + 1), has_payload=False, increment=increment)
 
     # -- evaluation ----------------------------------------------------------------------------
     @property
@@ -242,7 +209,7 @@ class BatchSizeSchedule:
     @property
     def is_callable(self) -> bool:
         """Whether the schedule is an arbitrary function (evaluated step by step)."""
-        return self._kind == _CALLABLE
+        return self._kind == CALLABLE
 
     def __call__(self, epoch: int, samples: int) -> Step:
         """The step size and payload at ``epoch`` after ``samples`` samples of the run."""
@@ -261,14 +228,13 @@ class BatchSizeSchedule:
         """
         epoch, samples = check_int("epoch", epoch, minimum=0), check_int("samples", samples, minimum=0)
         kind = self._kind
-        if kind == _CALLABLE:
+        if kind == CALLABLE:
             return (*self._evaluate(epoch, samples), samples + 1)
-        if kind == _CONSTANT:
+        if kind == CONSTANT:
             return self._sizes[0], self._payloads[0], None
-        if kind == _EPOCH:
-            level = _last_at_or_below(self._thresholds, epoch)
+        level = self.level_at(epoch, samples)
+        if kind == BY_EPOCH:
             return self._sizes[level], self._payloads[level], None
-        level = _last_at_or_below(self._thresholds, samples)
         until = self._thresholds[level + 1] if level + 1 < len(self._thresholds) else None
         return self._sizes[level], self._payloads[level], until
 
@@ -298,9 +264,9 @@ class BatchSizeSchedule:
     # -- what validation needs -----------------------------------------------------------------
     def epoch_starts_to_check(self, epoch_size: int) -> list[int] | None:
         """The epochs whose first step can differ from an earlier epoch's (``None``: not known)."""
-        if self._kind == _CALLABLE:
+        if self._kind == CALLABLE:
             return None
-        if self._kind == _EPOCH:
+        if self._kind == BY_EPOCH:
             return list(self._thresholds)
         if epoch_size == 0:
             return [0]
@@ -308,14 +274,14 @@ class BatchSizeSchedule:
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain values describing the schedule (for ``describe()``; not part of the resume state)."""
-        if self._kind == _CALLABLE:
-            return {"kind": _CALLABLE, "function": getattr(self._function, "__qualname__", repr(self._function))}
+        if self._kind == CALLABLE:
+            return {"kind": CALLABLE, "function": getattr(self._function, "__qualname__", repr(self._function))}
         return {"kind": self._kind, "thresholds": list(self._thresholds), "sizes": list(self._sizes)}
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BatchSizeSchedule):
             return NotImplemented
-        if _CALLABLE in (self._kind, other._kind):
+        if CALLABLE in (self._kind, other._kind):
             return self is other or (self._kind == other._kind and self._function is other._function)
         return (self._kind, self._thresholds, self._sizes, self._payloads) == (
             other._kind,
@@ -328,12 +294,12 @@ class BatchSizeSchedule:
         return hash((self._kind, self._thresholds, self._sizes))
 
     def __repr__(self) -> str:
-        if self._kind == _CALLABLE:
+        if self._kind == CALLABLE:
             return f"BatchSizeSchedule({getattr(self._function, '__qualname__', repr(self._function))})"
-        if self._kind == _CONSTANT:
+        if self._kind == CONSTANT:
             payload = f", payload={self._payloads[0]!r}" if self._has_payload else ""
             return f"BatchSizeSchedule.constant({self._sizes[0]}{payload})"
-        if self._kind == _RAMP:
+        if self._kind == RAMP:
             # The last level starts at ceil(count * over_samples / count) == over_samples.
             over = self._thresholds[-1]
             return (
@@ -368,93 +334,6 @@ def as_schedule(batch_size: object, name: str = "batch_size") -> BatchSizeSchedu
         f"{name} should be a positive int, a BatchSizeSchedule or a callable (epoch, samples) -> int, "
         f"but got {name}={batch_size!r} ({type(batch_size).__name__})"
     )
-
-
-def check_per_epoch(schedule: BatchSizeSchedule, name: str, epoch_size: int, owner: str) -> None:
-    """Refuse a schedule that can change inside an epoch of ``epoch_size`` samples.
-
-    Batch samplers that build their own batch plan (a plan that must not depend on the world
-    size) take a new size at epoch starts only: constant and ``by_epoch`` schedules, and
-    ``by_samples``/``ramp`` schedules whose every change falls on an epoch start.
-
-    Raises:
-        ValueError: naming the parameter and pointing to ``by_epoch`` and ``ScheduledBatchSampler``.
-    """
-    kind = schedule._kind
-    if kind in (_CONSTANT, _EPOCH):
-        return
-    if kind != _CALLABLE and epoch_size > 0 and all(t % epoch_size == 0 for t in schedule._thresholds):
-        return
-    where = "a function can change at any step" if kind == _CALLABLE else (
-        f"its changes at samples {list(schedule._thresholds[1:])} do not all fall on an epoch start "
-        f"(multiples of {epoch_size})"
-    )  # fmt: skip
-    raise ValueError(
-        f"{owner} changes {name} at epoch starts only (its batch plan does not depend on the world size), but "
-        f"{name}={schedule!r}: {where}. Use BatchSizeSchedule.by_epoch(...), or ScheduledBatchSampler for "
-        "changes inside an epoch"
-    )
-
-
-def epoch_value(schedule: BatchSizeSchedule, epoch: int, epoch_size: int) -> Step:
-    """The value of a per-epoch schedule for ``epoch`` (at its first sample, ``epoch * epoch_size``)."""
-    return schedule(epoch, epoch * epoch_size)
-
-
-class EpochSizes:
-    """Size arguments of a batch sampler with its own plan, each an int or a per-epoch schedule.
-
-    Such a sampler reads ``at(name, epoch, default)`` where it reads a size, and adds
-    ``fingerprint()`` to its own (empty when nothing is scheduled, so existing states still load).
-
-    Args:
-        owner: the sampler's name, for messages.
-        epoch_size: samples one epoch consumes (what a ``by_samples`` threshold counts).
-        **values: each size argument as given (ints pass through untouched).
-
-    Raises:
-        ValueError: a schedule that changes inside an epoch, or one that carries payloads.
-    """
-
-    __slots__ = ("_epoch_size", "_schedules")
-
-    def __init__(self, owner: str, epoch_size: int, **values: object) -> None:
-        self._epoch_size = epoch_size
-        self._schedules: dict[str, BatchSizeSchedule] = {}
-        for name, value in values.items():
-            if not isinstance(value, BatchSizeSchedule):
-                continue
-            check_per_epoch(value, name, epoch_size, owner)
-            if value.has_payload:
-                raise ValueError(
-                    f"{owner} takes no payloads, but {name}={value!r} carries some; give bare sizes, or use "
-                    "ScheduledBatchSampler, which yields (index, payload) pairs"
-                )
-            self._schedules[name] = value
-
-    def __bool__(self) -> bool:
-        return bool(self._schedules)
-
-    def initial(self, name: str, value: object) -> object:
-        """``value`` itself, or the epoch-0 value of a schedule (for the plain attribute and checks)."""
-        schedule = self._schedules.get(name)
-        return value if schedule is None else epoch_value(schedule, 0, self._epoch_size).batch_size
-
-    def at(self, name: str, epoch: int, default: _Default) -> int | _Default:
-        """The size ``name`` takes in ``epoch``; ``default`` when it is not scheduled."""
-        schedule = self._schedules.get(name)
-        return default if schedule is None else epoch_value(schedule, epoch, self._epoch_size).batch_size
-
-    def epochs(self) -> list[int]:
-        """Every epoch where a scheduled size can change (0 included): what validation must visit."""
-        found = {0}
-        for schedule in self._schedules.values():
-            found.update(schedule.epoch_starts_to_check(self._epoch_size) or [])
-        return sorted(found)
-
-    def fingerprint(self) -> dict[str, str]:
-        """``{"<name>_schedule": repr}`` for each scheduled size."""
-        return {f"{name}_schedule": repr(schedule) for name, schedule in self._schedules.items()}
 
 
 def plan_steps(

@@ -38,11 +38,16 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import check_non_negative_integers, one_dimensional
-from .._core.batching import BatchPlan, SortedBucketPlan, bucket_plan, shuffled, span_positions
+from .._core.batching import BatchPlan
+from .._core.bucketing import bucket_plan
+from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
+from .._core.offsets import span_positions
+from .._core.ordering import shuffled
 from .._core.plan import Even
-from .._core.schedule import BatchSizeSchedule, EpochSizes
+from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed
+from .._core.sorted_bucketing import SortedBucketPlan
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index, read_checked

@@ -50,9 +50,10 @@ from .._core.classes import (
     member_keys,
     member_ranks,
 )
+from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
 from .._core.plan import Even
-from .._core.schedule import BatchSizeSchedule, EpochSizes
+from .._core.schedule import BatchSizeSchedule
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, IndexCacheError, read_checked

@@ -13,10 +13,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import check_bool, check_choice, check_int
-from .._core.mixture import MixturePlan, MixtureStop, WeightSchedule, as_weight_schedule
+from .._core.mixture import MixturePlan, MixtureStop
 from .._core.plan import Even
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
+from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler, UnitSource
 

@@ -29,11 +29,12 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest
+from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
 from .._core.indices import Arange, IndexList, check_values, index_list, shared_indices, take
 from .._core.permutation import Permutation
 from .._core.plan import Even
-from .._core.schedule import BatchSizeSchedule, EpochSizes
+from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World

@@ -1,0 +1,36 @@
+"""Ragged layouts as flat arrays: offsets from counts, and the positions that spans cover.
+
+Many things here are runs laid end to end (the batches of a plan, the runs of equal length of a
+sorted stream, the sources of a mixture): run ``i`` of ``counts[i]`` items occupies
+``[offsets[i], offsets[i + 1])`` of one flat array. Both functions are one numpy pass, O(runs) and
+O(items) memory respectively.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def offsets_from_counts(counts: np.ndarray | list[int]) -> np.ndarray:
+    """``(len(counts) + 1,)`` int64: ``0`` then the running total, so run ``i`` is ``[offsets[i], offsets[i + 1])``.
+
+    Example:
+        >>> offsets_from_counts(np.array([2, 3, 1])).tolist()
+        [0, 2, 5, 6]
+    """
+    counts = np.asarray(counts)
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def span_positions(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``(sizes.sum(),)`` int64: the positions ``[starts[i], starts[i] + sizes[i])`` of every span, concatenated.
+
+    Example:
+        >>> span_positions(np.array([5, 0]), np.array([2, 3])).tolist()
+        [5, 6, 0, 1, 2]
+    """
+    # each span's start repeated, minus where the span begins in the output, plus the output position
+    firsts = offsets_from_counts(sizes)[:-1]
+    return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
