@@ -16,11 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# balanced_batch_order is re-exported: _core/packing.py imports it from here.
 from .offsets import offsets_from_counts, span_positions
-from .ordering import balanced_batch_order
 
-__all__ = ["BatchPlan", "balanced_batch_order"]
+__all__ = ["BatchPlan"]
 
 
 @dataclass(frozen=True, eq=False)

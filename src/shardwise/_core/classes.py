@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .permutation import Permutation, feistel_rounds, mix64
+from .permutation import GOLDEN, Permutation, feistel_rounds, mix64
 from .seeds import derive_seed
 
 CHUNK = 1 << 18
@@ -49,7 +49,6 @@ ROWS = "class-balanced-rows"
 LINK = "class-balanced-link"
 MEMBERS = "class-balanced-members"
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _ROUNDS = 6
 _LOCAL_BITS = 22  # CHUNK == 1 << _LOCAL_BITS: a chunk-local position fits below this bit
 
@@ -289,7 +288,7 @@ def member_ranks(
     stream = uses * per_class + within
     cycle = np.where(whole, uses // safe_groups, stream // size)
     offset = np.where(whole, (uses % safe_groups) * per_class + within, stream % size)
-    tweak = mix64(cls.astype(np.uint64) * _GOLDEN ^ mix64(cycle.astype(np.uint64) + _GOLDEN))
+    tweak = mix64(cls.astype(np.uint64) * GOLDEN ^ mix64(cycle.astype(np.uint64) + GOLDEN))
     return keyed_shuffle(offset, size, tweak, keys)
 
 

@@ -1,7 +1,7 @@
 """Argument checks with one message template, shared by every layer.
 
 Every bad argument fails at construction with a message that names the parameter, the value
-received and what would be accepted (DESIGN.md section 6).
+received and what would be accepted (README.md's promise; docs/design.md states the contract).
 """
 
 from __future__ import annotations

@@ -57,14 +57,13 @@ from typing import Any
 
 import numpy as np
 
-from .permutation import ROUNDS, feistel, mix64
+from .permutation import GOLDEN, ROUNDS, feistel, mix64
 from .seeds import derive_words
 from .weights import Weights
 
 MAX_BLOCK = 1 << 31
 """Largest block: keeps ``j * g`` within int64 for the unshuffled interleave."""
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SLOTS, _DRAWS = "mixture-slots", "mixture-draws"
 
 
@@ -188,10 +187,10 @@ def element_keys(base: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """
     first = labels[:1]
     if labels.size and (labels == first[0]).all():
-        salt = mix64(first.astype(np.uint64) * _GOLDEN + np.uint64(1))
+        salt = mix64(first.astype(np.uint64) * GOLDEN + np.uint64(1))
         uniform: np.ndarray = base ^ salt[0]
         return uniform
-    salt = mix64(labels.astype(np.uint64) * _GOLDEN + np.uint64(1))
+    salt = mix64(labels.astype(np.uint64) * GOLDEN + np.uint64(1))
     per_element: np.ndarray = base[:, None] ^ salt[None, :]
     return per_element
 
@@ -224,7 +223,7 @@ def slots(layout: Layout, positions: np.ndarray, slot_keys: np.ndarray | None, i
     if slot_keys is None or interleave:
         found: np.ndarray = offsets * golden_step(block)
         if slot_keys is not None:
-            rotation = mix64((positions // block).astype(np.uint64) * _GOLDEN ^ slot_keys[0]) % np.uint64(block)
+            rotation = mix64((positions // block).astype(np.uint64) * GOLDEN ^ slot_keys[0]) % np.uint64(block)
             found += rotation.astype(np.int64)
         found %= block
         return found

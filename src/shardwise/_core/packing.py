@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batching import balanced_batch_order
 from .errors import check_int
+from .ordering import balanced_batch_order
 from .permutation import mix64
 from .rowpack import deal_rows, pack_histogram, row_loads
 from .seeds import derive_seed, derive_words
@@ -411,7 +411,7 @@ def order_stratum(
 ) -> StratumPlan:
     """Lay one epoch's items (one per slot, with their ``lengths``) out as the stratum's batches, in plan order.
 
-    Batches are ordered by :func:`~shardwise._core.batching.balanced_batch_order` over their
+    Batches are ordered by :func:`~shardwise._core.ordering.balanced_batch_order` over their
     ``batch_keys``: sorted by cost and shuffled in groups of ``group``, so that the W batches of a
     global step (W dividing ``group``) cost about the same. ``key`` also shuffles rows within a
     batch and items within a row; ``None`` keeps cost order and layout order.

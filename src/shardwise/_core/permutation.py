@@ -35,6 +35,8 @@ ROUNDS = 6
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+"""2**64 / golden ratio: the odd constant that spreads consecutive integers before :func:`mix64`."""
 
 
 def mix64(x: np.ndarray) -> np.ndarray:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import check_int
-from .mixture import _GOLDEN, MixturePlan, element_keys, floor_share, golden_step
-from .permutation import _domain_bits, feistel_inverse, mix64
+from .mixture import MixturePlan
+from .mixture_blocks import element_keys, floor_share, golden_step
+from .permutation import GOLDEN, _domain_bits, feistel_inverse, mix64
 from .schedule import Run
 
 
@@ -130,7 +131,7 @@ def _offset_of_slot(plan: MixturePlan, slot_keys: np.ndarray | None, block: int,
     if slot_keys is None or plan.interleave:
         rotation = 0
         if slot_keys is not None:
-            mixed = mix64(np.asarray([block], dtype=np.uint64) * _GOLDEN ^ slot_keys[0])
+            mixed = mix64(np.asarray([block], dtype=np.uint64) * GOLDEN ^ slot_keys[0])
             rotation = int(mixed[0] % np.uint64(size))
         return (slot - rotation) * pow(golden_step(size), -1, size) % size
     keys = element_keys(slot_keys, np.asarray([block], dtype=np.int64))

@@ -91,7 +91,7 @@ def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> 
 
 
 class Progress:
-    """Epoch and global position of one sampler, with the auto-advance rule of DESIGN.md section 4.
+    """Epoch and global position of one sampler, with the auto-advance rule of docs/design.md, "Epochs".
 
     - ``set_epoch(e)`` always wins: a different epoch starts at position 0, and so does the same
       epoch once a pass over it completed here (code that calls ``set_epoch(0)`` every epoch gets

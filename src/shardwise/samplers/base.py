@@ -48,7 +48,7 @@ def torch_world() -> tuple[int, int] | None:
 
 
 def current_world(num_replicas: int | None = None, rank: int | None = None) -> World:
-    """Resolve rank and world size now (DESIGN.md section 3): arguments, torch.distributed, launcher."""
+    """Resolve rank and world size now (docs/design.md, "Rank and world size"): arguments, torch.distributed, env."""
     return resolve_world(num_replicas, rank, dist=torch_world(), env=os.environ)
 
 
@@ -87,7 +87,7 @@ class _Pass:
 
 
 class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
-    """Mixin with the behaviour DESIGN.md requires of every sampler; see the module docstring.
+    """Mixin with the behaviour docs/design.md requires of every sampler; see the module docstring.
 
     Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks.
     """

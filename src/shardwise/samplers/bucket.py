@@ -18,7 +18,7 @@ Memory at any n (the default ``sort_window=None``): step 1 reads a **shared leng
 once per input by a chunked counting sort and memory-mapped read-only by every rank and worker
 of the node, or read from a ``RaggedArray`` store's own ``index/``); the within-length shuffle
 is a keyed permutation per length, and steps 2-3 are arithmetic over the runs of equal length
-(``_core.batching.SortedBucketPlan``). A rank therefore holds O(distinct lengths) integers and
+(``_core.sorted_bucketing.SortedBucketPlan``). A rank therefore holds O(distinct lengths) integers and
 one chunk of batches, never an O(n) array: at 1e9 samples, 4 GB of shared index per node (8 GB
 above 2**32 samples) plus a few MB per rank. With a ``sort_window`` the plan is materialised per
 epoch instead (8 bytes a sample per rank): use it only where that fits.

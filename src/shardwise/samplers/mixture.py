@@ -45,7 +45,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
       blocks of constant weights, source ``i`` has been drawn ``w_i * b * block`` times to within
       one sample (rounded up or down), so any window of whole blocks is within 2 samples of its
       target at any length, never drifting. The order within each block is shuffled; a window
-      that cuts blocks deviates by at most a block's share more (see ``shardwise._core.mixture``).
+      that cuts blocks deviates by at most a block's share more (see ``shardwise._core.mixture_blocks``).
     - **Exact batches.** With ``block`` equal to the global batch size (``world_size x`` the
       per-rank batch), and ``ScheduledBatchSampler(sampler, batch_size=per_rank)`` to cut batches,
       every global step holds exactly ``w_i x block`` samples of source ``i`` when these are

@@ -55,7 +55,7 @@ from torch.utils.data.distributed import DistributedSampler
 from .._core.arrays import digest, one_dimensional
 from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
 from .._core.indices import has_bits, mark_bits
-from .._core.permutation import mix64
+from .._core.permutation import GOLDEN, mix64
 from .._core.plan import Even
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
@@ -76,14 +76,13 @@ DISTINCT_PLAN = "weighted-distinct-v1"
 
 _BLOCK = 1 << 20  # weights converted / summed per step while building: bounds temporary memory
 _BITS = 62
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
 def counter_hash(positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """64 random bits per position: a pure function of ``(keys, position)`` (uint64 array)."""
-    x = positions.astype(np.uint64) * _GOLDEN
+    x = positions.astype(np.uint64) * GOLDEN
     x ^= keys[0]
     x = mix64(x)
     x ^= keys[1]
@@ -112,7 +111,7 @@ def uniform_below(bound: int, positions: np.ndarray, keys: np.ndarray) -> np.nda
     threshold = np.uint64((2**64 - bound) % bound)
     redraw = np.flatnonzero(low < threshold)
     while redraw.size:
-        words[redraw] = mix64(words[redraw] + _GOLDEN)
+        words[redraw] = mix64(words[redraw] + GOLDEN)
         again_high, again_low = mul_wide(words[redraw], bound)
         high[redraw] = again_high
         redraw = redraw[again_low < threshold]
