@@ -24,16 +24,12 @@ from typing import Any
 from ..samplers.base import PlanSampler
 from ..samplers.frameworks import is_batch_plan
 from . import require
+from .loader_settings import copy_settings
 
 _accelerate = require("accelerate", "accelerate", "accelerate", "accelerate")
 _data_loader = require("accelerate.data_loader", "accelerate", "accelerate", "accelerate")
 
 __all__ = ["prepare_data_loader"]
-
-_SAME = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
-)  # fmt: skip
 
 
 def _shardwise_batches(loader: Any) -> Any:
@@ -69,10 +65,7 @@ def prepare_data_loader(accelerator: Any, loader: Any) -> Any:
     """
     batch_sampler = _shardwise_batches(loader)
     config = accelerator.dataloader_config
-    settings: dict[str, Any] = {name: getattr(loader, name) for name in _SAME if hasattr(loader, name)}
-    if settings.get("num_workers", 0) == 0:
-        settings.pop("prefetch_factor", None)
-        settings["persistent_workers"] = False
+    settings = copy_settings(loader)
     rng_types = [kind for kind in accelerator.rng_types if str(kind) != "generator" and kind != "generator"]
     placement = accelerator.device_placement
     shard = _data_loader.DataLoaderShard(

@@ -55,6 +55,7 @@ from ..samplers.bucket import BucketBatchSampler
 from ..samplers.frameworks import is_batch_plan
 from ..samplers.sharded import ShardedSampler
 from . import require
+from .loader_settings import trainer_settings
 
 _transformers = require("transformers", "transformers", "transformers", "transformers")
 _trainer_module: Any = require("transformers.trainer", "transformers", "transformers", "transformers")
@@ -293,13 +294,8 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         sampler = self._shardwise_sampler
         args = self.args
         params: dict[str, Any] = {
+            **trainer_settings(args),
             "collate_fn": collator,
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory,
-            "persistent_workers": args.dataloader_persistent_workers,
-            "multiprocessing_context": args.dataloader_multiprocessing_context,
-            "prefetch_factor": args.dataloader_prefetch_factor,
-            "in_order": args.dataloader_in_order,
             "worker_init_fn": partial(
                 _trainer_utils.seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
             ),
