@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.foreign import check, private
 from ..samplers.base import PlanSampler
 from ..samplers.frameworks import is_batch_plan
 from . import require
@@ -28,6 +29,11 @@ from .loader_settings import copy_settings
 
 _accelerate = require("accelerate", "accelerate", "accelerate", "accelerate")
 _data_loader = require("accelerate.data_loader", "accelerate", "accelerate", "accelerate")
+check("accelerate")
+
+_DROP_LAST = private("accelerate", "_drop_last")  # DataLoaderShard's keywords
+_NON_BLOCKING = private("accelerate", "_non_blocking")
+_PREPARED = private("accelerate", "_is_accelerate_prepared")  # what Accelerator.prepare returns as it is
 
 __all__ = ["prepare_data_loader"]
 
@@ -73,11 +79,10 @@ def prepare_data_loader(accelerator: Any, loader: Any) -> Any:
         device=accelerator.device if placement else None,
         rng_types=rng_types or None,
         use_stateful_dataloader=config.use_stateful_dataloader,
-        _drop_last=False,
-        _non_blocking=config.non_blocking,
         batch_sampler=batch_sampler,
+        **{_DROP_LAST: False, _NON_BLOCKING: config.non_blocking},
         **settings,
     )
     # Accelerate returns a loader it has already prepared as it is, and registers it (save_state).
-    shard._is_accelerate_prepared = True
+    setattr(shard, _PREPARED, True)
     return accelerator.prepare(shard)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.foreign import check
 from . import require
 from .loader_settings import copy_settings
 
 _stateful = require("torchdata.stateful_dataloader", "torchdata", "torchdata", "torchdata")
+check("torchdata")  # the names samplers/delivery.py reads from its iterators
 
 __all__ = ["to_stateful"]
 
