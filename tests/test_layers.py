@@ -135,3 +135,17 @@ def test_every_foreign_library_is_pinned_at_its_tested_version() -> None:
     pins = (PACKAGE.parents[1] / "constraints.txt").read_text().lower()
     for library, version in TESTED.items():
         assert f"{library}=={version}" in pins, f"constraints.txt should pin {library}=={version}"
+
+
+def test_check_loaded_checks_only_rows_whose_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The samplers' check imports nothing: a row of a module not loaded waits; a loaded one is checked."""
+    from shardwise._core import foreign
+
+    waiting = foreign.Private("lightning", "shardwise_no_such_module:Loop", "_gone", "used", "nowhere")
+    loaded = foreign.Private("lightning", "shardwise._core.foreign", "_gone", "attribute", "samplers/frameworks.py")
+    monkeypatch.setattr(foreign, "PRIVATE", (*foreign.PRIVATE, waiting))
+    foreign.check_loaded("lightning")  # no error: its module is not imported
+    assert "shardwise_no_such_module" not in sys.modules
+    monkeypatch.setattr(foreign, "PRIVATE", (*foreign.PRIVATE, loaded))
+    with pytest.raises(ImportError, match=r"lightning==2\.6\.6"):
+        foreign.check_loaded("lightning")

@@ -25,12 +25,13 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-__all__ = ["PRIVATE", "TESTED", "Private", "check", "missing", "private", "rows"]
+__all__ = ["PRIVATE", "TESTED", "Private", "check", "check_loaded", "missing", "private", "rows"]
 
 TESTED = {
     "torch": "2.13.0",
@@ -194,17 +195,38 @@ def _installed(library: str) -> str:
         return "(version unknown)"
 
 
+def _error(library: str, absent: list[Private]) -> ImportError:
+    tested = TESTED[library]
+    names = ", ".join(f"{row.owner}.{row.name} (used by {row.used_in})" for row in absent)
+    return ImportError(
+        f"shardwise relies on private names of {library} that {library} {_installed(library)} lacks: {names}; "
+        f"shardwise is tested with {library}=={tested}: install it with pip install '{library}=={tested}'"
+    )
+
+
 @functools.cache
 def check(library: str) -> None:
     """Raise ImportError, naming the version to pin, if the installed ``library`` lacks a name of the table.
 
-    Done once per process per library (cached); costs one scan of the owners' code, milliseconds.
+    Done once per process per library (cached); imports the modules the rows name, then costs one
+    scan of the owners' code (well under a millisecond for torch's rows).
     """
     absent = missing(library)
     if absent:
-        tested = TESTED[library]
-        names = ", ".join(f"{row.owner}.{row.name} (used by {row.used_in})" for row in absent)
-        raise ImportError(
-            f"shardwise relies on private names of {library} that {library} {_installed(library)} lacks: {names}; "
-            f"shardwise is tested with {library}=={tested}: install it with pip install '{library}=={tested}'"
-        )
+        raise _error(library, absent)
+
+
+_checked: set[Private] = set()
+
+
+def check_loaded(library: str) -> None:
+    """:func:`check`, for the rows of ``library`` whose module is already imported; imports nothing.
+
+    For the samplers, which meet a framework only when it drives them (Lightning's rebuild, Accelerate's
+    wrapper): each row is checked once, the first time its module is loaded at a call.
+    """
+    todo = [row for row in rows(library) if row not in _checked and row.owner.partition(":")[0] in sys.modules]
+    absent = [row for row in todo if not _present(row)]
+    if absent:
+        raise _error(library, absent)
+    _checked.update(todo)

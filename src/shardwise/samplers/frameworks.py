@@ -27,7 +27,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from .._core.foreign import check, private
+from .._core.foreign import check_loaded, private
 
 ACCELERATE_FIX = (
     "loader = shardwise.integrations.accelerate.prepare_data_loader(accelerator, loader)"
@@ -41,12 +41,6 @@ _PL_SAVED = tuple(
 )
 """Lightning's record of a batch sampler's construction arguments, in the order of its tuple."""
 _FIT_LOOP = private("lightning", "_FitLoop")
-
-
-def _check_loaded(library: str, module: str) -> None:
-    """Check ``library``'s names of the table (once) if ``module`` is loaded: the library is in use."""
-    if module in sys.modules:
-        check(library)
 
 
 def is_batch_plan(sampler: object) -> bool:
@@ -129,7 +123,7 @@ def _lightning_record(position: int) -> property:
     """One of Lightning's ``__pl_saved_*`` attributes: re-create as ``cls(Keep(self), sampler)``."""
 
     def get(self: object) -> Any:
-        _check_loaded("lightning", "lightning.fabric.utilities.data")
+        check_loaded("lightning")  # Lightning reads the record: its names are loaded
         if not is_batch_plan(self):
             raise AttributeError("not a batch sampler")
         record: tuple[Any, ...] = ((Keep(self), None), {}, ("keep", "sampler"), {})
@@ -152,7 +146,7 @@ def refuse_resharding(sampler: object) -> None:
     dealt out a second time would silently hand each rank ``1/W`` of its share. A sampler built
     with ``num_replicas=1`` yields the whole plan, which the framework may deal out itself.
     """
-    _check_loaded("accelerate", "accelerate.data_loader")
+    check_loaded("accelerate")
     frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the sampler's __iter__
     for _ in range(_FRAME_DEPTH):
         if frame is None:
@@ -184,7 +178,7 @@ def lightning_pending_epoch(frame: FrameType | None) -> int | None:
     """
     if "lightning.pytorch" not in sys.modules:
         return None
-    check("lightning")
+    check_loaded("lightning")
     for _ in range(_LIGHTNING_DEPTH):
         if frame is None:
             return None
