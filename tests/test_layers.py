@@ -86,3 +86,66 @@ def test_import_shardwise_stays_light() -> None:
     code = f"import sys, shardwise; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _foreign_libraries() -> list[str]:
+    from shardwise._core.foreign import TESTED
+
+    return sorted(TESTED)
+
+
+@pytest.mark.parametrize("library", _foreign_libraries())
+def test_every_foreign_private_name_exists_in_the_installed_library(library: str) -> None:
+    """Each row of the one table of foreign private names holds in the installed version (skip: not installed)."""
+    import importlib.util
+
+    from shardwise._core.foreign import TESTED, missing, rows
+
+    if importlib.util.find_spec(library) is None:
+        pytest.skip(f"{library} is not installed")
+    assert rows(library), f"{library} has no row in the table"
+    absent = [f"{row.owner}.{row.name} ({row.kind})" for row in missing(library)]
+    assert not absent, f"{library} (tested: {TESTED[library]}) lacks {absent}"
+
+
+def test_a_missing_foreign_name_is_one_error_naming_the_version_to_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name the installed library lacks: ImportError naming the name, its user and ``pip install 'lib==tested'``."""
+    from shardwise._core import foreign
+
+    gone = foreign.Private("torch", "torch.utils.data.dataloader:_BaseDataLoaderIter", "_no_such_name", "used",
+                           "samplers/delivery.py")  # fmt: skip
+    monkeypatch.setattr(foreign, "PRIVATE", (*foreign.PRIVATE, gone))
+    foreign.check.cache_clear()
+    try:
+        with pytest.raises(ImportError) as raised:
+            foreign.check("torch")
+    finally:
+        foreign.check.cache_clear()
+    message = str(raised.value)
+    assert "_BaseDataLoaderIter._no_such_name" in message and "samplers/delivery.py" in message
+    assert f"pip install 'torch=={foreign.TESTED['torch']}'" in message
+    with pytest.raises(LookupError, match=r"not in shardwise\._core\.foreign\.PRIVATE"):
+        foreign.private("torch", "_unlisted")
+
+
+def test_every_foreign_library_is_pinned_at_its_tested_version() -> None:
+    """The table's tested versions are the ones constraints.txt pins."""
+    from shardwise._core.foreign import TESTED
+
+    pins = (PACKAGE.parents[1] / "constraints.txt").read_text().lower()
+    for library, version in TESTED.items():
+        assert f"{library}=={version}" in pins, f"constraints.txt should pin {library}=={version}"
+
+
+def test_check_loaded_checks_only_rows_whose_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The samplers' check imports nothing: a row of a module not loaded waits; a loaded one is checked."""
+    from shardwise._core import foreign
+
+    waiting = foreign.Private("lightning", "shardwise_no_such_module:Loop", "_gone", "used", "nowhere")
+    loaded = foreign.Private("lightning", "shardwise._core.foreign", "_gone", "attribute", "samplers/frameworks.py")
+    monkeypatch.setattr(foreign, "PRIVATE", (*foreign.PRIVATE, waiting))
+    foreign.check_loaded("lightning")  # no error: its module is not imported
+    assert "shardwise_no_such_module" not in sys.modules
+    monkeypatch.setattr(foreign, "PRIVATE", (*foreign.PRIVATE, loaded))
+    with pytest.raises(ImportError, match=r"lightning==2\.6\.6"):
+        foreign.check_loaded("lightning")

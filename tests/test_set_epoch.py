@@ -135,3 +135,30 @@ def test_set_epoch_rejects_a_negative_epoch() -> None:
     """A negative epoch is refused, naming the parameter."""
     with pytest.raises(ValueError, match="epoch"):
         shardwise.set_epoch(DataLoader(range(4)), -1)
+
+
+def test_one_walk_depth_one_reaches_exactly_the_given_objects_once_each() -> None:
+    """``call_set_epoch`` (what verify's framework recipes use) at depth 1: the objects given, nothing nested."""
+    from shardwise.samplers.set_epoch import call_set_epoch
+
+    dataset = EpochDataset(8)
+    inner = shardwise.ShardedSampler(dataset, num_replicas=2, rank=0)
+    batches = shardwise.BucketBatchSampler(np.arange(1, 9), batch_size=2, num_replicas=2, rank=0)
+    relay = batches.sampler  # an EpochRelay: stands for `batches`, which is then reached once
+    called = call_set_epoch([None, batches, relay, inner], 3)
+    assert called == [batches, inner]
+    assert (batches.epoch, inner.epoch) == (3, 3)
+    assert dataset.calls == []  # depth 1 does not walk into the sampler's dataset
+    assert shardwise.set_epoch(inner, 4) == [inner, dataset]  # the public walk goes deeper
+
+
+def test_verify_recipes_set_the_epoch_through_the_one_walk() -> None:
+    """verify has no walk of its own: its recipes call samplers.set_epoch.call_set_epoch."""
+    from shardwise.samplers import set_epoch as module
+    from shardwise.tools.verify import recipes
+
+    assert recipes.call_set_epoch is module.call_set_epoch
+    sampler = shardwise.ShardedSampler(8, num_replicas=2, rank=0)
+    recipes.set_epoch_everywhere({"loader.sampler": sampler, "loader.batch_sampler": None,
+                                  "loader.batch_sampler.sampler": sampler}, 5)  # fmt: skip
+    assert sampler.epoch == 5

@@ -95,3 +95,32 @@ def test_to_stateful_keeps_sampling_and_resumes() -> None:
     again.load_state_dict(state)
     expected = np.array(list(shardwise.ShardedSampler(N, num_replicas=2, rank=0, seed=3))).reshape(-1, 4).tolist()
     assert head + _batches(again) == expected
+
+
+def test_one_settings_list_covers_every_dataloader_keyword() -> None:
+    """The one list of settings kept on a rebuild names every DataLoader keyword but the sampling ones."""
+    import inspect
+
+    from shardwise.integrations.loader_settings import SETTINGS
+
+    sampling = {"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"}
+    expected = [name for name in inspect.signature(DataLoader).parameters if name not in sampling]
+    assert [s.name for s in SETTINGS] == expected
+
+
+def test_to_stateful_keeps_every_setting_of_the_list() -> None:
+    """to_stateful copies each setting the list marks stateful (in_order: StatefulDataLoader's default)."""
+    import torch
+
+    from shardwise.integrations.loader_settings import SETTINGS
+    from shardwise.integrations.torchdata import to_stateful
+
+    generator = torch.Generator()
+    plain = DataLoader(list(range(N)), sampler=shardwise.ShardedSampler(N, num_replicas=1, rank=0), batch_size=4,
+                       num_workers=2, timeout=7.0, prefetch_factor=3, persistent_workers=True, generator=generator,
+                       in_order=False, collate_fn=list)  # fmt: skip
+    stateful = to_stateful(plain)
+    for setting in SETTINGS:
+        want = getattr(plain, setting.name) if setting.stateful else True
+        assert getattr(stateful, setting.name) == want, setting.name
+    assert to_stateful(plain, in_order=False).in_order is False

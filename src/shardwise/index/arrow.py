@@ -26,7 +26,8 @@ per column, private memory O(chunk) while building, O(1) once cached.
 NOTE [ HF datasets private names ]: ``datasets.Dataset`` exposes no public accessor for its
 indices mapping or its fingerprint; this module reads ``Dataset._indices`` (a table with one
 ``uint64`` column, or ``None``) and ``Dataset._fingerprint`` (a str), tested with datasets 5.2.0
-(:data:`HF_PRIVATE` lists them; :func:`hf_private` checks them with a message naming the fix).
+(:data:`HF_PRIVATE`, their rows of ``shardwise._core.foreign.PRIVATE``; :func:`hf_private` checks them
+with a message naming the fix).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.foreign import private, rows
 from .cache import DEFAULT_TIMEOUT, CacheDir, build_or_open
 
 __all__ = ["ARROW_KIND", "KINDS", "column", "hf_column", "hf_dataset", "hf_private", "is_arrow", "resolve"]
@@ -47,9 +49,11 @@ ARROW_KIND = "arrow-column"
 KINDS = ("length", "values")
 CHUNK = 1 << 20
 """Rows handled at a time: bounds the private memory of a build (a few MiB)."""
-HF_PRIVATE = (("datasets", "Dataset._indices", "5.2.0"), ("datasets", "Dataset._fingerprint", "5.2.0"))
-"""(library, private name, versions tested): see NOTE [ HF datasets private names ]."""
+HF_PRIVATE = rows("datasets")
+"""HF datasets' rows of the one table of foreign private names (``shardwise._core.foreign.PRIVATE``)."""
 
+_INDICES = private("datasets", "_indices")
+_FINGERPRINT = private("datasets", "_fingerprint")
 _HINT = "install it with: pip install 'shardwise[arrow]'"
 
 
@@ -86,14 +90,13 @@ def hf_column(values: object) -> bool:
 
 def hf_private(dataset: Any) -> tuple[Any, str]:
     """``(dataset._indices, dataset._fingerprint)``, or raise naming the missing name and the version to pin."""
-    for _, name, tested in HF_PRIVATE:
-        attribute = name.split(".")[1]
-        if not hasattr(dataset, attribute):
+    for row in HF_PRIVATE:
+        if not hasattr(dataset, row.name):
             raise ImportError(
-                f"shardwise reads {name} of HF datasets (tested with datasets {tested}), which this version lacks; "
-                f"install datasets=={tested}"
+                f"shardwise reads Dataset.{row.name} of HF datasets (tested with datasets {row.tested}), which this "
+                f"version lacks; install datasets=={row.tested}"
             )
-    return dataset._indices, str(dataset._fingerprint)
+    return getattr(dataset, _INDICES), str(getattr(dataset, _FINGERPRINT))
 
 
 def resolve(name: str, values: object) -> object:

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.foreign import check, private
 from ..samplers.base import PlanSampler
 from ..samplers.frameworks import is_batch_plan
 from . import require
+from .loader_settings import copy_settings
 
 _accelerate = require("accelerate", "accelerate", "accelerate", "accelerate")
 _data_loader = require("accelerate.data_loader", "accelerate", "accelerate", "accelerate")
+check("accelerate")
+
+_DROP_LAST = private("accelerate", "_drop_last")  # DataLoaderShard's keywords
+_NON_BLOCKING = private("accelerate", "_non_blocking")
+_PREPARED = private("accelerate", "_is_accelerate_prepared")  # what Accelerator.prepare returns as it is
 
 __all__ = ["prepare_data_loader"]
-
-_SAME = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
-)  # fmt: skip
 
 
 def _shardwise_batches(loader: Any) -> Any:
@@ -69,10 +71,7 @@ def prepare_data_loader(accelerator: Any, loader: Any) -> Any:
     """
     batch_sampler = _shardwise_batches(loader)
     config = accelerator.dataloader_config
-    settings: dict[str, Any] = {name: getattr(loader, name) for name in _SAME if hasattr(loader, name)}
-    if settings.get("num_workers", 0) == 0:
-        settings.pop("prefetch_factor", None)
-        settings["persistent_workers"] = False
+    settings = copy_settings(loader)
     rng_types = [kind for kind in accelerator.rng_types if str(kind) != "generator" and kind != "generator"]
     placement = accelerator.device_placement
     shard = _data_loader.DataLoaderShard(
@@ -80,11 +79,10 @@ def prepare_data_loader(accelerator: Any, loader: Any) -> Any:
         device=accelerator.device if placement else None,
         rng_types=rng_types or None,
         use_stateful_dataloader=config.use_stateful_dataloader,
-        _drop_last=False,
-        _non_blocking=config.non_blocking,
         batch_sampler=batch_sampler,
+        **{_DROP_LAST: False, _NON_BLOCKING: config.non_blocking},
         **settings,
     )
     # Accelerate returns a loader it has already prepared as it is, and registers it (save_state).
-    shard._is_accelerate_prepared = True
+    setattr(shard, _PREPARED, True)
     return accelerator.prepare(shard)

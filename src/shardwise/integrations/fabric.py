@@ -29,14 +29,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.foreign import check, private
 from ..samplers.base import PlanSampler
 from . import require
 
 _wrappers = require("lightning.fabric.wrappers", "lightning", "lightning", "fabric")
+check("lightning")
 
 __all__ = ["load_state_dict", "state_dict"]
 
-_COUNTER = "_num_iter_calls"  # _FabricDataLoader: set_epoch(<this>) at every __iter__, then += 1
+_COUNTER = private("lightning", "_num_iter_calls")  # _FabricDataLoader: set_epoch(<this>) at every __iter__, += 1
+_FABRIC_LOADER = private("lightning", "_FabricDataLoader")
 
 
 def _sampler(loader: Any) -> PlanSampler[Any]:
@@ -54,7 +57,7 @@ def _sampler(loader: Any) -> PlanSampler[Any]:
 
 
 def _fabric_loader(loader: Any) -> Any:
-    if not isinstance(loader, _wrappers._FabricDataLoader) or not hasattr(loader, _COUNTER):
+    if not isinstance(loader, getattr(_wrappers, _FABRIC_LOADER)) or not hasattr(loader, _COUNTER):
         raise TypeError(
             "loader should be what fabric.setup_dataloaders(...) returned (a lightning.fabric "
             f"_FabricDataLoader, which counts iter() calls in {_COUNTER}), but got {type(loader).__name__}; "

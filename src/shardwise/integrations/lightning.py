@@ -28,14 +28,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.foreign import check, private
 from ..samplers import set_epoch as _set_epoch
 from . import require
 
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")
+check("lightning")
 
 __all__ = ["FollowEpochLength", "ShardwiseEpochCallback"]
 
 _Callback: Any = _lightning.Callback
+_COMBINED_LOADER = private("lightning", "_combined_loader")  # FitLoop's
+_TIME_INTERVAL = private("lightning", "_val_check_time_interval")  # Trainer's
 
 
 class ShardwiseEpochCallback(_Callback):  # type: ignore[misc]
@@ -61,7 +65,7 @@ class FollowEpochLength(_Callback):  # type: ignore[misc]
     from them). When ``on_train_epoch_start`` runs, ``set_epoch`` has reached the sampler and the
     epoch's iterator is not made yet, so the exact ``len()`` of this epoch, equal on every rank,
     replaces those figures. It acts only with ``limit_train_batches=1.0`` (the default): a limit
-    you set is kept. Uses Lightning's loop attributes (tested with the pinned Lightning 2.6).
+    you set is kept. Uses Lightning's private loop attributes (listed in ``shardwise._core.foreign``).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -70,12 +74,12 @@ class FollowEpochLength(_Callback):  # type: ignore[misc]
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         loop = trainer.fit_loop
-        combined = getattr(loop, "_combined_loader", None)
+        combined = getattr(loop, _COMBINED_LOADER, None)
         if combined is None or trainer.limit_train_batches != 1.0:
             return
         lengths = [len(loader) for loader in combined.flattened]
         combined.limits = lengths
         loop.max_batches = max(lengths)
         interval = trainer.val_check_interval
-        if isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
+        if isinstance(interval, float) and getattr(trainer, _TIME_INTERVAL, None) is None:
             trainer.val_check_batch = max(1, int(loop.max_batches * interval))

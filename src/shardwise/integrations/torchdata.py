@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.foreign import check
 from . import require
+from .loader_settings import copy_settings
 
 _stateful = require("torchdata.stateful_dataloader", "torchdata", "torchdata", "torchdata")
+check("torchdata")  # the names samplers/delivery.py reads from its iterators
 
 __all__ = ["to_stateful"]
-
-_SAME = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device",
-)  # fmt: skip
 
 
 def to_stateful(loader: Any, **overrides: Any) -> Any:
@@ -32,10 +30,7 @@ def to_stateful(loader: Any, **overrides: Any) -> Any:
         >>> type(loader).__name__, len(loader)
         ('StatefulDataLoader', 4)
     """
-    settings: dict[str, Any] = {name: getattr(loader, name) for name in _SAME if hasattr(loader, name)}
-    if settings.get("num_workers", 0) == 0:
-        settings.pop("prefetch_factor", None)
-        settings["persistent_workers"] = False
+    settings = copy_settings(loader, stateful=True)
     if loader.batch_size is not None:
         # torchdata's own BatchSampler nests the sampler's state, so the index sampler resumes in O(1).
         settings.update(sampler=loader.sampler, batch_size=loader.batch_size, drop_last=loader.drop_last)

@@ -48,6 +48,7 @@ from functools import partial
 from typing import Any
 
 from .._core.errors import check_instance_or_factory
+from .._core.foreign import check, private
 from .._core.plan import pass_end, rank_count
 from ..index.arrow import column, hf_dataset
 from ..samplers.base import PlanSampler
@@ -55,6 +56,7 @@ from ..samplers.bucket import BucketBatchSampler
 from ..samplers.frameworks import is_batch_plan
 from ..samplers.sharded import ShardedSampler
 from . import require
+from .loader_settings import trainer_settings
 
 _transformers = require("transformers", "transformers", "transformers", "transformers")
 _trainer_module: Any = require("transformers.trainer", "transformers", "transformers", "transformers")
@@ -76,13 +78,15 @@ _STRATEGIES = ("random", "sequential", "group_by_length")
 _DESCRIBED = "a shardwise sampler or batch sampler"
 _Base: Any = object
 _Trainer: Any = _transformers.Trainer
-# The Trainer hooks this module extends (transformers 5.23 has them all); fail at import, not mid-run.
-_HOOKS = ("_run_epoch", "_init_training_state", "_save_checkpoint", "training_step", "_remove_unused_columns")
-if any(not hasattr(_Trainer, hook) for hook in _HOOKS) or not hasattr(_trainer_module, "skip_first_batches"):
-    raise ImportError(
-        f"shardwise.integrations.transformers needs transformers>=5.23, but transformers {_transformers.__version__} "
-        "is installed; install it with: pip install 'shardwise[transformers]'"
-    )
+check("transformers")  # the Trainer hooks this module extends or calls: fail at import, not mid-run
+_HOOKS = tuple(
+    private("transformers", name)
+    for name in ("_run_epoch", "_init_training_state", "_save_checkpoint", "_remove_unused_columns",
+                 "_get_collator_with_removed_columns", "_get_output_dir")
+)  # fmt: skip
+"""Trainer's private methods :class:`ShardwiseTrainerMixin` overrides or calls (see ``shardwise._core.foreign``)."""
+_TRAIN_BATCH_SIZE = private("transformers", "_train_batch_size")
+_SKIP = private("transformers", "skip_first_batches")  # transformers.trainer's, replaced in a resumed epoch
 
 
 def _arrow_parts(dataset: Any) -> list[Any]:
@@ -293,13 +297,8 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         sampler = self._shardwise_sampler
         args = self.args
         params: dict[str, Any] = {
+            **trainer_settings(args),
             "collate_fn": collator,
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory,
-            "persistent_workers": args.dataloader_persistent_workers,
-            "multiprocessing_context": args.dataloader_multiprocessing_context,
-            "prefetch_factor": args.dataloader_prefetch_factor,
-            "in_order": args.dataloader_in_order,
             "worker_init_fn": partial(
                 _trainer_utils.seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
             ),
@@ -308,7 +307,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         if is_batch_plan(sampler):
             loader = DataLoader(dataset, batch_sampler=sampler, **params)
         else:
-            batch_size = self._train_batch_size
+            batch_size = getattr(self, _TRAIN_BATCH_SIZE)
             loader = DataLoader(
                 dataset, sampler=sampler, batch_size=batch_size, drop_last=args.dataloader_drop_last, **params
             )
@@ -333,16 +332,16 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
             return super()._run_epoch(*args, **kwargs)
         # The sampler already stands at the checkpoint's position (loaded in _init_training_state):
         # Trainer's skip_first_batches would re-draw and drop that many batches more.
-        replay = _trainer_module.skip_first_batches
+        replay = getattr(_trainer_module, _SKIP)
 
         def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
             return loader if loader is position.loader else replay(loader, num_batches)
 
-        _trainer_module.skip_first_batches = skip_first_batches
+        setattr(_trainer_module, _SKIP, skip_first_batches)
         try:
             return super()._run_epoch(*args, **kwargs)
         finally:
-            _trainer_module.skip_first_batches = replay
+            setattr(_trainer_module, _SKIP, replay)
 
     def _init_training_state(
         self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int, resume_from_checkpoint: Any,

@@ -31,6 +31,18 @@ import weakref
 from types import FrameType
 from typing import Any
 
+from torch.utils.data import dataloader as _dataloader
+
+from .._core.foreign import check, private
+
+check("torch")  # the names below: one clear error naming the torch to pin, not a silent miscount
+
+_BASE_ITER = private("torch", "_BaseDataLoaderIter")
+_INDEX_SAMPLER = private("torch", "_index_sampler")
+_NUM_WORKERS = private("torch", "_num_workers")
+_IN_ORDER = private("torch", "_in_order")
+_SAMPLER_ITER = private("torch", "_sampler_iter")
+_NUM_YIELDED = private("torch", "_num_yielded")  # torchdata's restored iterator sets it too (see the table)
 _SEARCH_DEPTH = 4  # our generator <- [BatchSampler.__iter__ | torchdata _BatchSamplerIterator] <- _next_index
 _SNAPSHOTTERS = ("torchdata.stateful_dataloader.",)
 _SNAPSHOT_DEPTH = 3  # state_dict's caller, or the callers of an override that calls super().state_dict()
@@ -49,7 +61,7 @@ class LoaderDriver:
                  "workers", "wrapper")  # fmt: skip
 
     def __init__(self, iterator: Any, sampler: object) -> None:
-        index_sampler: Any = getattr(iterator, "_index_sampler", None)
+        index_sampler: Any = getattr(iterator, _INDEX_SAMPLER, None)
         self.batch_size, self.drop_last, self.mapped = 1, False, True
         self.wrapper = type(index_sampler).__name__
         if index_sampler is sampler:
@@ -58,13 +70,13 @@ class LoaderDriver:
             self.batch_size, self.drop_last = int(index_sampler.batch_size), bool(index_sampler.drop_last)
         else:
             self.mapped = False
-        self.workers = int(getattr(iterator, "_num_workers", 0) or 0)
-        if getattr(iterator, "_in_order", True) is False and self.workers > 0:
+        self.workers = int(getattr(iterator, _NUM_WORKERS, 0) or 0)
+        if getattr(iterator, _IN_ORDER, True) is False and self.workers > 0:
             self.mapped = False  # batches arrive out of order: a count does not say which
         # The attribute dict outlives the iterator: the last count stays readable after it is gone.
         self._vars: dict[str, Any] | None = vars(iterator)
-        self._pulled = self._vars.get("_sampler_iter")
-        self.base = int(self._vars.get("_num_yielded", 0) or 0)
+        self._pulled = self._vars.get(_SAMPLER_ITER)
+        self.base = int(self._vars.get(_NUM_YIELDED, 0) or 0)
         self._final: int | None = None
         self._ref = weakref.ref(iterator, self._gone)
 
@@ -76,9 +88,9 @@ class LoaderDriver:
         state = self._vars
         if state is None:
             return self._final
-        if state.get("_sampler_iter") is not self._pulled:
+        if state.get(_SAMPLER_ITER) is not self._pulled:
             return None  # the loader began a new iteration: this pass is over
-        return max(0, int(state.get("_num_yielded", 0) or 0) - self.base)
+        return max(0, int(state.get(_NUM_YIELDED, 0) or 0) - self.base)
 
     def trained(self, handed: int, count: int) -> int:
         """Units of a pass of ``count`` that reached the loop, given that ``handed`` were handed out."""
@@ -112,13 +124,12 @@ def _groups_in_order(batch_sampler: object) -> bool:
 
 def find_driver(sampler: object, frame: FrameType | None) -> LoaderDriver | None:
     """The DataLoader iterator among the frames that pulled ``sampler``'s first unit, if any."""
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
+    base_iter = getattr(_dataloader, _BASE_ITER)
     for _ in range(_SEARCH_DEPTH):
         if frame is None:
             return None
         caller = frame.f_locals.get("self")
-        if isinstance(caller, _BaseDataLoaderIter):
+        if isinstance(caller, base_iter):
             return LoaderDriver(caller, sampler)
         frame = frame.f_back
     return None

@@ -27,11 +27,20 @@ import sys
 from types import FrameType
 from typing import Any
 
+from .._core.foreign import check_loaded, private
+
 ACCELERATE_FIX = (
     "loader = shardwise.integrations.accelerate.prepare_data_loader(accelerator, loader)"
 )
 _RESHARDERS = {("accelerate.data_loader", "BatchSamplerShard")}
-_FRAME_DEPTH = 4  # our __iter__ <- torch BatchSampler.__iter__ <- BatchSamplerShard._iter_*
+_RESHARD_FRAMES = (private("accelerate", "_iter_with_split"), private("accelerate", "_iter_with_no_split"))
+_FRAME_DEPTH = 4  # our __iter__ <- torch BatchSampler.__iter__ <- BatchSamplerShard's _RESHARD_FRAMES <- its __iter__
+_PL_SAVED = tuple(
+    private("lightning", name)
+    for name in ("__pl_saved_args", "__pl_saved_kwargs", "__pl_saved_arg_names", "__pl_saved_default_kwargs")
+)
+"""Lightning's record of a batch sampler's construction arguments, in the order of its tuple."""
+_FIT_LOOP = private("lightning", "_FitLoop")
 
 
 def is_batch_plan(sampler: object) -> bool:
@@ -114,6 +123,7 @@ def _lightning_record(position: int) -> property:
     """One of Lightning's ``__pl_saved_*`` attributes: re-create as ``cls(Keep(self), sampler)``."""
 
     def get(self: object) -> Any:
+        check_loaded("lightning")  # Lightning reads the record: its names are loaded
         if not is_batch_plan(self):
             raise AttributeError("not a batch sampler")
         record: tuple[Any, ...] = ((Keep(self), None), {}, ("keep", "sampler"), {})
@@ -125,9 +135,7 @@ def _lightning_record(position: int) -> property:
 def install(cls: type) -> None:
     """Give the sampler shell the attributes described in the module docstring."""
     cls.sampler = _RelayAttribute()  # type: ignore[attr-defined]
-    for position, name in enumerate(
-        ("__pl_saved_args", "__pl_saved_kwargs", "__pl_saved_arg_names", "__pl_saved_default_kwargs")
-    ):
+    for position, name in enumerate(_PL_SAVED):
         setattr(cls, name, _lightning_record(position))
 
 
@@ -138,6 +146,7 @@ def refuse_resharding(sampler: object) -> None:
     dealt out a second time would silently hand each rank ``1/W`` of its share. A sampler built
     with ``num_replicas=1`` yields the whole plan, which the framework may deal out itself.
     """
+    check_loaded("accelerate")
     frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the sampler's __iter__
     for _ in range(_FRAME_DEPTH):
         if frame is None:
@@ -169,12 +178,13 @@ def lightning_pending_epoch(frame: FrameType | None) -> int | None:
     """
     if "lightning.pytorch" not in sys.modules:
         return None
+    check_loaded("lightning")
     for _ in range(_LIGHTNING_DEPTH):
         if frame is None:
             return None
         if frame.f_code.co_name == "setup_data":
             loop = frame.f_locals.get("self")
-            if type(loop).__name__ == "_FitLoop" and type(loop).__module__.startswith("lightning.pytorch."):
+            if type(loop).__name__ == _FIT_LOOP and type(loop).__module__.startswith("lightning.pytorch."):
                 processed = getattr(getattr(getattr(loop, "epoch_progress", None), "current", None), "processed", None)
                 return processed if isinstance(processed, int) else None
         frame = frame.f_back

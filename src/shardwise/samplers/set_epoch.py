@@ -8,6 +8,7 @@ wrapper or a dataset that shuffles by epoch is easily missed; this walks all of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .._core.errors import check_int
@@ -62,10 +63,25 @@ def set_epoch(obj: Any, epoch: int) -> list[Any]:
             f"set_epoch does not walk; call set_epoch on each: for o in objs: set_epoch(o, {epoch!r})"
         )
     epoch = check_int("epoch", epoch, minimum=0)
+    return call_set_epoch([obj], epoch, depth=_DEPTH)
+
+
+def call_set_epoch(objects: Iterable[object], epoch: int, *, depth: int = 1) -> list[Any]:
+    """Call ``set_epoch(epoch)`` once on each distinct object among ``objects`` (the one walk).
+
+    ``depth=1`` reaches exactly ``objects`` (``None`` skipped; a relay stands for its owner), as a
+    framework does on the paths it knows (``shardwise verify`` replays them with this); a larger
+    ``depth`` also walks their ``sampler``, ``batch_sampler`` and ``dataset`` attributes, that many
+    levels in all (:func:`set_epoch`). No argument checks: :func:`set_epoch` is the public entry.
+    Cost: O(objects reached), independent of the dataset size.
+
+    Returns:
+        The objects whose ``set_epoch`` was called, in call order.
+    """
     called: list[Any] = []
     seen: set[int] = set()
-    level: list[object] = [obj]
-    for _ in range(_DEPTH):
+    level: list[object] = list(objects)
+    for remaining in range(depth - 1, -1, -1):
         nested: list[object] = []
         for item in level:
             target = epoch_target(item)
@@ -76,13 +92,21 @@ def set_epoch(obj: Any, epoch: int) -> list[Any]:
             if callable(method):
                 method(epoch)
                 called.append(target)
-            # A shardwise sampler forwards its epoch to what it wraps; only its dataset is left to reach.
-            for name in ("dataset",) if isinstance(target, PlanSampler) else _NESTED:
-                try:
-                    value = getattr(target, name, None)
-                except (AttributeError, TypeError, ValueError, RuntimeError):
-                    continue  # a property that cannot answer here has nothing to walk
-                if value is not None and not isinstance(value, (str, bytes, int, float)):
-                    nested.append(value)
+            if remaining:
+                nested += _held(target)
         level = nested
     return called
+
+
+def _held(target: object) -> list[object]:
+    """The sampler, batch sampler and dataset ``target`` holds (a shardwise sampler: only its dataset)."""
+    found: list[object] = []
+    # A shardwise sampler forwards its epoch to what it wraps; only its dataset is left to reach.
+    for name in ("dataset",) if isinstance(target, PlanSampler) else _NESTED:
+        try:
+            value = getattr(target, name, None)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            continue  # a property that cannot answer here has nothing to walk
+        if value is not None and not isinstance(value, (str, bytes, int, float)):
+            found.append(value)
+    return found

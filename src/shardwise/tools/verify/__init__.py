@@ -6,8 +6,10 @@ overlap and coverage, epoch order under each framework's ``set_epoch``, dependen
 state and on ``PYTHONHASHSEED``, per-step balance, and mid-epoch (and elastic) resume. See
 ``docs/verify.md``.
 
-Modules: ``target`` (naming the factory for fresh processes), ``worker`` (what runs in them),
-``runner`` (the processes), ``checks``, ``report``, ``plot`` (the ``plot`` extra).
+Modules: ``target`` (naming the factory for fresh processes), ``worker`` (what runs in them:
+build, iterate, save, resume), ``launcher`` (a rank's environment, seeds and simulated group),
+``recipes`` (each framework's ``set_epoch``), ``objects`` (what the factory returned, and the graph
+behind it), ``runner`` (the processes), ``checks``, ``report``, ``plot`` (the ``plot`` extra).
 """
 
 from __future__ import annotations
