@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "progressive_resizing_lightning.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "progressive_resizing_lightning.py"
 
 # (epoch, batch size, image size, steps): changes mid-epoch 0, at epochs 1 and 2, and mid-epoch 2
 EXPECTED = [(0, 8, 16, 3), (0, 6, 24, 4), (1, 4, 32, 12), (2, 3, 40, 8), (2, 2, 48, 12)]

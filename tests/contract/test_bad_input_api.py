@@ -1,6 +1,6 @@
 """The bad-input table, third part: the API added since the shared layer, refused at the call that takes it.
 
-Rows as in tests/test_bad_input_table.py: ``(id, call, error, names)``, ``call(tmp)`` must raise
+Rows as in tests/contract/test_bad_input_table.py: ``(id, call, error, names)``, ``call(tmp)`` must raise
 ``error`` whose message contains every string of ``names``. Here: ``cache_dir`` checked at
 construction (a small input never reaches the index cache), position lookups (schedules, mixtures),
 ``PackedDataset`` over data it cannot read, ``ScheduledBatchSampler`` over a batch sampler,
@@ -43,7 +43,7 @@ from shardwise import (
     shard_batches,
 )
 from shardwise.index import IndexCacheError
-from tests.test_bad_input_data import check_row
+from tests.contract.test_bad_input_data import check_row
 
 Call = Callable[[Path], object]
 V, T, I = ValueError, TypeError, IndexError  # noqa: E741  # I is IndexError, as V and T above

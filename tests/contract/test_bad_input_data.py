@@ -1,6 +1,6 @@
 """The bad-input table, second half: pad_collate, the ragged store, seeds, set_epoch and states.
 
-Rows as in tests/test_bad_input_table.py (which checks that both halves together cover every public name).
+Rows as in tests/contract/test_bad_input_table.py (which checks that both halves together cover every public name).
 """
 
 from __future__ import annotations

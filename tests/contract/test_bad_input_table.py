@@ -2,9 +2,9 @@
 
 Each row is ``(id, call, error, names)``: ``call(tmp)`` (``tmp`` a fresh directory) must raise
 ``error`` whose message contains every string of ``names`` (the parameter, and the value where it
-is not obvious). This file holds the samplers' and schedules' rows; tests/test_bad_input_data.py the data
-utilities', seeds' and states'; tests/test_bad_input_api.py those of cache_dir, lookups, PackedDataset and
-other API added since; tests/test_cli.py the command line's.
+is not obvious). This file holds the samplers' and schedules' rows; tests/contract/test_bad_input_data.py the data
+utilities', seeds' and states'; tests/contract/test_bad_input_api.py those of cache_dir, lookups, PackedDataset and
+other API added since; tests/tools/test_cli.py the command line's.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from shardwise import (
     shard_batches,
     temperature_weights,
 )
-from tests.test_bad_input_data import ROWS as DATA_ROWS
-from tests.test_bad_input_data import check_row
+from tests.contract.test_bad_input_data import ROWS as DATA_ROWS
+from tests.contract.test_bad_input_data import check_row
 
 Call = Callable[[Path], object]
 RAGGED = [[0, 1], [2]]  # nested lists of unequal lengths: numpy cannot make an array of them

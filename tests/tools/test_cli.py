@@ -12,7 +12,7 @@ import pytest
 
 from shardwise.tools.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
             "PMI_RANK", "PMI_SIZE", "SHARDWISE_SEED")  # fmt: skip
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 TIMEOUT = 240.0  # seconds per page (a loaded 2-core machine); the pages together take well under this
 LINKED = ("examples", "bench")  # folders the pages' commands name, linked into the temporary folder

@@ -2,7 +2,7 @@
 
 Refactors move code, never plans: the digests below were taken before a move and must hold
 after it. A change that alters a plan on purpose (and bumps the state version, so old states
-are refused) re-pins its rows with ``python -m tests.test_pinned_plans`` and says why in its commit.
+are refused) re-pins its rows with ``python -m tests.contract.test_pinned_plans`` and says why in its commit.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ PINNED: dict[str, str] = {
 
 
 def test_every_case_is_pinned() -> None:
-    assert sorted(case.name for case in CASES) == sorted(PINNED), "pin new cases: python -m tests.test_pinned_plans"
+    assert sorted(case.name for case in CASES) == sorted(PINNED), "pin new cases: python -m tests.contract.test_pinned_plans"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)

@@ -23,7 +23,7 @@ import shardwise
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "transformers_trainer.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 BATCH, PER_EPOCH = 4, 12  # 96 samples, 4 per batch, 2 ranks: 12 batches per rank and epoch

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("lightning.fabric")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fabric_ddp.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 ONCE_PER_EPOCH = ("ShardedSampler", "shard", "BucketBatchSampler", "ScheduledBatchSampler", "shard_batches")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader, RandomSampler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "accelerate_ddp.py"
 N = 64
 
