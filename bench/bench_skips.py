@@ -3,7 +3,7 @@
 Prints the state's size (JSON and ``torch.save``) against the 1 MB target, and, side by side in one
 process, the cost of a resume with the ledger against the same resume without it (the baseline):
 ``load_state_dict`` and the first batch of 32 on each of the 6 ranks, then a steady 64Ki units.
-Correctness (0 lost, 0 repeated, 0 skipped trained at W=8 -> 6) is ``tests/test_skips.py`` at 1e6.
+Correctness (0 lost, 0 repeated, 0 skipped trained at W=8 -> 6) is ``tests/samplers/test_skips.py`` at 1e6.
 
     flock /tmp/shardwise-bench.lock python bench/bench_skips.py --size 1e9 --ranges 10000
 """

@@ -2,6 +2,6 @@
 array checks, errors, batch-plan and schedule arithmetic.
 
 Pure functions over plain values and numpy arrays. Nothing here imports torch or any other part of
-shardwise (``tests/test_layers.py`` guards it), so every rule of the plan can be tested without a
+shardwise (``tests/contract/test_layers.py`` guards it), so every rule of the plan can be tested without a
 process group.
 """

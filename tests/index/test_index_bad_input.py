@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardwise import index
-from tests.test_bad_input_data import check_row
+from tests.contract.test_bad_input_data import check_row
 
 Call = Callable[[Path], object]
 V, T = ValueError, TypeError
