@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from shardwise.tools.demo import SCENARIOS, run_demo
+from shardwise.tools import demo
+from shardwise.tools.demo import SCENARIOS, SHARD_FRACTIONS, SHARDED_SIZE, run_demo
+
+LOCALITY = "LocalitySampler(ShardedSource)"
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -15,10 +22,54 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 def test_demo_every_scenario_equal_steps_no_overlap_full_coverage() -> None:
     """Every scenario on 3 ranks: rows all ok, equal steps on every rank."""
     rows, reports = run_demo(world_size=3, size=601, epochs=2, timeout=240)
-    assert {row.scenario for row in rows} == {s.name for s in SCENARIOS}
+    assert {row.scenario for row in rows} == {s.name for s in SCENARIOS if s.missing() is None}
     assert all(row.ok for row in rows), [row for row in rows if not row.ok]
     for name in reports[0]:
         assert len({tuple(report[name]["steps"]) for report in reports}) == 1
+
+
+def test_locality_scenario_over_local_parquet_shards() -> None:
+    """The sharded scenario on 3 ranks over 601 samples in 6 uneven shards: equal steps, every id read once
+    per epoch (plus the 2 documented padding ids), and each rank's first batch from one window of 2 shards."""
+    pytest.importorskip("pyarrow")
+    rows, reports = run_demo(world_size=3, size=601, epochs=2, names=[LOCALITY], timeout=240)
+    assert [(row.epoch, row.rank) for row in rows] == [(e, r) for e in range(2) for r in range(3)]
+    assert all(row.ok and row.coverage == 1.0 and row.padding == 2 for row in rows), rows
+    assert {(row.batches, row.samples) for row in rows} == {(7, 201)}  # ceil(601 / 3) = 201 ids in 7 steps
+    assert len({tuple(report[LOCALITY]["steps"]) for report in reports}) == 1
+    bounds = np.round(np.asarray(SHARD_FRACTIONS) * 601).astype(int)
+    for epoch in range(2):
+        read = [i for report in reports for i in report[LOCALITY]["seen"][epoch]]
+        assert set(read) == set(range(601)) and len(read) == 603  # the ids come from the shards' id column
+        for report in reports:
+            first = report[LOCALITY]["seen"][epoch][:32]
+            assert len(set(np.searchsorted(bounds, first, side="right") - 1)) <= 2  # window=2: locality
+    assert reports[0][LOCALITY]["seen"][0] != reports[0][LOCALITY]["seen"][1]  # shard order differs per epoch
+
+
+def test_shards_hold_their_global_ids_and_are_capped(tmp_path: Path) -> None:
+    """The scenario's files: 6 uneven shards whose id column is the global id, at most SHARDED_SIZE rows in all."""
+    pytest.importorskip("pyarrow")
+    demo._locality_files(tmp_path, 9_600)  # the command's default size
+    loader, sampler = demo._locality(9_600, tmp_path)
+    source: Any = loader.dataset
+    assert source.shard_sizes.tolist() == [336, 408, 504, 192, 504, 456] and len(source) == SHARDED_SIZE
+    assert [source[i]["id"] for i in range(0, SHARDED_SIZE, 97)] == list(range(0, SHARDED_SIZE, 97))
+    assert sorted(sampler) == list(range(SHARDED_SIZE))  # one rank, here: every id once
+
+
+def test_scenario_without_its_extra_is_skipped_with_a_note(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scenario whose optional module is missing is left out with one line, and the rest still runs."""
+    sharded, locality = (next(s for s in SCENARIOS if s.name == name) for name in ("ShardedSampler", LOCALITY))
+    missing = dataclasses.replace(locality, requires="shardwise_no_such_module")
+    monkeypatch.setattr(demo, "SCENARIOS", [sharded, missing])
+    rows, _ = run_demo(world_size=2, size=64, epochs=1, timeout=240)
+    assert {row.scenario for row in rows} == {"ShardedSampler"} and all(row.ok for row in rows)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith(f"skipped {LOCALITY}: needs shardwise_no_such_module"), out
+    assert "pip install 'shardwise[sharded]'" in out
 
 
 def test_demo_command_line() -> None:
@@ -29,6 +80,7 @@ def test_demo_command_line() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "equal steps on every rank: True" in result.stdout
+    assert LOCALITY in result.stdout or f"skipped {LOCALITY}" in result.stdout
     assert "FAIL" not in result.stdout
     # The verify step: the ShardedSampler loader passes, a RandomSampler on every rank is caught (overlap).
     assert "verify caught the broken loader and passed the shardwise one: True" in result.stdout

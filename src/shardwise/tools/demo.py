@@ -6,7 +6,10 @@ training loop would, and reports the indices it saw. The parent checks and tabul
 rank the batches and samples, the overlap with other ranks (0 but for the documented padding),
 the coverage of the dataset, and the seed every rank resolved.
 
-A later sampler joins the demo by adding one ``Scenario`` to ``SCENARIOS``.
+A later sampler joins the demo by adding one ``Scenario`` to ``SCENARIOS``. A scenario over files
+(the ``LocalitySampler`` one, over local Parquet shards) writes them once, in the parent, into a
+temporary folder that every rank reads and that is removed after the run; a scenario whose optional
+extra is missing is skipped with a one-line note.
 
 The demo ends with ``shardwise.verify`` run before training on two loaders (``VERIFIED``): the
 ShardedSampler one, which must pass, and the classic mistake, a plain ``RandomSampler`` on every
@@ -15,10 +18,14 @@ rank, which must be caught.
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +35,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 from .._core.schedule import BatchSizeSchedule
 from ..samplers.bucket import BucketBatchSampler
 from ..samplers.class_balanced import ClassBalancedBatchSampler
+from ..samplers.locality import LocalitySampler
 from ..samplers.mixture import MixtureSampler
 from ..samplers.packed import PackedBatchSampler
 from ..samplers.scheduled import ScheduledBatchSampler
@@ -63,12 +71,24 @@ class Scenario:
 
     ``tracked(size)`` is the set of indices that one epoch must cover with no index on two ranks
     (beyond the documented padding); ``None`` for samplers that draw with replacement.
+    ``files(folder, size)``, if set, writes the scenario's data into ``folder`` once, before the
+    ranks start; ``build`` is then called as ``build(size, folder)``. ``requires`` names the
+    module of an optional extra without which the scenario is skipped, and ``install`` its hint.
     """
 
     name: str
-    build: Callable[[int], tuple[DataLoader[Any], Any]]
+    build: Callable[..., tuple[DataLoader[Any], Any]]
     summary: str
     tracked: Callable[[int], set[int] | None] = _everything
+    files: Callable[[Path, int], None] | None = None
+    requires: str | None = None
+    install: str = ""
+
+    def missing(self) -> str | None:
+        """The one-line note saying why this scenario cannot run here, or ``None``."""
+        if self.requires is None or importlib.util.find_spec(self.requires) is not None:
+            return None
+        return f"skipped {self.name}: needs {self.requires}, which is not installed ({self.install})"
 
 
 def _sharded(size: int) -> tuple[DataLoader[Any], Any]:
@@ -134,6 +154,52 @@ def _packed(size: int) -> tuple[DataLoader[Any], Any]:
     return DataLoader(dataset, batch_sampler=sampler), sampler
 
 
+SHARD_FRACTIONS = (0.0, 0.14, 0.31, 0.52, 0.6, 0.81, 1.0)
+"""Where the six uneven Parquet shards of the ``LocalitySampler`` scenario split the ids."""
+SHARDED_SIZE = 2_400
+"""At most this many samples in the shards: a row read costs more than an index, the demo stays short."""
+
+
+def _sharded_ids(size: int) -> set[int] | None:
+    return set(range(min(size, SHARDED_SIZE)))
+
+
+def _write_shards(folder: Path, size: int) -> None:
+    """Six uneven Parquet shards whose ``id`` column holds the global sample id (row ``r`` of the shard)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bounds = [round(f * min(size, SHARDED_SIZE)) for f in SHARD_FRACTIONS]
+    for shard, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        ids = np.arange(start, stop, dtype=np.int64)
+        table = pa.table({"id": ids, "tokens": (ids * 7919 % 500 + 1).astype(np.int32)})
+        pq.write_table(table, folder / f"part-{shard:05d}.parquet")
+
+
+def _ids(samples: list[dict[str, Any]]) -> torch.Tensor:
+    """Collate: the ``id`` column of the rows read, so what each rank reports is what it loaded."""
+    return torch.tensor([sample["id"] for sample in samples], dtype=torch.int64)
+
+
+def _source(folder: Path) -> Any:
+    from ..data.sharded import ShardCache, ShardedSource
+
+    return ShardedSource(str(folder / "shards"), columns=["id"], index_dir=folder / "index",
+                         cache=ShardCache(folder / "cache"))  # fmt: skip
+
+
+def _locality(size: int, folder: Path) -> tuple[DataLoader[Any], Any]:
+    source = _source(folder)  # every rank opens the same shards and the index built once for the node
+    sampler = LocalitySampler(source, window=2, seed=DEMO_SEED)
+    return DataLoader(source, batch_size=32, sampler=sampler, collate_fn=_ids), sampler
+
+
+def _locality_files(folder: Path, size: int) -> None:
+    (folder / "shards").mkdir(parents=True)
+    _write_shards(folder / "shards", size)
+    _source(folder)  # reads the Parquet footers into the shared metadata index, once
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("ShardedSampler", _sharded, "drop-in DistributedSampler, O(1) memory shuffle"),
     Scenario("shard_batches(BatchSampler)", _any_batch_sampler, "any batch sampler, dealt by position"),
@@ -150,6 +216,10 @@ SCENARIOS: list[Scenario] = [
         tracked=lambda size: None,
     ),
     Scenario("PackedBatchSampler", _packed, "documents packed into 4 rows of 1024 tokens, balanced by attention"),
+    Scenario(
+        "LocalitySampler(ShardedSource)", _locality, "6 local Parquet shards (<= 2,400 rows), shuffled 2 at a time",
+        tracked=_sharded_ids, files=_locality_files, requires="pyarrow", install="pip install 'shardwise[sharded]'",
+    ),
 ]
 
 
@@ -180,14 +250,19 @@ def run_verify(*, world_size: int = 2, timeout: float = 300.0) -> list[tuple[str
     return [(what, should, report) for (what, _, should), report in zip(VERIFIED, reports, strict=True)]
 
 
-def _rank_main(rank: int, world_size: int, names: list[str], size: int, epochs: int) -> dict[str, Any]:
+def _folder(root: str, name: str) -> Path:
+    return Path(root) / "".join(c if c.isalnum() else "-" for c in name)
+
+
+def _rank_main(rank: int, world_size: int, names: list[str], size: int, epochs: int, root: str) -> dict[str, Any]:
     """One rank: iterate every scenario like a DDP loop, all_reduce each step, report what it saw."""
     import torch.distributed as dist
 
     report: dict[str, Any] = {}
     scenarios = {s.name: s for s in SCENARIOS}
     for name in names:
-        loader, sampler = scenarios[name].build(size)
+        scenario = scenarios[name]
+        loader, sampler = scenario.build(size, _folder(root, name)) if scenario.files else scenario.build(size)
         seen: list[list[int]] = []
         steps: list[int] = []
         started = time.perf_counter()
@@ -270,9 +345,28 @@ def summarise(reports: list[dict[str, Any]], size: int) -> list[Row]:
 def run_demo(
     *, world_size: int = 2, size: int = 9_600, epochs: int = 2, names: list[str] | None = None, timeout: float = 300.0
 ) -> tuple[list[Row], list[dict[str, Any]]]:
-    """Run the demo and return its rows (and the raw per-rank reports)."""
-    names = names or [s.name for s in SCENARIOS]
-    reports = run_distributed(_rank_main, world_size, names, size, epochs, timeout=timeout)
+    """Run the demo and return its rows (and the raw per-rank reports).
+
+    A scenario whose optional extra is missing is left out, with a one-line note on stdout.
+    """
+    unknown = sorted(set(names or ()) - {s.name for s in SCENARIOS})
+    if unknown:
+        raise ValueError(f"names should be scenarios of the demo, but got {unknown}; accepted: "
+                         f"{[s.name for s in SCENARIOS]}")  # fmt: skip
+    chosen = [s for s in SCENARIOS if names is None or s.name in names]
+    for scenario in chosen:
+        note = scenario.missing()
+        if note:
+            print(note, flush=True)
+    chosen = [s for s in chosen if s.missing() is None]
+    with tempfile.TemporaryDirectory(prefix="shardwise-demo-") as root:
+        for scenario in chosen:
+            if scenario.files is not None:
+                folder = _folder(root, scenario.name)
+                folder.mkdir()
+                scenario.files(folder, size)
+        names = [s.name for s in chosen]
+        reports = run_distributed(_rank_main, world_size, names, size, epochs, root, timeout=timeout)
     return summarise(reports, size), reports
 
 
