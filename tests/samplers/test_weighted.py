@@ -16,16 +16,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from shardwise import StateMismatchError, WeightedSampler
+from shardwise._core.draws import counter_hash, mul_wide, uniform_below
 from shardwise.samplers import weighted
-from shardwise.samplers.weighted import (
-    DISTINCT_PLAN,
-    WeightTable,
-    counter_hash,
-    distinct_draws,
-    mul_wide,
-    quantise,
-    uniform_below,
-)
+from shardwise.samplers.weighted import DISTINCT_PLAN, WeightTable, distinct_draws, quantise
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
 from tests.memcap import first_units_under_cap

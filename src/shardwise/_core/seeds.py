@@ -36,6 +36,8 @@ JOB_ENV = (
 
 SEED_MAX = 2**64 - 1
 """The largest seed (seeds are 64-bit words)."""
+INDEX_SHUFFLE = "shuffle"
+"""Seed path label of the index permutation, shared by ``ShardedSampler`` and ``ScheduledBatchSampler``."""
 
 
 def _path_word(part: int | str) -> int:

@@ -51,13 +51,13 @@ from .._core.sorted_bucketing import SortedBucketPlan
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index, read_checked
-from ..index.arrow import resolve
 from ..index.builders import MAX_KEYS, OffsetLengths
 from ..index.cache import CacheDir
 from ..index.keys import file_position
 from ..index.lengths import is_ragged_store
 from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
+from .inputs import as_lengths, lengths_array
 
 logger = logging.getLogger("shardwise")
 
@@ -79,30 +79,6 @@ SMALL = 1 << 20
 """Below this many samples, in-memory lengths (not a memory map, without an explicit
 ``cache_dir``) are indexed in private memory (at most 8 MiB, milliseconds), not in the cache."""
 _DIGEST_BLOCKS, _DIGEST_BLOCK = 16, 256  # lengths read for the fingerprint: 16 runs of 256
-
-
-def lengths_array(values: object) -> np.ndarray:
-    """``values`` as a 1-D integer numpy array, used as is (arrays and memory maps are not copied).
-
-    Checks the shape and dtype (O(1)); the values are checked where they are read in full (the
-    index build, or :func:`as_lengths`), so a warm start never scans an input of 1e9 lengths.
-    """
-    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
-    array = one_dimensional("lengths", values, sequence_of="integers", one="length")
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")
-    return array  # a numpy.memmap stays one: its key is then O(1) (shardwise.index.key_of)
-
-
-def as_lengths(values: object) -> np.ndarray:
-    """``values`` as a compact private copy of non-negative lengths (the ``sort_window`` path), or raise.
-
-    The dtype is the narrowest of uint16, uint32, int64 that holds every length.
-    """
-    array = lengths_array(values)
-    _, high = check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
-    dtype = np.uint16 if high < 2**16 else np.uint32 if high < 2**32 else np.int64
-    return np.array(array, dtype=dtype)
 
 
 def lengths_digest(lengths: Any, index: GroupedIndex) -> str:

@@ -63,7 +63,7 @@ from ..index.cache import DEFAULT_TIMEOUT, CacheDir
 from ..index.lengths import LENGTH_KIND
 from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
-from .bucket import as_lengths
+from .inputs import as_lengths
 
 logger = logging.getLogger("shardwise")
 

@@ -27,12 +27,12 @@ from .._core.permutation import Permutation, positions_of
 from .._core.plan import Even
 from .._core.provenance import run_occurrences, run_of_step, run_step_positions
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
-from .._core.seeds import derive_seed
+from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource, _Pass
 from .frameworks import is_batch_plan
-from .sharded import SHUFFLE, dataset_size
+from .inputs import dataset_size
 
 _CHUNK_SAMPLES = 1 << 16
 """Samples generated per numpy call: bounds memory per rank, amortises call overhead."""
@@ -183,7 +183,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             return self._inner._open_pass(epoch, seed, world, start)
         if not self.shuffle:
             return np.ndarray.tolist
-        permutation = Permutation(self._size, derive_seed(seed, epoch, SHUFFLE))
+        permutation = Permutation(self._size, derive_seed(seed, epoch, INDEX_SHUFFLE))
         return lambda positions: permutation(positions).tolist()
 
     def _on_epoch(self, epoch: int) -> None:
@@ -292,7 +292,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             return self._inner._plan_positions_of(epoch, index)
         if not self.shuffle:
             return np.asarray([index], dtype=np.int64)
-        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, SHUFFLE)), np.asarray([index]))
+        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), np.asarray([index]))
 
     # -- what frameworks and users read --------------------------------------------------------
     @property

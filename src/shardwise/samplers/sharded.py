@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sized
 from typing import Any
 
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.errors import check_bool, check_int
-from .._core.permutation import MAX_SIZE, Permutation, positions_of
+from .._core.permutation import Permutation, positions_of
 from .._core.plan import Even, rank_count
-from .._core.seeds import derive_seed
+from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource
-
-SHUFFLE = "shuffle"
-
-
-def dataset_size(dataset: object, name: str = "dataset") -> int:
-    """The number of samples of a sized dataset, or of an int given in its place."""
-    if isinstance(dataset, Sized):
-        return check_int(f"len({name})", len(dataset), minimum=0, maximum=MAX_SIZE)
-    if isinstance(dataset, bool) or not isinstance(dataset, (int, np.integer)):
-        raise TypeError(f"{name} should be a sized dataset or an int length, but got {name}={dataset!r}")
-    return check_int(name, dataset, minimum=0, maximum=MAX_SIZE)
+from .inputs import dataset_size
 
 
 class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
@@ -96,7 +85,7 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         if not self.shuffle:
             return np.ndarray.tolist
-        permutation = Permutation(self._size, derive_seed(seed, epoch, SHUFFLE))
+        permutation = Permutation(self._size, derive_seed(seed, epoch, INDEX_SHUFFLE))
         return lambda positions: permutation(positions).tolist()
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
@@ -104,7 +93,7 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
         index = check_int("index", index, minimum=0, maximum=self._size - 1)
         if not self.shuffle:
             return np.asarray([index], dtype=np.int64)
-        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, SHUFFLE)), np.asarray([index]))
+        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), np.asarray([index]))
 
     def _fingerprint(self) -> Fingerprint:
         return {"num_samples": self._size, "shuffle": self.shuffle}

@@ -29,6 +29,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest
+from .._core.draws import counter_hash
 from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
 from .._core.indices import Arange, IndexList, check_values, index_list, shared_indices, take
@@ -41,7 +42,6 @@ from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, IndexCacheError
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
-from .weighted import counter_hash
 
 STREAM_CHECK = "two-stream-check-v1"
 """Cache kind of the checks of a pair of index lists (shared count and example, digests)."""

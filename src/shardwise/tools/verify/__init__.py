@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..._core.errors import check_bool, check_int, check_seconds
-from ...samplers.bucket import as_lengths
+from ...samplers.inputs import as_lengths
 from .report import ERROR, WARNING, CheckResult, Finding, VerificationError, VerifyReport
 from .target import TargetError, as_ref, stop_if_importing_a_target
 from .worker import Setup, nodes_for
