@@ -149,3 +149,21 @@ def test_check_loaded_checks_only_rows_whose_module_is_imported(monkeypatch: pyt
     monkeypatch.setattr(foreign, "PRIVATE", (*foreign.PRIVATE, loaded))
     with pytest.raises(ImportError, match=r"lightning==2\.6\.6"):
         foreign.check_loaded("lightning")
+
+
+SAMPLER_MODULES = {"bucket", "class_balanced", "locality", "mixture", "packed", "scheduled", "sharded", "two_stream",
+                   "weighted", "wrappers"}  # fmt: skip
+"""The modules of samplers/ that each hold one sampler; the rest (base, inputs, indexed, ...) is the shared shell."""
+
+
+def test_a_sampler_imports_no_sibling_sampler() -> None:
+    """A sampler module imports the shared shell, index and _core: never another sampler's module."""
+    folder = PACKAGE / "samplers"
+    assert {p.stem for p in folder.glob("*.py")} >= SAMPLER_MODULES
+    wrong = [
+        f"{name}.py line {line}: {module}"
+        for name in sorted(SAMPLER_MODULES)
+        for line, module in _imports(folder / f"{name}.py")
+        if module.startswith("shardwise.samplers.") and module.split(".")[2] in SAMPLER_MODULES - {name}
+    ]
+    assert not wrong, wrong
