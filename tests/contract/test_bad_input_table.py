@@ -397,6 +397,18 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
      V, ("state", "'x'")),
     ("skip-positions-stop-before-first", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_positions(0, 5, 3),
      V, ("stop", "3")),
+    # -- sharded sources (issue 22) -------------------------------------------------------------------
+    ("locality-window-zero", lambda tmp: shardwise.LocalitySampler([3, 4], window=0), V, ("window", "0")),
+    ("locality-sizes-negative", lambda tmp: shardwise.LocalitySampler([3, -4]), V, ("dataset[1]", "-4")),
+    ("locality-sizes-str", lambda tmp: shardwise.LocalitySampler("abc"), T, ("dataset", "'abc'")),
+    ("locality-shuffle-str", lambda tmp: shardwise.LocalitySampler([3, 4], shuffle="yes"), T, ("shuffle", "'yes'")),
+    ("source-urls-int", lambda tmp: shardwise.ShardedSource(5), T, ("urls", "5")),
+    ("source-urls-empty", lambda tmp: shardwise.ShardedSource([]), V, ("urls", "[]")),
+    ("source-format-csv", lambda tmp: shardwise.ShardedSource(["a.parquet"], format="csv"), V, ("format", "'csv'")),
+    ("shard-cache-budget-negative", lambda tmp: shardwise.ShardCache(tmp, budget_bytes=-1), V, ("budget_bytes", "-1")),
+    ("shard-cache-retries-negative", lambda tmp: shardwise.ShardCache(tmp, retries=-1), V, ("retries", "-1")),
+    ("shard-cache-backoff-negative", lambda tmp: shardwise.ShardCache(tmp, backoff=-1.0), V, ("backoff", "-1.0")),
+    ("shard-cache-directory-int", lambda tmp: shardwise.ShardCache(3), T, ("directory", "3")),
 ]
 
 
@@ -414,11 +426,12 @@ PREFIXES = {
     "column": "column",
     "which": "which", "when": "when", "skip-steps": "skip_steps", "skip-positions": "ShardedSampler",
     "rebase-state": "rebase_state",
+    "locality": "LocalitySampler", "source": "ShardedSource", "shard-cache": "ShardCache",
 }
 # Enums, exceptions and results: nothing to pass badly (the enums' values are rows of the samplers).
 NOTHING_TO_PASS = {"Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",
                    "RaggedStoreError", "PaddedBatch", "worker_seeds", "__version__", "TooLong", "PackedSample",
-                   "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch"}  # fmt: skip
+                   "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch", "ShardError"}  # fmt: skip
 
 
 def _public_name(row_id: str) -> str:

@@ -438,7 +438,7 @@ def test_sampler_state_read_directly_while_a_stateful_loader_with_workers_drives
 def _lightning_loader(name: str, workers: int) -> Any:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from tests import test_lightning as lt
+    from tests.integrations import test_lightning as lt
 
     sampler = lt.make(name)
     data = IndexDataset(lt.TWO_STREAM_N if name == "TwoStreamBatchSampler" else lt.N)
@@ -451,7 +451,7 @@ def _lightning_loader(name: str, workers: int) -> Any:
 def _lightning_resumes(rank: int, world_size: int, directory: str, combos: list[tuple[str, int, str]]) -> Any:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from tests import test_lightning as lt
+    from tests.integrations import test_lightning as lt
 
     lt._join_as_ddp(rank)
     out = {}
@@ -478,7 +478,7 @@ def test_lightning_checkpoints_mid_epoch_and_at_epoch_end_resume_exactly_with_an
     tmp_path: Path,
 ) -> None:
     """Trainer(ckpt_path=) from a mid-epoch and an epoch-end checkpoint, 0 and 2 workers: the uninterrupted run."""
-    from tests import test_lightning as lt
+    from tests.integrations import test_lightning as lt
 
     combos = [(name, workers, point) for name in ("ShardedSampler", "TwoStreamBatchSampler") for workers in (0, 2)
               for point in ("mid", "end")]  # fmt: skip

@@ -37,6 +37,7 @@ def index_samplers() -> list[Any]:
         shardwise.shard(RandomSampler(range(16)), **world),
         shardwise.WeightedSampler(np.ones(16), num_samples=16, **world),
         shardwise.MixtureSampler([10, 6], [0.5, 0.5], num_samples=16, **world),
+        shardwise.LocalitySampler([5, 3, 8], window=2, **world),
     ]
 
 
