@@ -19,7 +19,10 @@ right before a fence:
     -->                                   leaves to the reader (``dataset``, ``model``, a file to read)
 
 A ```python block runs unless it is marked; a ```bash block without ``run`` or ``skip`` fails the
-page's test, so that nothing is left out silently. New pages under docs/ are picked up as they are.
+page's test, so that nothing is left out silently, with one rule of its own: a ```bash block that
+starts with ``python3 -m venv`` (README's two set-up commands, for a fresh machine) is skipped with
+``FRESH_MACHINE_REASON``: CI runs the test command itself (``.ci/run``), and ``tests/tools/test_demo.py``
+the demo. New pages under docs/ are picked up as they are.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ TIMEOUT = 240.0  # seconds per page (a loaded 2-core machine); the pages togethe
 LINKED = ("examples", "bench")  # folders the pages' commands name, linked into the temporary folder
 LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SHARDWISE_SEED")  # fmt: skip
+
+FRESH_MACHINE = "python3 -m venv "
+FRESH_MACHINE_REASON = ("sets up a fresh machine (a virtual environment, installs from the network); .ci/run runs "
+                        "the test command, tests/tools/test_demo.py the demo")  # fmt: skip
 
 # Pages another branch owns, whose snippet needs a fix there: run, and expected to fail until it lands.
 NOT_YET: dict[str, str] = {}
@@ -131,6 +138,9 @@ def parse(page: Path) -> list[Block]:
             if language in ("python", "bash", "sh"):
                 pending.line, pending.language, pending.code = start + 1, "bash" if language == "sh" else language, \
                     lines[start + 1:i]  # fmt: skip
+                if pending.language == "bash" and pending.skip is None and not pending.run and pending.code and \
+                        pending.code[0].startswith(FRESH_MACHINE):  # fmt: skip
+                    pending.skip = FRESH_MACHINE_REASON
                 blocks.append(pending)
                 pending = Block(0, "", [])
         i += 1
