@@ -69,7 +69,7 @@ def test_scenario_without_its_extra_is_skipped_with_a_note(
     assert {row.scenario for row in rows} == {"ShardedSampler"} and all(row.ok for row in rows)
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith(f"skipped {LOCALITY}: needs shardwise_no_such_module"), out
-    assert "pip install 'shardwise[sharded]'" in out
+    assert "pip install 'shardwise[demo]'" in out
 
 
 def test_demo_command_line() -> None:

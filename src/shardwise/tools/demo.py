@@ -218,7 +218,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("PackedBatchSampler", _packed, "documents packed into 4 rows of 1024 tokens, balanced by attention"),
     Scenario(
         "LocalitySampler(ShardedSource)", _locality, "6 local Parquet shards (<= 2,400 rows), shuffled 2 at a time",
-        tracked=_sharded_ids, files=_locality_files, requires="pyarrow", install="pip install 'shardwise[sharded]'",
+        tracked=_sharded_ids, files=_locality_files, requires="pyarrow", install="pip install 'shardwise[demo]'",
     ),
 ]
 
