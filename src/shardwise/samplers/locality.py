@@ -80,7 +80,7 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
         self._sizes = check_shard_sizes("dataset" if sizes is dataset else "dataset.shard_sizes", sizes)
         self._size = int(self._sizes.sum())
         # torch's attribute is the data: the source, or (given samples per shard) the number of samples.
-        self.dataset = dataset if isinstance(dataset, ShardedData) else self._size
+        self.dataset: Any = dataset if isinstance(dataset, ShardedData) else self._size
         self.window = check_int("window", window, minimum=1)
         self.shuffle = check_bool("shuffle", shuffle)
         self.drop_last = check_bool("drop_last", drop_last)
