@@ -33,7 +33,7 @@ from shardwise._core.packing import (
     stratum_layouts,
     stratum_slots,
 )
-from shardwise._core.rowpack import pack_histogram, row_loads
+from shardwise._core.packing.rows import pack_histogram, row_loads
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
 

@@ -2,7 +2,7 @@
 
 :func:`pack_histogram` is best-fit decreasing into rows of ``max_len`` tokens computed on a
 length histogram (a few numpy operations per length class, not per item); :func:`deal_rows`
-deals rows into batches of about equal cost. ``shardwise._core.packing`` chains them over the
+deals rows into batches of about equal cost. :mod:`.layout` chains them over the
 strata of an epoch's plan.
 """
 
