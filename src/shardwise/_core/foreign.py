@@ -81,12 +81,10 @@ PRIVATE: tuple[Private, ...] = (
     Private("torchdata", "torchdata.stateful_dataloader.sampler", "_BatchSamplerIterator", "attribute",
             f"{_DELIVERY} frame search depth"),
     # Lightning: the batch sampler rebuild record, the loop that pulls before set_epoch, Fabric's epoch count.
-    Private("lightning", "lightning.fabric.utilities.data", "__pl_saved_args", "used", f"{_FRAMEWORKS} install"),
-    Private("lightning", "lightning.fabric.utilities.data", "__pl_saved_kwargs", "used", f"{_FRAMEWORKS} install"),
-    Private("lightning", "lightning.fabric.utilities.data", "__pl_saved_arg_names", "used",
-            f"{_FRAMEWORKS} install"),
-    Private("lightning", "lightning.fabric.utilities.data", "__pl_saved_default_kwargs", "used",
-            f"{_FRAMEWORKS} install"),
+    *(
+        Private("lightning", "lightning.fabric.utilities.data", name, "used", f"{_FRAMEWORKS} install")
+        for name in ("__pl_saved_args", "__pl_saved_kwargs", "__pl_saved_arg_names", "__pl_saved_default_kwargs")
+    ),
     Private("lightning", "lightning.pytorch.loops.fit_loop", "_FitLoop", "attribute",
             f"{_FRAMEWORKS} lightning_pending_epoch"),
     Private("lightning", "lightning.pytorch.loops.fit_loop:_FitLoop", "_combined_loader", "used",
@@ -97,14 +95,16 @@ PRIVATE: tuple[Private, ...] = (
     Private("lightning", "lightning.fabric.wrappers:_FabricDataLoader", "_num_iter_calls", "used",
             "integrations/fabric.py load_state_dict"),
     # Accelerate: the wrapper that would reshard, and what prepare_data_loader passes to DataLoaderShard.
-    Private("accelerate", "accelerate.data_loader:BatchSamplerShard", "_iter_with_split", "attribute",
-            f"{_FRAMEWORKS} refuse_resharding frame depth"),
-    Private("accelerate", "accelerate.data_loader:BatchSamplerShard", "_iter_with_no_split", "attribute",
-            f"{_FRAMEWORKS} refuse_resharding frame depth"),
-    Private("accelerate", "accelerate.data_loader:DataLoaderShard", "_drop_last", "parameter",
-            "integrations/accelerate.py prepare_data_loader"),
-    Private("accelerate", "accelerate.data_loader:DataLoaderShard", "_non_blocking", "parameter",
-            "integrations/accelerate.py prepare_data_loader"),
+    *(
+        Private("accelerate", "accelerate.data_loader:BatchSamplerShard", name, "attribute",
+                f"{_FRAMEWORKS} refuse_resharding frame depth")
+        for name in ("_iter_with_split", "_iter_with_no_split")
+    ),
+    *(
+        Private("accelerate", "accelerate.data_loader:DataLoaderShard", name, "parameter",
+                "integrations/accelerate.py prepare_data_loader")
+        for name in ("_drop_last", "_non_blocking")
+    ),
     Private("accelerate", "accelerate.accelerator:Accelerator", "_is_accelerate_prepared", "used",
             "integrations/accelerate.py prepare_data_loader"),
     # transformers: the Trainer hooks ShardwiseTrainerMixin extends or calls.

@@ -13,7 +13,7 @@ exactly uniform; both paths use integer arithmetic only and are bit-identical ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -78,18 +78,31 @@ def feistel_rounds(x: np.ndarray, shift: Any, low_mask: Any, high_mask: Any, key
     return merged
 
 
-def feistel_permute(positions: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
-    """Map ``positions`` (each in ``[0, n)``) through the cycle-walking Feistel permutation."""
+def cycle_walk(
+    rounds: Callable[[np.ndarray, int, np.ndarray], np.ndarray], values: np.ndarray, n: int, keys: np.ndarray
+) -> np.ndarray:
+    """Map ``values`` (each in ``[0, n)``) through ``rounds`` with cycle walking, as int64.
+
+    ``rounds`` (:func:`feistel` or :func:`feistel_inverse`) is a bijection of the smallest
+    power-of-two domain that holds ``n``; an output outside ``[0, n)`` is fed back in until it
+    lands inside. ``keys`` is ``(ROUNDS,)`` uint64, one key for all values, or ``(ROUNDS,
+    len(values))``, one key per round and value (every value walks the bijection of its own key).
+    """
     bits = _domain_bits(n)
     limit = np.uint64(n)
-    out = feistel(np.asarray(positions, dtype=np.uint64), bits, keys)
+    out = rounds(np.asarray(values, dtype=np.uint64), bits, keys)
     outside = np.flatnonzero(out >= limit)
     while outside.size:
-        # Walk only the positions still outside [0, n); each pass keeps about half of them.
-        walked = feistel(out[outside], bits, keys)
+        # Walk only the values still outside [0, n); each pass keeps about half of them.
+        walked = rounds(out[outside], bits, keys[:, outside] if keys.ndim == 2 else keys)
         out[outside] = walked
         outside = outside[walked >= limit]
     return out.astype(np.int64)
+
+
+def feistel_permute(positions: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
+    """Map ``positions`` (each in ``[0, n)``) through the cycle-walking Feistel permutation (see :func:`cycle_walk`)."""
+    return cycle_walk(feistel, positions, n, keys)
 
 
 def table_permutation(n: int, key: int) -> np.ndarray:
@@ -161,15 +174,7 @@ def feistel_inverse(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
 
 def feistel_unpermute(indices: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
     """The positions :func:`feistel_permute` maps to ``indices``: the cycle walked backwards."""
-    bits = _domain_bits(n)
-    limit = np.uint64(n)
-    out = feistel_inverse(np.asarray(indices, dtype=np.uint64), bits, keys)
-    outside = np.flatnonzero(out >= limit)
-    while outside.size:
-        walked = feistel_inverse(out[outside], bits, keys)
-        out[outside] = walked
-        outside = outside[walked >= limit]
-    return out.astype(np.int64)
+    return cycle_walk(feistel_inverse, indices, n, keys)
 
 
 def positions_of(permutation: Permutation, indices: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import check_int
 from .mixture import MixturePlan
 from .mixture_blocks import element_keys, floor_share, golden_step
-from .permutation import GOLDEN, _domain_bits, feistel_inverse, mix64
+from .permutation import GOLDEN, feistel_unpermute, mix64
 from .schedule import Run
 
 
@@ -110,19 +110,6 @@ def run_occurrences(runs: Sequence[Run], world_size: int, total: int, position: 
 
 
 # -- mixtures: where draw d of source i lands ---------------------------------------------------------
-def keyed_unpermute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarray:
-    """The inverse of ``_core.mixture.keyed_permute`` (the cycle walked backwards)."""
-    bits = _domain_bits(size)
-    limit = np.uint64(size)
-    out = feistel_inverse(values.astype(np.uint64), bits, rounds)
-    outside = np.flatnonzero(out >= limit)
-    while outside.size:
-        walked = feistel_inverse(out[outside], bits, rounds[:, outside] if rounds.ndim == 2 else rounds)
-        out[outside] = walked
-        outside = outside[walked >= limit]
-    return out.astype(np.int64)
-
-
 def _offset_of_slot(plan: MixturePlan, slot_keys: np.ndarray | None, block: int, slot: int) -> int:
     """The offset within block number ``block`` whose slot is ``slot`` (inverse of ``_core.mixture.slots``)."""
     size = plan.block
@@ -135,7 +122,7 @@ def _offset_of_slot(plan: MixturePlan, slot_keys: np.ndarray | None, block: int,
             rotation = int(mixed[0] % np.uint64(size))
         return (slot - rotation) * pow(golden_step(size), -1, size) % size
     keys = element_keys(slot_keys, np.asarray([block], dtype=np.int64))
-    return int(keyed_unpermute(np.asarray([slot], dtype=np.int64), size, keys)[0])
+    return int(feistel_unpermute(np.asarray([slot], dtype=np.int64), size, keys)[0])
 
 
 def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -> np.ndarray:
@@ -159,7 +146,7 @@ def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -
         j = within
         if keys is not None and size > 1:
             rounds = element_keys(keys[source], np.asarray([cycle], dtype=np.int64))
-            j = int(keyed_unpermute(np.asarray([within], dtype=np.int64), size, rounds)[0])
+            j = int(feistel_unpermute(np.asarray([within], dtype=np.int64), size, rounds)[0])
         draw = cycle * size + j
         reached = layout.blocks_to_reach(source, draw + 1)
         if reached is None or (reached - 1) * plan.block >= total:
