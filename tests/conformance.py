@@ -1,4 +1,4 @@
-"""The conformance harness: one list of cases, every property of DESIGN.md run over each.
+"""The conformance harness: one list of cases, every property of docs/design.md run over each.
 
 A new sampler gets the whole harness by adding one ``Case`` line to ``CASES``.
 A case builds the sampler for a data size ``n`` (the sampler decides what ``n`` means: samples,

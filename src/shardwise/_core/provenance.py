@@ -111,7 +111,7 @@ def run_occurrences(runs: Sequence[Run], world_size: int, total: int, position: 
 
 # -- mixtures: where draw d of source i lands ---------------------------------------------------------
 def _offset_of_slot(plan: MixturePlan, slot_keys: np.ndarray | None, block: int, slot: int) -> int:
-    """The offset within block number ``block`` whose slot is ``slot`` (inverse of ``_core.mixture.slots``)."""
+    """The offset within block number ``block`` whose slot is ``slot`` (inverse of ``_core.mixture_blocks.slots``)."""
     size = plan.block
     if size == 1:
         return 0

@@ -9,7 +9,8 @@ state and on ``PYTHONHASHSEED``, per-step balance, and mid-epoch (and elastic) r
 Modules: ``target`` (naming the factory for fresh processes), ``worker`` (what runs in them:
 build, iterate, save, resume), ``launcher`` (a rank's environment, seeds and simulated group),
 ``recipes`` (each framework's ``set_epoch``), ``objects`` (what the factory returned, and the graph
-behind it), ``runner`` (the processes), ``checks``, ``report``, ``plot`` (the ``plot`` extra).
+behind it), ``runner`` (the processes), ``checks/`` (one module per concern, run by
+``checks.build_report``), ``report``, ``plot`` (the ``plot`` extra).
 """
 
 from __future__ import annotations
