@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from .permutation import GOLDEN, ROUNDS, feistel_permute, mix64
+from .permutation import GOLDEN, ROUNDS, feistel, mix64
 from .seeds import derive_words
 from .weights import Weights
 
@@ -162,6 +162,24 @@ def make_layout(block: int, stretches: Sequence[tuple[int, Weights]], phases: Se
 
 
 # -- positions ----------------------------------------------------------------------------------
+def keyed_permute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarray:
+    """A Feistel bijection of ``[0, size)`` with cycle walking, keyed per element.
+
+    ``rounds`` is ``(ROUNDS, len(values))`` uint64, one key per round and element: every element is
+    permuted by the bijection of its own key, so one call serves many blocks or cycles; or
+    ``(ROUNDS,)``, one key for all (cheaper: the common case of a chunk inside one cycle).
+    """
+    bits = max(1, (size - 1).bit_length())
+    limit = np.uint64(size)
+    out = feistel(values.astype(np.uint64), bits, rounds)  # feistel iterates over the rows of rounds
+    outside = np.flatnonzero(out >= limit)
+    while outside.size:
+        walked = feistel(out[outside], bits, rounds[:, outside] if rounds.ndim == 2 else rounds)
+        out[outside] = walked
+        outside = outside[walked >= limit]
+    return out.astype(np.int64)
+
+
 def element_keys(base: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Round keys per element, ``(ROUNDS, len(labels))``: the base keys mixed with a hash of each label.
 
@@ -209,7 +227,7 @@ def slots(layout: Layout, positions: np.ndarray, slot_keys: np.ndarray | None, i
             found += rotation.astype(np.int64)
         found %= block
         return found
-    return feistel_permute(offsets, block, element_keys(slot_keys, positions // block))
+    return keyed_permute(offsets, block, element_keys(slot_keys, positions // block))
 
 
 def locate(layout: Layout, positions: np.ndarray, slot_keys: np.ndarray | None, interleave: bool = False) -> Draws:
@@ -264,7 +282,7 @@ def draw_indices(
         size = int(sizes[source])
         cycles, within = np.divmod(found.draws[where], size)
         if keys is not None and size > 1:
-            within = feistel_permute(within, size, element_keys(keys[source], cycles))
+            within = keyed_permute(within, size, element_keys(keys[source], cycles))
         out[where] = within + int(offsets[source])
     return out
 

@@ -49,7 +49,8 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _domain_bits(n: int) -> int:
+def domain_bits(n: int) -> int:
+    """Bits of the Feistel domain for ``n`` positions: the smallest power of two holding ``[0, n)`` (at least 2)."""
     return max(1, (n - 1).bit_length())
 
 
@@ -88,7 +89,7 @@ def cycle_walk(
     lands inside. ``keys`` is ``(ROUNDS,)`` uint64, one key for all values, or ``(ROUNDS,
     len(values))``, one key per round and value (every value walks the bijection of its own key).
     """
-    bits = _domain_bits(n)
+    bits = domain_bits(n)
     limit = np.uint64(n)
     out = rounds(np.asarray(values, dtype=np.uint64), bits, keys)
     outside = np.flatnonzero(out >= limit)
