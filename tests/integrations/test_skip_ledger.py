@@ -44,7 +44,7 @@ def skipped_samples(sampler: Any, *, epoch: int, steps: range, world_size: int, 
 def check_epoch(before: Iterable[list[int]], after: list[list[list[int]]], skipped: set[int], n: int) -> None:
     """The epoch's batches before the checkpoint and per resumed rank: skipped never, the rest once, equal steps."""
     trained = Counter(i for batch in [*before, *(b for rank in after for b in rank)] for i in batch)
-    assert skipped and not skipped & set(trained), sorted(skipped & set(trained))
+    assert not skipped & set(trained), sorted(skipped & set(trained))
     assert trained == Counter(set(range(n)) - skipped), "a sample lost or repeated"
     assert len({len(rank) for rank in after}) == 1, [len(rank) for rank in after]
 
@@ -93,3 +93,60 @@ def test_torchdata_stateful_dataloader_resumes_without_the_skipped_steps(how: st
         after.append(_batches(loader))
     check_epoch(before, after, skipped, N)
     assert len(skipped) == 3 * 2 * BATCH  # 48 left: 16 a rank, nothing padded
+
+
+def run_cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``shardwise ...`` that must fail as bad input: exit 2, one line on stderr (returned)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def _epoch_batches(ranks: list[dict[str, Any]], epoch: int) -> list[list[list[int]]]:
+    """Per rank, the samples of the batches of ``epoch`` (the examples record ``[epoch, *ids]``)."""
+    return [[batch[1:] for batch in rank["seen"] if batch[0] == epoch] for rank in ranks]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_accelerate_save_state_then_shardwise_skip_on_dl_state_dict(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Accelerate save_state after 2 steps (1 process); `shardwise skip` on dl_state_dict.bin; 2 ranks resume without them."""
+    import importlib.util
+
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    from tests.integrations.test_accelerate import EXAMPLE, _launch, _seen
+
+    spec = importlib.util.spec_from_file_location("accelerate_ddp_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    folder = tmp_path / "state"
+    # The first run in this process (world size 1, to save a process start); the ledger is world-size free.
+    example.SAVE_AT = 2  # 2 batches trained, 4 skipped: 10 left, 5 a rank, nothing padded
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    run, _ = example.train(accelerator, str(folder), resume=False)
+    err = run_cli_error(["skip", f"{EXAMPLE}:build_loader", "-w", "2", "--state", str(folder), "--steps", "1:3",
+                         "--out", str(tmp_path / "x.bin")], capsys)  # fmt: skip
+    assert str(folder / "dl_state_dict.bin") in err
+    saved = shardwise.tools.which.load_state_file(folder / "dl_state_dict.bin")
+    skipped = skipped_samples(_example_loader(EXAMPLE, "build_loader"), epoch=0, steps=range(1, 3), world_size=2,
+                              start=saved["consumed"], batch_size=None)  # fmt: skip
+    run_cli(["skip", f"{EXAMPLE}:build_loader", "-w", "2", "--state", str(folder / "dl_state_dict.bin"),
+             "--steps", "1:3", "--out", str(folder / "dl_state_dict.bin")])  # fmt: skip
+    _launch(tmp_path, "--resume")
+    resumed = _seen(tmp_path, "resume")
+    check_epoch([b[1:] for b in run[:2]], _epoch_batches(resumed, 0), skipped, example.N)
+    assert len(skipped) == 2 * 2 * 4  # 2 steps of 2 ranks, 4 samples a batch
+    check_epoch([], _epoch_batches(resumed, 1), set(), example.N)  # the next epoch whole: the ledger is per epoch
+
+
+def _example_loader(path: Path, name: str) -> Any:
+    """Build a loader with an example's factory, as ``shardwise skip`` does."""
+    from shardwise.tools.verify.target import call_factory, load_spec
+
+    return call_factory(load_spec(f"{path}:{name}"), 0, 2)

@@ -59,6 +59,10 @@ def find_state(saved: object) -> dict[str, Any]:
 
 def read_file(path: Path) -> tuple[object, bool]:
     """``(contents, is_json)`` of a state or checkpoint saved as JSON or with ``torch.save`` (weights only)."""
+    if path.is_dir():
+        from .checkpoints import folder_message
+
+        raise WhichError(folder_message(path))
     if not path.is_file():
         raise WhichError(f"--state {str(path)!r} does not exist")
     try:
