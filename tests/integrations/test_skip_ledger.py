@@ -150,3 +150,50 @@ def _example_loader(path: Path, name: str) -> Any:
     from shardwise.tools.verify.target import call_factory, load_spec
 
     return call_factory(load_spec(f"{path}:{name}"), 0, 2)
+
+
+def _train_three_steps(example: Any, out: Path) -> list[list[int]]:
+    """The example's Trainer in this process (world size 1, to save a process start), stopped at checkpoint-3."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=example.VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+                        eos_token_id=0)  # fmt: skip
+    args = TrainingArguments(str(out / "checkpoints"), train_sampling_strategy="random", per_device_train_batch_size=4,
+                             max_steps=3, save_strategy="steps", save_steps=3, remove_unused_columns=False,
+                             use_cpu=True, seed=7, report_to="none", disable_tqdm=True, logging_strategy="no")  # fmt: skip
+    trainer = example.RecordingTrainer(model=GPT2LMHeadModel(config), args=args,
+                                       train_dataset=example.TokenDataset(example.N), data_collator=example.collate)  # fmt: skip
+    trainer.train()
+    return trainer.seen  # type: ignore[no-any-return]
+
+
+def trainer_sampler(rank: int = 0, world_size: int = 1) -> Any:
+    """The sampler ShardwiseTrainer builds in examples/transformers_trainer.py for ``--strategy random``."""
+    from tests.integrations.test_transformers import _example
+
+    example = _example()
+    return shardwise.ShardedSampler(example.TokenDataset(example.N), num_replicas=world_size, rank=rank, seed=7)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_trainer_checkpoint_then_shardwise_skip_on_shardwise_sampler_json(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """ShardwiseTrainer checkpoint-3 (1 process); `shardwise skip` on its shardwise_sampler.json; 2 ranks resume without them."""
+    from tests.integrations.test_transformers import _example, _launch
+
+    example = _example()
+    run = _train_three_steps(example, tmp_path)
+    folder = tmp_path / "checkpoints" / "checkpoint-3"
+    err = run_cli_error(["skip", f"{__file__}:trainer_sampler", "-w", "2", "--state", str(folder), "--steps", "2:4",
+                         "-b", "4", "--out", str(tmp_path / "x.json")], capsys)  # fmt: skip
+    assert str(folder / "shardwise_sampler.json") in err
+    saved = shardwise.tools.which.load_state_file(folder / "shardwise_sampler.json")
+    skipped = skipped_samples(trainer_sampler(), epoch=0, steps=range(2, 4), world_size=2, start=saved["consumed"])
+    run_cli(["skip", f"{__file__}:trainer_sampler", "-w", "2", "--state", str(folder / "shardwise_sampler.json"),
+             "--steps", "2:4", "-b", "4", "--out", str(folder / "shardwise_sampler.json")])  # fmt: skip
+    _launch(tmp_path, 2, "--strategy", "random", "--epochs", "1", "--save-steps", "100", "--resume", str(folder))
+    resumed = [json.loads((tmp_path / f"resume-rank{rank}.json").read_text())["seen"] for rank in (0, 1)]
+    check_epoch([b[1:] for b in run[:3]], [[b[1:] for b in rank] for rank in resumed], skipped, example.N)
+    assert len(skipped) == 2 * 2 * 4 and len(resumed[0]) == 9  # 68 left: 34 a rank, in batches of 4
