@@ -20,6 +20,7 @@ import torch
 
 import shardwise
 from shardwise.tools.cli import main
+from shardwise.tools.which import load_state_file
 
 pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
 
@@ -133,7 +134,7 @@ def test_accelerate_save_state_then_shardwise_skip_on_dl_state_dict(tmp_path: Pa
     err = run_cli_error(["skip", f"{EXAMPLE}:build_loader", "-w", "2", "--state", str(folder), "--steps", "1:3",
                          "--out", str(tmp_path / "x.bin")], capsys)  # fmt: skip
     assert str(folder / "dl_state_dict.bin") in err
-    saved = shardwise.tools.which.load_state_file(folder / "dl_state_dict.bin")
+    saved = load_state_file(folder / "dl_state_dict.bin")
     skipped = skipped_samples(_example_loader(EXAMPLE, "build_loader"), epoch=0, steps=range(1, 3), world_size=2,
                               start=saved["consumed"], batch_size=None)  # fmt: skip
     run_cli(["skip", f"{EXAMPLE}:build_loader", "-w", "2", "--state", str(folder / "dl_state_dict.bin"),
@@ -189,7 +190,7 @@ def test_trainer_checkpoint_then_shardwise_skip_on_shardwise_sampler_json(tmp_pa
     err = run_cli_error(["skip", f"{__file__}:trainer_sampler", "-w", "2", "--state", str(folder), "--steps", "2:4",
                          "-b", "4", "--out", str(tmp_path / "x.json")], capsys)  # fmt: skip
     assert str(folder / "shardwise_sampler.json") in err
-    saved = shardwise.tools.which.load_state_file(folder / "shardwise_sampler.json")
+    saved = load_state_file(folder / "shardwise_sampler.json")
     skipped = skipped_samples(trainer_sampler(), epoch=0, steps=range(2, 4), world_size=2, start=saved["consumed"])
     run_cli(["skip", f"{__file__}:trainer_sampler", "-w", "2", "--state", str(folder / "shardwise_sampler.json"),
              "--steps", "2:4", "-b", "4", "--out", str(folder / "shardwise_sampler.json")])  # fmt: skip
@@ -197,3 +198,52 @@ def test_trainer_checkpoint_then_shardwise_skip_on_shardwise_sampler_json(tmp_pa
     resumed = [json.loads((tmp_path / f"resume-rank{rank}.json").read_text())["seen"] for rank in (0, 1)]
     check_epoch([b[1:] for b in run[:3]], [[b[1:] for b in rank] for rank in resumed], skipped, example.N)
     assert len(skipped) == 2 * 2 * 4 and len(resumed[0]) == 9  # 68 left: 34 a rank, in batches of 4
+
+
+def lightning_loader(rank: int = 0, world_size: int = 1) -> Any:
+    """tests/integrations/test_lightning.py's StatefulDataLoader over a ShardedSampler (also the `skip` target)."""
+    from tests.integrations.test_lightning import loader_for
+
+    return loader_for("ShardedSampler", stateful=True)
+
+
+def _lightning_save_skip_resume(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    """Fit 1 step with a checkpoint; rank 0 runs `shardwise skip` on mid.ckpt; both ranks fit from the edited copy."""
+    import time
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.integrations.test_lightning import _join_as_ddp, _module, _trainer
+
+    _join_as_ddp(rank)
+    first = _module(lightning_loader, in_hook=True)
+    every = ModelCheckpoint(dirpath=directory, filename="mid", every_n_train_steps=1, save_top_k=1, monitor=None)
+    _trainer(max_epochs=1, enable_checkpointing=True, callbacks=[every], max_steps=1).fit(first)
+    mid, edited, done = (Path(directory, name) for name in ("mid.ckpt", "skipped.ckpt", "skipped.done"))
+    if rank == 0:
+        run_cli(["skip", f"{__file__}:lightning_loader", "-w", "2", "--state", str(mid), "--steps", "1:2",
+                 "-b", str(BATCH), "--out", str(edited)])  # fmt: skip
+        done.touch()
+    deadline = time.monotonic() + 60
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("rank 0 did not write skipped.ckpt within 60 s")
+        time.sleep(0.1)
+    resumed = _module(lightning_loader, in_hook=True)
+    _trainer(max_epochs=1).fit(resumed, ckpt_path=str(edited))
+    return {"first": [b for _, b in first.seen], "second": [b for _, b in resumed.seen]}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_lightning_checkpoint_then_shardwise_skip_on_the_ckpt(tmp_path: Path) -> None:
+    """Lightning Trainer (2 ranks) checkpoints after 1 step; `shardwise skip` on mid.ckpt; fit(ckpt_path=) skips them."""
+    from shardwise.tools.launch import run_distributed
+    from tests.integrations.test_lightning import N as LIGHTNING_N
+
+    ranks = run_distributed(_lightning_save_skip_resume, 2, str(tmp_path), timeout=200)
+    saved = load_state_file(tmp_path / "mid.ckpt")
+    skipped = skipped_samples(shardwise.ShardedSampler(LIGHTNING_N), epoch=0, steps=range(1, 2), world_size=2,
+                              start=saved["consumed"])  # fmt: skip
+    assert saved["consumed"] == 2 * BATCH and len(skipped) == 2 * BATCH  # 24 left: 3 batches a rank
+    check_epoch([b for rank in ranks for b in rank["first"]], [rank["second"] for rank in ranks], skipped, LIGHTNING_N)
