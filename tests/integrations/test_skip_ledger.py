@@ -247,3 +247,40 @@ def test_lightning_checkpoint_then_shardwise_skip_on_the_ckpt(tmp_path: Path) ->
                               start=saved["consumed"])  # fmt: skip
     assert saved["consumed"] == 2 * BATCH and len(skipped) == 2 * BATCH  # 24 left: 3 batches a rank
     check_epoch([b for rank in ranks for b in rank["first"]], [rank["second"] for rank in ranks], skipped, LIGHTNING_N)
+
+
+def fabric_loader(rank: int = 0, world_size: int = 1) -> Any:
+    """examples/fabric_ddp.py's ShardedSampler loader (the `shardwise skip` target)."""
+    from tests.integrations.test_fabric import _example
+
+    return _example().build_loader("ShardedSampler", num_replicas=world_size, rank=rank)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_fabric_save_then_shardwise_skip_on_the_ckpt_resumed_on_one_device(tmp_path: Path) -> None:
+    """fabric.save mid-epoch 1 on 2 ranks; `shardwise skip` on the .ckpt; fabric.load on 1 device trains the rest but those."""
+    import subprocess
+    import sys
+
+    from tests.integrations.test_fabric import ENV, EXAMPLE, ROOT, _example
+
+    def launch(*options: str) -> None:
+        command = [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--kinds", "ShardedSampler", *options]
+        result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
+        assert result.returncode == 0, (options, result.stderr[-4000:])
+
+    example = _example()
+    launch("--save")
+    ckpt = tmp_path / "ShardedSampler.ckpt"
+    saved = load_state_file(ckpt)
+    assert (saved["epoch"], saved["consumed"]) == (1, 2 * 2 * example.BATCH)  # save_point: 2 steps into epoch 1
+    skipped = skipped_samples(fabric_loader(0, 2), epoch=1, steps=range(1, 2), world_size=1, start=saved["consumed"])
+    run_cli(["skip", f"{__file__}:fabric_loader", "-w", "1", "--state", str(ckpt), "--steps", "1:2",
+             "--out", str(ckpt)])  # fmt: skip
+    launch("--resume", "--devices", "1")
+    before = [json.loads((tmp_path / f"save-rank{rank}.json").read_text())["ShardedSampler"] for rank in (0, 1)]
+    after = json.loads((tmp_path / "resume-rank0.json").read_text())["ShardedSampler"]
+    check_epoch([b[1:] for rank in before for b in rank if b[0] == 1], [[b[1:] for b in after if b[0] == 1]],
+                skipped, example.N)  # fmt: skip
+    assert len(skipped) == example.BATCH and not [b for b in after if b[0] != 1]
