@@ -91,7 +91,8 @@ def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> 
             raise StateMismatchError(f"state was saved without {name}, but this sampler has {name}={value!r}")
         elif saved[name] != value:
             raise StateMismatchError(
-                f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}{REBASE_HINT}"
+                f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}"
+                + (REBASE_HINT if name != "kind" else "")
             )
     for name in sorted(LATER_FIELDS & set(saved) - set(fingerprint)):
         logger.warning("state was saved with %s=%r, which this sampler's data does not have: not checked",
