@@ -7,7 +7,8 @@ told apart only when the data names its content cheaply: a dataset (or a mixture
 ``data_fingerprint`` attribute, a short string that changes when the content does, adds it to the
 fingerprint as ``dataset``. shardwise's own sources have one:
 
-- :class:`shardwise.RaggedArray` (``data_fingerprint`` is a property): a digest of its manifest (sizes and CRC-32s of both files);
+- :class:`shardwise.RaggedArray` (``data_fingerprint`` is a property): a digest of its manifest
+  (sizes and CRC-32s of both files);
 - :class:`shardwise.ShardedSource`: a digest of every shard's URL, size and version (the ETag, else
   the modification time), read once at construction.
 

@@ -25,7 +25,8 @@ def folder_message(folder: Path, option: str = "--state") -> str:
     """One line for a checkpoint folder given where a file is expected: which file of it to pass."""
     found = sorted({str(path) for pattern in KNOWN_FILES for path in folder.glob(pattern)})
     if found:
-        return f"{option} {str(folder)!r} is a folder; pass the file in it that holds the sampler state: {' or '.join(found)}"
+        files = " or ".join(found)
+        return f"{option} {str(folder)!r} is a folder; pass the file in it that holds the sampler state: {files}"
     return (
         f"{option} {str(folder)!r} is a folder; pass the file that holds the sampler state (HF Trainer: "
         "checkpoint-<step>/shardwise_sampler.json, Accelerate: dl_state_dict.bin, Lightning and Fabric: the .ckpt file)"

@@ -107,7 +107,8 @@ def check_ledger(ref: FactoryRef, state: object, world_size: int, *, timeout: fl
     where = f"epoch {epoch} from position {consumed}, {len(ranges)} skipped range(s) {ranges[:4]}"
     evidence = (
         f"{where}: {sum(skipped.values())} skipped samples never trained on {world_size} ranks, "
-        f"{sum(lost.values())} lost, {sum(extra.values())} repeated (padding allows {allowance}), {units[0]} units a rank"
+        f"{sum(lost.values())} lost, {sum(extra.values())} repeated (padding allows {allowance}), "
+        f"{units[0]} units a rank"
     )
     problems = []
     if leaked:
