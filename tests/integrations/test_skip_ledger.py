@@ -284,3 +284,11 @@ def test_fabric_save_then_shardwise_skip_on_the_ckpt_resumed_on_one_device(tmp_p
     check_epoch([b[1:] for rank in before for b in rank if b[0] == 1], [[b[1:] for b in after if b[0] == 1]],
                 skipped, example.N)  # fmt: skip
     assert len(skipped) == example.BATCH and not [b for b in after if b[0] != 1]
+
+
+def test_a_folder_without_a_known_state_file_names_each_frameworks_file(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """`shardwise skip --state <folder>` with no known file in it: one line naming each framework's file."""
+    err = run_cli_error(["skip", f"{__file__}:torchdata_loader", "-w", "2", "--state", str(tmp_path), "--steps", "0:1",
+                         "--out", str(tmp_path / "x.pt")], capsys)  # fmt: skip
+    assert "is a folder" in err and "shardwise_sampler.json" in err and "dl_state_dict.bin" in err and ".ckpt" in err
