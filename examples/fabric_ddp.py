@@ -76,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="sampler kinds to run")
     phases = parser.add_mutually_exclusive_group()
     phases.add_argument("--save", action="store_true", help="stop every kind at its save point, with a checkpoint")
     phases.add_argument("--resume", action="store_true", help="load every kind's checkpoint and train to the end")
@@ -88,7 +89,7 @@ def main() -> None:
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
 
     seen: dict[str, list[list[int]]] = {}
-    for kind in KINDS:
+    for kind in args.kinds:
         loader = fabric.setup_dataloaders(build_loader(kind))  # the default: use_distributed_sampler=True
         checkpoint = os.path.join(args.out, f"{kind}.ckpt")
         start = 0

@@ -8,6 +8,7 @@ world size, so a state saved with ``W`` ranks loads with ``W'``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +26,15 @@ KEYS = (VERSION, EPOCH, CONSUMED, SEED, FINGERPRINT)
 
 Fingerprint = dict[str, Any]
 """Plain values that identify a plan (sampler kind, data size, shuffle, digests of arrays)."""
+
+LATER_FIELDS = frozenset({"dataset", "names"})
+"""Fingerprint fields that older states lack, or that only some data has (see NOTE [ What the data
+fingerprint checks ] in ``shardwise.samplers.identity``): missing on either side, the state loads and
+a warning is logged; present on both, they must match."""
+
+REBASE_HINT = "; if the data changed on purpose, load shardwise.rebase_state(state, sampler) instead"
+
+logger = logging.getLogger("shardwise")
 
 
 @runtime_checkable
@@ -74,13 +84,20 @@ def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> 
     if not isinstance(saved, Mapping):
         raise MalformedStateError(f"state['fingerprint'] should be a dict, but got {type(saved).__name__}")
     for name, value in fingerprint.items():
-        if name not in saved:
+        if name not in saved and name in LATER_FIELDS:
+            logger.warning("state was saved without %s: the data is not checked against this sampler's %s=%r "
+                           "(a state of an older shardwise, or of data without one)", name, name, value)  # fmt: skip
+        elif name not in saved:
             raise StateMismatchError(f"state was saved without {name}, but this sampler has {name}={value!r}")
-        if saved[name] != value:
+        elif saved[name] != value:
             raise StateMismatchError(
                 f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}"
+                + (REBASE_HINT if name != "kind" else "")
             )
-    extra = sorted(set(saved) - set(fingerprint))
+    for name in sorted(LATER_FIELDS & set(saved) - set(fingerprint)):
+        logger.warning("state was saved with %s=%r, which this sampler's data does not have: not checked",
+                       name, saved[name])  # fmt: skip
+    extra = sorted(set(saved) - set(fingerprint) - LATER_FIELDS)
     if extra:
         raise StateMismatchError(
             f"state was saved with {extra[0]}={saved[extra[0]]!r}, which this sampler does not have"

@@ -15,6 +15,7 @@ from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource
+from .identity import with_data
 
 SHUFFLE = "locality-shuffle"
 
@@ -120,8 +121,8 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
         return units
 
     def _fingerprint(self) -> Fingerprint:
-        return {"num_samples": self._size, "shard_sizes": digest(self._sizes), "window": self.window,
-                "shuffle": self.shuffle}
+        return with_data({"num_samples": self._size, "shard_sizes": digest(self._sizes), "window": self.window,
+                          "shuffle": self.shuffle}, self.dataset)  # fmt: skip
 
     def _config(self) -> dict[str, Any]:
         return {"window": self.window, "shuffle": self.shuffle, "drop_last": self.drop_last}

@@ -20,6 +20,7 @@ from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler, UnitSource
+from .identity import with_sources
 
 
 def source_sizes(sizes: object) -> np.ndarray:
@@ -127,6 +128,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self.sizes = source_sizes(sizes)
         names = getattr(sizes, "names", None)  # a shardwise.Mixture names its sources
         self.source_names: list[str] = [str(n) for n in names] if names else [str(i) for i in range(len(self.sizes))]
+        # NOTE [ What the data fingerprint checks ] (samplers/identity.py): names given by a Mixture, sources' own.
+        self._identity = with_sources({"names": self.source_names} if names else {}, getattr(sizes, "datasets", ()))
         self.weights: WeightSchedule = as_weight_schedule(weights)
         self.shuffle = check_bool("shuffle", shuffle)
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
@@ -213,6 +216,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
             "block": self.block,
             "shuffle": self.shuffle,
             "interleave": self.interleave,
+            **self._identity,
         }
 
     def _config(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource, _Pass
 from .frameworks import is_batch_plan
+from .identity import with_data
 from .inputs import dataset_size
 
 _CHUNK_SAMPLES = 1 << 16
@@ -352,7 +353,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         # under a changed schedule too (the new sizes apply from the saved position).
         if self._inner is not None:
             return {"data": self._inner._full_fingerprint()}
-        return {"num_samples": self._size, "shuffle": self.shuffle}
+        return with_data({"num_samples": self._size, "shuffle": self.shuffle}, self.data)
 
     def _config(self) -> dict[str, Any]:
         return {"batch_size": self.schedule, "shuffle": self.shuffle, "drop_last": self.drop_last}

@@ -14,6 +14,7 @@ from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource
+from .identity import with_data
 from .inputs import dataset_size
 
 
@@ -96,7 +97,7 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
         return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), np.asarray([index]))
 
     def _fingerprint(self) -> Fingerprint:
-        return {"num_samples": self._size, "shuffle": self.shuffle}
+        return with_data({"num_samples": self._size, "shuffle": self.shuffle}, self.dataset)
 
     def _config(self) -> dict[str, Any]:
         return {"shuffle": self.shuffle, "drop_last": self.drop_last}

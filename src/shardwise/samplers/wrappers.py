@@ -33,6 +33,7 @@ from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource
+from .identity import with_data
 
 FORK = "shard-rng"
 _SKIP_BLOCK = 4096
@@ -281,7 +282,8 @@ class _Shard(PlanSampler[Any]):
         return _InnerStream(self._wrapped, fork, head_size=world.world_size, label=type(self).__name__)
 
     def _fingerprint(self) -> Fingerprint:
-        return {"sampler": type(self._wrapped).__qualname__, "num_units": len(self._wrapped)}
+        fingerprint = {"sampler": type(self._wrapped).__qualname__, "num_units": len(self._wrapped)}
+        return with_data(fingerprint, getattr(self._wrapped, "data_source", None))
 
     def _data_repr(self) -> str:
         return repr(self._wrapped)

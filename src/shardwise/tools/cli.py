@@ -237,6 +237,7 @@ def _add_verify(app: Any, console: Any) -> None:
         json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),  # noqa: B008
         plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG (needs matplotlib)."),  # noqa: B008
         timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds before verify gives up."),
+        state: Path | None = typer.Option(None, "--state", help="Saved state or checkpoint: check its skip ledger."),  # noqa: B008
     ) -> None:
         """Prove a sampler, batch sampler or DataLoader safe for distributed training, before the run."""
         from rich.table import Table
@@ -264,7 +265,7 @@ def _add_verify(app: Any, console: Any) -> None:
         try:
             report = verify(
                 target, world_size=world_size, epochs=epochs, dataset_size=size, lengths=lengths_array,
-                spawn=spawn, timeout=timeout,
+                spawn=spawn, timeout=timeout, state=state,
             )
         except (TargetError, ValueError, TypeError) as error:
             raise _verify_exit(str(error).splitlines()[0], 2) from None

@@ -26,8 +26,12 @@ class WhichError(ValueError):
     """Bad input to ``shardwise which``: printed as one line, exit status 2."""
 
 
-def state_path(saved: object, depth: int = 4) -> list[Any]:
-    """The keys leading to the shardwise sampler state in ``saved`` (``[]``: ``saved`` is the state)."""
+def state_path(saved: object, depth: int = 8) -> list[Any]:
+    """The keys leading to the shardwise sampler state in ``saved`` (``[]``: ``saved`` is the state).
+
+    Searched breadth first through dicts and lists, as deep as a Lightning checkpoint nests it
+    (``loops/fit_loop/state_dict/combined_loader/0/...``).
+    """
     level: list[tuple[list[Any], object]] = [([], saved)]
     for _ in range(depth):
         nested: list[tuple[list[Any], object]] = []
@@ -36,6 +40,8 @@ def state_path(saved: object, depth: int = 4) -> list[Any]:
                 if all(key in item for key in KEYS):
                     return path
                 nested.extend(([*path, key], value) for key, value in item.items())
+            elif isinstance(item, (list, tuple)):
+                nested.extend(([*path, key], value) for key, value in enumerate(item))
         level = nested
     raise WhichError(
         f"no shardwise sampler state (a dict with keys {', '.join(KEYS)}) found in the --state file; "
@@ -53,6 +59,10 @@ def find_state(saved: object) -> dict[str, Any]:
 
 def read_file(path: Path) -> tuple[object, bool]:
     """``(contents, is_json)`` of a state or checkpoint saved as JSON or with ``torch.save`` (weights only)."""
+    if path.is_dir():
+        from .checkpoints import folder_message
+
+        raise WhichError(folder_message(path))
     if not path.is_file():
         raise WhichError(f"--state {str(path)!r} does not exist")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -271,6 +272,12 @@ class RaggedArray(Dataset[np.ndarray[Any, Any]]):
     def values(self) -> np.ndarray[Any, Any]:
         """Every row of every sample, ``(total_rows, *feature_shape)``, a read-only view of the mapping."""
         return self._values
+
+    @property
+    def data_fingerprint(self) -> str:
+        """A digest of the manifest (sample count, sizes and CRC-32s of both files): a sampler's state records it."""
+        text = json.dumps(self._manifest, sort_keys=True).encode()
+        return hashlib.blake2b(text, digest_size=8).hexdigest()
 
     @property
     def manifest(self) -> dict[str, Any]:

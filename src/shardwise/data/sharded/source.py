@@ -134,6 +134,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
 
     def _metadata(self, index_dir: CacheDir) -> dict[str, np.ndarray]:
         stats = self._stat()
+        # What a sampler's state records of this data (shardwise.samplers.identity): every shard's URL, size, version.
+        self.data_fingerprint = hashlib.blake2b(json.dumps(stats).encode(), digest_size=8).hexdigest()
         options = [self.format.value, self.length_column, self.label_column]
         key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
 

@@ -106,6 +106,7 @@ def verify(
     lengths: Any = None,
     spawn: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    state: Any = None,
 ) -> VerifyReport:
     """Check that what ``factory`` builds is safe for distributed training, before the run.
 
@@ -132,6 +133,9 @@ def verify(
         spawn: verify in a real ``torch.distributed`` gloo group of ``world_size`` processes.
             ``True`` or ``False`` only.
         timeout: seconds for the whole verification.
+        state: a saved sampler state (a dict, or the path of a state or checkpoint file) to resume on
+            ``world_size`` real ranks: the ``skip_ledger`` check lists its skipped ranges and checks
+            that they never train and nothing else is lost or repeated (``verify/ledger.py``).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is False when a finding would break training, and
@@ -149,7 +153,12 @@ def verify(
         (False, ['equal_steps'])
         >>> report.raise_for_findings()  # doctest: +SKIP
     """
-    return verify_many(
+    report = verify_many(
         [factory], world_size=world_size, epochs=epochs, dataset_size=dataset_size, lengths=lengths,
         spawn=spawn, timeout=timeout,
     )[0]
+    if state is not None:
+        from .ledger import check_ledger
+
+        report.checks.append(check_ledger(as_ref(factory), state, report.world_size, timeout=timeout))
+    return report
