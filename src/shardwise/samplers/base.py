@@ -17,12 +17,12 @@ import itertools
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from .._core.errors import check_choice, check_int
+from .._core.errors import check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
 from .._core.skips import SKIP, SkipLedger
@@ -30,6 +30,7 @@ from .._core.state import Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
 from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
+from .keywords import Keywords, read_keywords
 from .queries import PlanQueries
 
 T = TypeVar("T")
@@ -129,12 +130,23 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
 
     # -- construction --------------------------------------------------------------------------
-    def _init_plan(self, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
-        self._seed_arg = check_seed(seed)
+    _KEYWORD_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    """Defaults of the shared keywords that differ from ``keywords.DEFAULTS`` (each with its reason)."""
+    _keyword_kind: ClassVar[type | None]  # set by PlanMeta from ``__init__``'s ``**options: Unpack[...]``
+
+    def _read_keywords(self, options: Mapping[str, Any]) -> Keywords:
+        """The shared keywords of this construction (``**options``), checked once, here (see ``.keywords``)."""
+        kind = type(self)._keyword_kind
+        if kind is None:
+            raise TypeError(f"{type(self).__name__}.__init__ should take **options: Unpack[...] (see .keywords)")
+        return read_keywords(type(self).__name__, kind, options, self._KEYWORD_DEFAULTS)
+
+    def _init_plan(self, keywords: Keywords) -> None:
+        self._seed_arg = keywords.seed
         self._resolved_seed = self._seed_arg
         self._seed_source = "argument"
-        self._num_replicas_arg, self._rank_arg = check_world_args(num_replicas, rank)
-        self._even = check_choice("even", even, Even)
+        self._num_replicas_arg, self._rank_arg = keywords.num_replicas, keywords.rank
+        self._even = keywords.even
         self._progress = Progress()
         self._pass = None
         self._skips = SkipLedger()
