@@ -135,7 +135,35 @@ class PlanQueries:
         """Whether this sampler deals its plan to ranks itself (it is not pinned to ``num_replicas=1``)."""
         return self._num_replicas_arg != 1
 
-    # -- provenance (see shardwise.samplers.provenance) --------------------------------------------
+    # -- what shardwise.which / when / skip_steps ask (public; the hooks below answer) -------------
+    def step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
+                       drop_last: bool = False) -> np.ndarray:  # fmt: skip
+        """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
+        return self._step_positions(epoch, start, world, step, per_step, drop_last)
+
+    def position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
+                       drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+        """``(rank, step)`` of every time plan ``position`` is trained in a pass over ``epoch`` from ``start``."""
+        return self._position_steps(epoch, start, world_size, position, per_step, drop_last)
+
+    def plan_units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:
+        """The units at ``positions`` of ``epoch``'s global plan; a query: the position does not move."""
+        return self._plan_units(epoch, positions, world_size)
+
+    def step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                  drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        """The compacted plan positions ``[first, stop)`` that global step ``step`` of a pass from ``start`` covers."""
+        return self._step_span(epoch, start, world_size, step, per_step, drop_last)
+
+    def trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
+        return self._trained_positions_of(epoch, index)
+
+    def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The plan positions of compacted ``positions`` of ``epoch`` (the skip ledger's positions left in)."""
+        return self._skips.to_plan(epoch, positions, self._raw_plan_size(epoch))
+
+    # -- provenance hooks (see shardwise.samplers.provenance) ----------------------------------------
     def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
                         drop_last: bool = False) -> np.ndarray:  # fmt: skip
         """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
