@@ -3,7 +3,7 @@
 A private name (``_plan_size``, ``_seed_arg``) belongs to the module that defines it. Reading it on
 an object other than ``self``/``cls`` from another module ties the two modules together in a way
 no signature shows, and breaks silently when the owner changes (docs/design.md, "Constructor
-keywords and what modules read of each other"). Private names of *other* libraries are a separate
+keywords"). Private names of *other* libraries are a separate
 matter: they live in ``shardwise._core.foreign``.
 """
 

@@ -101,7 +101,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     Raises:
         ValueError: negative, NaN, infinite or all-zero weights; as many weights as sources not
             matched; an empty source; a schedule out of order; a block too small for the weights;
-            a stop rule that contradicts ``num_samples``/``primary``.
+            a stop rule that contradicts ``num_samples``/``primary``; both ``drop_last`` and ``even``.
         TypeError: a bool or float where an int is meant, non-numeric weights.
 
     Example:

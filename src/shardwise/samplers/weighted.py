@@ -301,6 +301,11 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             epoch's plan is then built once per node into the index cache, by one process in
             O(len(weights)) time with a transient O(len(weights)) private memory, and mapped by
             every rank and worker (O(1) private memory each).
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: cut the last partial step (at most ``W - 1`` draws) instead of padding it by
+            repeating draws from the start of the plan.
         cache_dir: where the weight table (and, with ``replacement=False``, each epoch's plan)
             is shared (see ``shardwise.index.build_or_open``): ``None`` for the default per-user
             cache (``SHARDWISE_CACHE_DIR`` overrides it), a path, or ``False`` to build them in
@@ -308,11 +313,6 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             Below 65,536 weights they are always built in memory.
         cache_timeout: seconds to wait for another process of the node building the same index
             (default 600); then ``IndexCacheTimeout``, never a hang.
-        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
-        num_replicas: world size; default: torch.distributed, then the launcher's environment.
-        rank: global rank; default: as ``num_replicas``.
-        drop_last: cut the last partial step (at most ``W - 1`` draws) instead of padding it by
-            repeating draws from the start of the plan.
 
     Raises:
         ValueError: NaN, infinite, negative or all-zero weights, non-1-D or empty weights,
