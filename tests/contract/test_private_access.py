@@ -95,6 +95,16 @@ def test_no_module_reads_another_modules_private_attributes() -> None:
     assert not found, "use (or add) a public method on the owning class instead:\n" + "\n".join(found)
 
 
+def test_no_module_imports_another_modules_private_names() -> None:
+    """``from .x import _name`` across shardwise modules is refused too: what is shared is public."""
+    found = []
+    for module, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("shardwise")):
+                found += [f"{module}:{node.lineno}: {alias.name}" for alias in node.names if _private(alias.name)]
+    assert not found, "make the name public in its module instead:\n" + "\n".join(found)
+
+
 def test_the_check_finds_a_reach_into_another_module() -> None:
     """The detector flags the accesses issue 20 named (so the test above is not vacuous)."""
     modules = _modules()

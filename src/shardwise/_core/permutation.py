@@ -49,7 +49,8 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _domain_bits(n: int) -> int:
+def domain_bits(n: int) -> int:
+    """Bits of the domain for ``n`` positions: ``2**bits``, at least 2, is the first power of two past ``n - 1``."""
     return max(1, (n - 1).bit_length())
 
 
@@ -80,7 +81,7 @@ def feistel_rounds(x: np.ndarray, shift: Any, low_mask: Any, high_mask: Any, key
 
 def feistel_permute(positions: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
     """Map ``positions`` (each in ``[0, n)``) through the cycle-walking Feistel permutation."""
-    bits = _domain_bits(n)
+    bits = domain_bits(n)
     limit = np.uint64(n)
     out = feistel(np.asarray(positions, dtype=np.uint64), bits, keys)
     outside = np.flatnonzero(out >= limit)
@@ -161,7 +162,7 @@ def feistel_inverse(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
 
 def feistel_unpermute(indices: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
     """The positions :func:`feistel_permute` maps to ``indices``: the cycle walked backwards."""
-    bits = _domain_bits(n)
+    bits = domain_bits(n)
     limit = np.uint64(n)
     out = feistel_inverse(np.asarray(indices, dtype=np.uint64), bits, keys)
     outside = np.flatnonzero(out >= limit)

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import check_int
 from .mixture import MixturePlan
 from .mixture_blocks import element_keys, floor_share, golden_step
-from .permutation import GOLDEN, _domain_bits, feistel_inverse, mix64
+from .permutation import GOLDEN, domain_bits, feistel_inverse, mix64
 from .schedule import Run
 
 
@@ -112,7 +112,7 @@ def run_occurrences(runs: Sequence[Run], world_size: int, total: int, position: 
 # -- mixtures: where draw d of source i lands ---------------------------------------------------------
 def keyed_unpermute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarray:
     """The inverse of ``_core.mixture.keyed_permute`` (the cycle walked backwards)."""
-    bits = _domain_bits(size)
+    bits = domain_bits(size)
     limit = np.uint64(size)
     out = feistel_inverse(values.astype(np.uint64), bits, rounds)
     outside = np.flatnonzero(out >= limit)

@@ -53,7 +53,7 @@ def current_world(num_replicas: int | None = None, rank: int | None = None) -> W
     return resolve_world(num_replicas, rank, dist=torch_world(), env=os.environ)
 
 
-class _Pass:
+class LivePass:
     """One rank's live pass over an epoch: where it started, what it handed out, what was trained."""
 
     __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "total", "world_size")
@@ -106,7 +106,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     _rank_arg: int | None
     _even: Even
     _progress: Progress
-    _pass: _Pass | None
+    _pass: LivePass | None
     _skips: SkipLedger
 
     # -- hooks -------------------------------------------------------------------------------
@@ -319,16 +319,16 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         live.driver = driver
         yield from chunks
 
-    def _start_pass(self, *, restored: bool) -> tuple[_Pass, Iterator[Iterator[T]]]:
+    def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[T]]]:
         """Begin the next pass: the live pass record and its units, chunk by chunk."""
         world, seed, epoch, start, total = self._begin_pass(restored=restored)
         count = rank_count(total, start, world.world_size, self._even)
-        live = _Pass(start, count, total, world.world_size, self._even)
+        live = LivePass(start, count, total, world.world_size, self._even)
         self._pass = live
         source = self._open_pass(epoch, seed, world, start)
         return live, self._chunks(live, world, source)
 
-    def _chunks(self, live: _Pass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
+    def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
         # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
         # function of the positions), so small first chunks just make the first units cheaper.
         first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)

@@ -29,7 +29,7 @@ from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_sche
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import PlanSampler, UnitSource, _Pass
+from .base import LivePass, PlanSampler, UnitSource
 from .frameworks import is_batch_plan
 from .inputs import dataset_size
 from .keywords import ShuffledKeywords
@@ -41,7 +41,7 @@ _CHUNK_SAMPLES = 1 << 16
 """Samples generated per numpy call: bounds memory per rank, amortises call overhead."""
 
 
-class _StepPass(_Pass):
+class _StepPass(LivePass):
     """One rank's live pass: the epoch's remaining steps (as runs) and how many were handed out."""
 
     __slots__ = ("done", "runs")
@@ -231,7 +231,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         epoch = self._progress.upcoming_epoch()
         self._check_not_empty(epoch, self._plan_size(epoch), self.world.world_size)
 
-    def _start_pass(self, *, restored: bool) -> tuple[_Pass, Iterator[Iterator[list[Any]]]]:
+    def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[list[Any]]]]:
         # The shell's dealing is per unit; here it is per step (a pass of runs of equal-size steps).
         world, seed, epoch, start, total = self._begin_pass(restored=restored)
         self._check_not_empty(epoch, total, world.world_size)
