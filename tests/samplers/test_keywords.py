@@ -77,3 +77,22 @@ def test_every_sampler_checks_its_shared_keywords_the_same_way() -> None:
             make()
         messages.add(str(error.value))
     assert messages == {"drop_last should be True or False, but got drop_last='no'"}
+
+
+def test_a_subclass_with_its_own_init_passes_the_keywords_on() -> None:
+    """A user subclass whose __init__ calls super().__init__(..., seed=...) is checked by its base's keywords."""
+
+    class FromSeed(ShardedSampler):
+        def __init__(self, dataset: object, seed: int) -> None:
+            super().__init__(dataset, seed=seed, num_replicas=2, rank=0)
+
+    class TinyChunks(ShardedSampler):
+        _CHUNK = 3
+
+    import inspect
+
+    assert list(inspect.signature(FromSeed).parameters) == ["dataset", "seed"]
+    assert list(FromSeed(10, 4)) == list(ShardedSampler(10, seed=4, num_replicas=2, rank=0))
+    assert list(TinyChunks(10, seed=4, num_replicas=2, rank=0)) == list(FromSeed(10, 4))
+    with pytest.raises(TypeError, match="drop_lst"):
+        TinyChunks(10, drop_lst=True)  # type: ignore[call-arg]

@@ -74,8 +74,10 @@ class PlanMeta(type):
     def __init__(cls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(name, bases, namespace, **kwargs)
         # The shared keywords (``**options: Unpack[...]``, see .keywords) are shown as the parameters they are.
-        if "__init__" in namespace or not hasattr(cls, "_keyword_kind"):  # else inherited with the __init__
-            cls._keyword_kind = accepted_keywords(cls.__init__)  # type: ignore[misc]
+        # A subclass whose own __init__ passes the keywords on to super().__init__ keeps its base's kind.
+        kind = accepted_keywords(cls.__init__) if "__init__" in namespace else None  # type: ignore[misc]
+        if kind is not None or not hasattr(cls, "_keyword_kind"):
+            cls._keyword_kind = kind
         init = expand_signature(cls.__init__, getattr(cls, "_KEYWORD_DEFAULTS", None))  # type: ignore[misc]
         if "__init__" in namespace:
             namespace["__init__"].__signature__ = init
