@@ -92,14 +92,13 @@ DEFAULTS: dict[str, Any] = {
 ORDER = tuple(DEFAULTS)
 """The order of the shared keywords in every signature."""
 
-_UNPACK = re.compile(r"^(?:\w+\.)*Unpack\[(\w+)\]$")
+_UNPACK = re.compile(r"^(?:\w+\.)*Unpack\[(?:[\w.]+\.)?(\w+)\]$")
 
 
 @dataclass(frozen=True)
 class Keywords:
     """The shared keywords of one construction, checked (``seed`` and the world as given, not resolved)."""
 
-    owner: str
     shuffle: bool
     seed: int | None
     num_replicas: int | None
@@ -123,7 +122,7 @@ def accepted_keywords(function: Callable[..., Any]) -> type | None:
     for parameter in inspect.signature(function).parameters.values():
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
             annotation = parameter.annotation
-            text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+            text = annotation if isinstance(annotation, str) else str(annotation)  # evaluated: typing's repr
             match = _UNPACK.match(text.replace(" ", ""))
             if match is not None and match.group(1) in KINDS:
                 return KINDS[match.group(1)]
@@ -183,7 +182,6 @@ def read_keywords(owner: str, kind: type, options: Mapping[str, Any],
     num_replicas, rank = check_world_args(values["num_replicas"], values["rank"])
     cache_dir, timeout = values["cache_dir"], values["cache_timeout"]
     return Keywords(
-        owner=owner,
         shuffle=check_bool("shuffle", values["shuffle"]),
         seed=check_seed(values["seed"]),
         num_replicas=num_replicas,
