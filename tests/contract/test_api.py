@@ -74,3 +74,29 @@ def test_public_classes_show_their_real_signature() -> None:
     assert checked >= 15
     assert list(inspect.signature(shardwise.BucketBatchSampler).parameters)[:2] == ["lengths", "max_tokens"]
     assert "self" not in inspect.signature(shardwise.ShardedSampler).parameters
+
+
+def test_samplers_share_one_constructor_convention() -> None:
+    """Every public sampler and shard()/shard_batches(): data positional, the rest keyword-only, the shared
+    keywords last in one order, drop_last=False by default (TwoStreamBatchSampler: True, documented)."""
+    import inspect
+
+    from shardwise.samplers.keywords import ORDER
+
+    names = [n for n in shardwise.__all__ if n.endswith("Sampler")]
+    names += ["ShardedWrapper", "ShardedBatchWrapper", "shard", "shard_batches"]
+    assert len(names) >= 13
+    for name in names:
+        parameters = list(inspect.signature(getattr(shardwise, name)).parameters.values())
+        positional = [p for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        assert 1 <= len(positional) <= 2, (name, positional)  # the data argument(s) only
+        assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in positional), name
+        shared = [p.name for p in parameters if p.name in ORDER]
+        assert {"seed", "num_replicas", "rank", "drop_last"} <= set(shared), (name, shared)
+        assert shared == [n for n in ORDER if n in shared], (name, shared)  # one order
+        assert [p.name for p in parameters[-len(shared):]] == shared, name  # and last
+        drop_last = next(p for p in parameters if p.name == "drop_last")
+        assert drop_last.default is (name == "TwoStreamBatchSampler"), name
+        assert drop_last.annotation == "bool", name
+    assert "even" in inspect.signature(shardwise.MixtureSampler).parameters  # the deprecated alias still works
+    assert "even" in inspect.signature(shardwise.shard).parameters

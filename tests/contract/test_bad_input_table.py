@@ -129,6 +129,9 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("shard-even-wrap", lambda tmp: shard(SequentialSampler(range(4)), even="wrap"), V, ("even", "'pad'", "'drop'")),
     ("shard-even-none", lambda tmp: shard(SequentialSampler(range(4)), even=None), V, ("even", "None")),  # type: ignore[arg-type]
     ("shard-seed-negative", lambda tmp: shard(SequentialSampler(range(4)), seed=-1), V, ("seed", "-1")),
+    ("shard-even-and-drop-last", lambda tmp: shard(SequentialSampler(range(4)), even="pad", drop_last=False), V, ("drop_last=False", "even='pad'", "deprecated")),
+    ("shard-batches-drop-last-str", lambda tmp: shard_batches(BATCHES, drop_last="yes"), T, ("drop_last", "'yes'")),
+    ("sharded-unknown-keyword", lambda tmp: ShardedSampler(8, drop_lst=True), T, ("drop_lst",)),  # type: ignore[call-arg]
     ("shard-replicas-zero", lambda tmp: shard(SequentialSampler(range(4)), num_replicas=0), V, ("num_replicas",)),
     ("shard-rank-bool", lambda tmp: shard(SequentialSampler(range(4)), rank=True), T, ("rank", "True")),
     ("shard-batches-int", lambda tmp: shard_batches(5), T, ("batch_sampler", "5")),  # type: ignore[arg-type]
@@ -290,6 +293,8 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("mixture-shuffle-int", _mixture(shuffle=1), T, ("shuffle", "1")),
     ("mixture-interleave-str", _mixture(interleave="y"), T, ("interleave", "'y'")),
     ("mixture-even-wrap", _mixture(even="wrap"), V, ("even", "'wrap'", "'pad'")),
+    ("mixture-even-and-drop-last", _mixture(even="drop", drop_last=True), V, ("drop_last=True", "even='drop'", "drop_last only")),
+    ("mixture-drop-last-int", _mixture(drop_last=1), T, ("drop_last", "1")),
     ("mixture-seed-negative", _mixture(seed=-1), V, ("seed", "-1")),
     ("mixture-rank-negative", _mixture(rank=-1), V, ("rank", "-1")),
     ("mixture-schedule-one-too-many", _mixture(weights=WeightSchedule.constant([1, 1, 1])), V, ("weights", "3")),

@@ -168,7 +168,8 @@ class MixturePlan:
         chosen = min(blocks) if self.stop is MixtureStop.FIRST_EXHAUSTED else max(blocks)
         return chosen * self.block
 
-    def _epoch_keys(self, seed: int, epoch: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def epoch_keys(self, seed: int, epoch: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(slot keys, source keys)`` of ``epoch``'s shuffles (``None, None`` without shuffling), cached."""
         if not self.shuffle:
             return None, None
         if self._keys is None or self._keys[:2] != (seed, epoch):
@@ -177,18 +178,18 @@ class MixturePlan:
 
     def locate(self, seed: int, epoch: int, positions: np.ndarray) -> Draws:
         """Source and draw number at each position of ``epoch``'s plan."""
-        slot_keys, _ = self._epoch_keys(seed, epoch)
+        slot_keys, _ = self.epoch_keys(seed, epoch)
         return locate(self.layout(epoch), positions, slot_keys, self.interleave)
 
     def indices(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The global (concatenated) index at each position of ``epoch``'s plan."""
-        slot_keys, keys = self._epoch_keys(seed, epoch)
+        slot_keys, keys = self.epoch_keys(seed, epoch)
         found = locate(self.layout(epoch), positions, slot_keys, self.interleave)
         return draw_indices(found, self.sizes, self.offsets, keys)
 
     def counts(self, seed: int, epoch: int, position: int) -> list[int]:
         """Draws of each source in ``epoch`` before ``position`` (O(S) + O(block))."""
-        slot_keys, _ = self._epoch_keys(seed, epoch)
+        slot_keys, _ = self.epoch_keys(seed, epoch)
         return counts_before(self.layout(epoch), position, slot_keys, self.interleave)
 
     def weights_at(self, epoch: int, position: int) -> list[float]:

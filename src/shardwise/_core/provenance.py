@@ -139,7 +139,7 @@ def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -
     within = index - int(offsets[source])
     layout = plan.layout(epoch)
     total = plan.plan_size(epoch)
-    slot_keys, keys = plan._epoch_keys(seed, epoch)
+    slot_keys, keys = plan.epoch_keys(seed, epoch)
     found: list[int] = []
     cycle = 0
     while True:

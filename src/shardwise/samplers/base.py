@@ -17,12 +17,12 @@ import itertools
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from .._core.errors import check_choice, check_int
+from .._core.errors import check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
 from .._core.skips import SKIP, SkipLedger
@@ -30,6 +30,7 @@ from .._core.state import Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
 from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
+from .keywords import Keywords, read_keywords
 from .queries import PlanQueries
 
 T = TypeVar("T")
@@ -52,7 +53,7 @@ def current_world(num_replicas: int | None = None, rank: int | None = None) -> W
     return resolve_world(num_replicas, rank, dist=torch_world(), env=os.environ)
 
 
-class _Pass:
+class LivePass:
     """One rank's live pass over an epoch: where it started, what it handed out, what was trained."""
 
     __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "total", "world_size")
@@ -105,7 +106,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     _rank_arg: int | None
     _even: Even
     _progress: Progress
-    _pass: _Pass | None
+    _pass: LivePass | None
     _skips: SkipLedger
 
     # -- hooks -------------------------------------------------------------------------------
@@ -129,12 +130,23 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
 
     # -- construction --------------------------------------------------------------------------
-    def _init_plan(self, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
-        self._seed_arg = check_seed(seed)
+    _KEYWORD_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    """Defaults of the shared keywords that differ from ``keywords.DEFAULTS`` (each with its reason)."""
+    _keyword_kind: ClassVar[type | None]  # set by PlanMeta from ``__init__``'s ``**options: Unpack[...]``
+
+    def _read_keywords(self, options: Mapping[str, Any]) -> Keywords:
+        """The shared keywords of this construction (``**options``), checked once, here (see ``.keywords``)."""
+        kind = type(self)._keyword_kind
+        if kind is None:
+            raise TypeError(f"{type(self).__name__}.__init__ should take **options: Unpack[...] (see .keywords)")
+        return read_keywords(type(self).__name__, kind, options, self._KEYWORD_DEFAULTS)
+
+    def _init_plan(self, keywords: Keywords) -> None:
+        self._seed_arg = keywords.seed
         self._resolved_seed = self._seed_arg
         self._seed_source = "argument"
-        self._num_replicas_arg, self._rank_arg = check_world_args(num_replicas, rank)
-        self._even = check_choice("even", even, Even)
+        self._num_replicas_arg, self._rank_arg = keywords.num_replicas, keywords.rank
+        self._even = keywords.even
         self._progress = Progress()
         self._pass = None
         self._skips = SkipLedger()
@@ -307,16 +319,16 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         live.driver = driver
         yield from chunks
 
-    def _start_pass(self, *, restored: bool) -> tuple[_Pass, Iterator[Iterator[T]]]:
+    def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[T]]]:
         """Begin the next pass: the live pass record and its units, chunk by chunk."""
         world, seed, epoch, start, total = self._begin_pass(restored=restored)
         count = rank_count(total, start, world.world_size, self._even)
-        live = _Pass(start, count, total, world.world_size, self._even)
+        live = LivePass(start, count, total, world.world_size, self._even)
         self._pass = live
         source = self._open_pass(epoch, seed, world, start)
         return live, self._chunks(live, world, source)
 
-    def _chunks(self, live: _Pass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
+    def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
         # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
         # function of the positions), so small first chunks just make the first units cheaper.
         first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)

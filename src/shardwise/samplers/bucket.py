@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -41,23 +41,24 @@ from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.batching import BatchPlan
 from .._core.bucketing import bucket_plan
 from .._core.epoch_sizes import EpochSizes
-from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
+from .._core.errors import check_choice, check_int
 from .._core.offsets import span_positions
 from .._core.ordering import shuffled
-from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed
 from .._core.sorted_bucketing import SortedBucketPlan
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index, read_checked
+from ..index import GroupedIndex, length_index, read_checked
 from ..index.builders import MAX_KEYS, OffsetLengths
-from ..index.cache import CacheDir
 from ..index.keys import file_position
 from ..index.lengths import is_ragged_store
-from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
 from .inputs import as_lengths, lengths_array
+from .keywords import ShuffledCachedKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("shardwise")
 
@@ -190,14 +191,9 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         sort_window: int | None = None,
         balance_group: int = 64,
         oversized: Oversized | str = Oversized.ERROR,
-        shuffle: bool = True,
-        seed: int | None = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = False,
-        cache_dir: CacheDir = None,
-        cache_timeout: float = DEFAULT_TIMEOUT,
+        **options: Unpack[ShuffledCachedKeywords],
     ) -> None:
+        keywords = self._read_keywords(options)
         if (max_tokens is None) == (batch_size is None):
             raise ValueError(
                 "pass exactly one of max_tokens (a padded-token budget) and batch_size (samples per batch), "
@@ -206,8 +202,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.sort_window = None if sort_window is None else check_int("sort_window", sort_window, minimum=1)
         self._store: Any = lengths if is_ragged_store(lengths) else None
         self._source: Any = OffsetLengths(lengths.offsets) if self._store is not None else lengths_array(lengths)
-        self._cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
-        self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
+        self._cache_dir, self._cache_timeout = keywords.cache_dir, keywords.cache_timeout
         self._lengths: np.ndarray | None = None  # the sort_window path's private copy
         self._index: GroupedIndex | None = None
         if self.sort_window is not None:
@@ -225,8 +220,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.batch_size_multiple = check_int("batch_size_multiple", batch_size_multiple, minimum=1)
         self.balance_group = check_int("balance_group", balance_group, minimum=1)
         self.oversized = check_choice("oversized", oversized, Oversized)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
+        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         if self._batch_size is not None:
             if self.batch_size_multiple != 1:
                 raise ValueError(
@@ -248,7 +242,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             )
         self._digest = lengths_digest(self._source, self._index)
         self._cache: tuple[int, int, BatchPlan | SortedBucketPlan] | None = None
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._init_plan(keywords)
 
     def _open_index(self) -> GroupedIndex:
         """The shared length index (opened, or built once per node), or a small one in memory."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -51,15 +51,18 @@ from .._core.classes import (
     member_ranks,
 )
 from .._core.epoch_sizes import EpochSizes
-from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
-from .._core.plan import Even
+from .._core.errors import check_choice, check_int
 from .._core.schedule import BatchSizeSchedule
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, IndexCacheError, read_checked
+from ..index import read_checked
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
-from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
+from .indexed import Allocate, by_reference, input_key, shared_arrays
+from .keywords import CachedKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ClassBalancedBatchSampler", "SmallClasses", "class_quotas"]
 
@@ -156,13 +159,9 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         classes_per_batch: int | BatchSizeSchedule,
         samples_per_class: int,
         small_classes: SmallClasses | str = SmallClasses.REPLACE,
-        seed: int | None = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = False,
-        cache_dir: CacheDir = None,
-        cache_timeout: float = DEFAULT_TIMEOUT,
+        **options: Unpack[CachedKeywords],
     ) -> None:
+        keywords = self._read_keywords(options)
         self.labels = _labels_array(labels)
         # classes_per_batch may be a per-epoch BatchSizeSchedule; the attribute holds epoch 0's value.
         self._schedules = EpochSizes("ClassBalancedBatchSampler", len(self.labels), classes_per_batch=classes_per_batch)
@@ -170,8 +169,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.classes_per_batch = check_int("classes_per_batch", classes_per_batch, minimum=1)
         self.samples_per_class = check_int("samples_per_class", samples_per_class, minimum=1)
         self.small_classes = check_choice("small_classes", small_classes, SmallClasses)
-        self.drop_last = check_bool("drop_last", drop_last)
-        cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
+        self.drop_last = keywords.drop_last
         labels_ = self.labels
 
         def build(allocate: Allocate) -> None:
@@ -182,8 +180,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(labels_)), dtype=np.uint8)
 
         # The class index: built once per labels and node (a chunked counting sort), then mapped.
-        index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=cache_dir,
-                              timeout=check_seconds("cache_timeout", cache_timeout))
+        index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=keywords.cache_dir,
+                              timeout=keywords.cache_timeout)
         classes, sizes = index["classes"], np.asarray(read_checked(index["counts"], index["counts"]))
         small = sizes < self.samples_per_class
         if small.any() and self.small_classes is SmallClasses.ERROR:
@@ -223,7 +221,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.classes = classes[usable]
         self._cached: tuple[int, int, EpochLayout] | None = None
         self._digest: str | None = None
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._init_plan(keywords)
 
     @property
     def batch_size(self) -> int:

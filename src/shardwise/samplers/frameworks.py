@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 from .._core.foreign import check_loaded, private
+from .keywords import accepted_keywords, expand_signature
 
 ACCELERATE_FIX = (
     "loader = shardwise.integrations.accelerate.prepare_data_loader(accelerator, loader)"
@@ -65,13 +66,21 @@ class Keep:
 class PlanMeta(type):
     """Metaclass of the sampler shell: honours :class:`Keep` so a framework's rebuild is the identity.
 
-    It also gives each class the signature of its ``__init__`` (without ``self``): otherwise
-    ``inspect.signature``, ``help()`` and IDEs would show this ``__call__``'s ``(*args, **kwargs)``.
+    It also gives each class the signature of its ``__init__`` (without ``self``), the shared
+    keywords expanded (``.keywords``): otherwise ``inspect.signature``, ``help()`` and IDEs would
+    show this ``__call__``'s ``(*args, **kwargs)``.
     """
 
     def __init__(cls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(name, bases, namespace, **kwargs)
-        init = inspect.signature(cls.__init__)  # type: ignore[misc]
+        # The shared keywords (``**options: Unpack[...]``, see .keywords) are shown as the parameters they are.
+        # A subclass whose own __init__ passes the keywords on to super().__init__ keeps its base's kind.
+        kind = accepted_keywords(cls.__init__) if "__init__" in namespace else None  # type: ignore[misc]
+        if kind is not None or not hasattr(cls, "_keyword_kind"):
+            cls._keyword_kind = kind
+        init = expand_signature(cls.__init__, getattr(cls, "_KEYWORD_DEFAULTS", None))  # type: ignore[misc]
+        if "__init__" in namespace:
+            namespace["__init__"].__signature__ = init
         params = list(init.parameters.values())[1:]
         cls.__signature__ = init.replace(parameters=params, return_annotation=inspect.Signature.empty)
 

@@ -10,7 +10,6 @@ cost more than it saves). Both paths give the same arrays, so the same plan.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..index import DEFAULT_TIMEOUT, build_or_open, key_of
+from ..index.cache import CacheDir
 
 SHARED_MIN = 1 << 16
 """Inputs with fewer entries build their table in private memory, without the cache."""
-
-CacheDir = str | os.PathLike[str] | bool | None
 
 Allocate = Callable[[str, int, Any], np.ndarray]
 """``allocate(name, length, dtype)`` -> a writable 1-D array the builder fills."""

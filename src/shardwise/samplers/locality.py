@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-from torch.utils.data.distributed import DistributedSampler
 
 from .._core.arrays import digest
-from .._core.errors import check_bool, check_int
+from .._core.errors import check_int
 from .._core.locality import LocalityPermutation, check_shard_sizes
-from .._core.plan import Even, rank_count
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import PlanSampler, UnitSource
+from .base import UnitSource
 from .identity import with_data
+from .keywords import ShuffledKeywords
+from .sized import SizedPlanSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SHUFFLE = "locality-shuffle"
 
@@ -35,7 +38,7 @@ class PlanListener(Protocol):
     def follow_plan(self, permutation: LocalityPermutation, positions: np.ndarray) -> None: ...
 
 
-class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
+class LocalitySampler(SizedPlanSampler):
     """A ``DistributedSampler`` over sharded data whose shuffle reads ``window`` shards at a time.
 
     The plan is :class:`~shardwise._core.locality.LocalityPermutation` (NOTE [ Locality-aware
@@ -51,10 +54,10 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
         dataset: a source with ``shard_sizes`` (``ShardedSource``) or the samples per shard.
         window: shards mixed together (the node cache should hold two windows); ``>=`` the number
             of shards is a uniform shuffle.
-        num_replicas: world size; default: torch.distributed, then the launcher's environment.
-        rank: global rank; default: as ``num_replicas``.
         shuffle: shuffle (else shard by shard, in order, like ``ShardedSampler(shuffle=False)``).
         seed: base seed, identical on every rank.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
         drop_last: cut the tail so ranks get equal lengths, instead of padding it by wrapping.
 
     Example:
@@ -66,36 +69,16 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
     _CHUNK = 1 << 16
     _FIRST_CHUNK = 1 << 10
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        window: int = 8,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        shuffle: bool = True,
-        seed: int | None = 0,
-        drop_last: bool = False,
-    ) -> None:
+    def __init__(self, dataset: Any, *, window: int = 8, **options: Unpack[ShuffledKeywords]) -> None:
         sizes = dataset.shard_sizes if isinstance(dataset, ShardedData) else dataset
         self._sizes = check_shard_sizes("dataset" if sizes is dataset else "dataset.shard_sizes", sizes)
         self._size = int(self._sizes.sum())
         # torch's attribute is the data: the source, or (given samples per shard) the number of samples.
         self.dataset: Any = dataset if isinstance(dataset, ShardedData) else self._size
         self.window = check_int("window", window, minimum=1)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
-
-    @property
-    def num_samples(self) -> int:  # type: ignore[override]  # derived from the data size and the world size
-        """Indices per rank per epoch (torch's attribute)."""
-        return rank_count(self._size, 0, self.num_replicas, self._even)
-
-    @property
-    def total_size(self) -> int:  # type: ignore[override]  # derived, as num_samples
-        """Indices per epoch over all ranks, padding included (torch's attribute)."""
-        return self.num_samples * self.num_replicas
+        keywords = self._read_keywords(options)
+        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
+        self._init_plan(keywords)
 
     def permutation(self, epoch: int) -> LocalityPermutation | None:
         """The plan of ``epoch`` (``None`` without shuffling: ids in shard order)."""

@@ -6,7 +6,7 @@ The arithmetic (blocks, exact counts, keyed orders, stop rules) lives in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
@@ -14,13 +14,16 @@ from torch.utils.data.distributed import DistributedSampler
 from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop
-from .._core.plan import Even
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler, UnitSource
 from .identity import with_sources
+from .keywords import MixtureKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def source_sizes(sizes: object) -> np.ndarray:
@@ -83,20 +86,23 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         primary: the source that ends the epoch with ``stop="primary"``.
         block: positions per block; default: the smallest block holding every positive weight at
             least once (``ceil(1 / smallest weight)`` for normalised weights).
-        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
-        shuffle: shuffle within blocks and within sources, differently each epoch; ``False`` gives a
-            fixed, evenly interleaved order in which each source is read block by block in order.
         interleave: order each block by a low-discrepancy interleave (rotated at random per block)
             instead of shuffling it: every window of the plan, not only whole blocks, stays within a
             few samples of its target, while the samples drawn from each source stay shuffled.
+        shuffle: shuffle within blocks and within sources, differently each epoch; ``False`` gives a
+            fixed, evenly interleaved order in which each source is read block by block in order.
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
-        even: ``"pad"`` (repeat at most ``W - 1`` draws from the plan's start) or ``"drop"``.
+        drop_last: cut the last partial global step (at most ``W - 1`` draws) instead of padding it
+            by repeating draws from the plan's start.
+        even: deprecated alias of ``drop_last`` (``"drop"`` is ``drop_last=True``, ``"pad"`` is
+            ``drop_last=False``); warns, and passing both is an error.
 
     Raises:
         ValueError: negative, NaN, infinite or all-zero weights; as many weights as sources not
             matched; an empty source; a schedule out of order; a block too small for the weights;
-            a stop rule that contradicts ``num_samples``/``primary``.
+            a stop rule that contradicts ``num_samples``/``primary``; both ``drop_last`` and ``even``.
         TypeError: a bool or float where an int is meant, non-numeric weights.
 
     Example:
@@ -118,20 +124,17 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         stop: str | MixtureStop | None = None,
         primary: int | None = None,
         block: int | None = None,
-        seed: int | None = 0,
-        shuffle: bool = True,
         interleave: bool = False,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        even: str | Even = Even.PAD,
+        **options: Unpack[MixtureKeywords],
     ) -> None:
+        keywords = self._read_keywords(options)
         self.sizes = source_sizes(sizes)
         names = getattr(sizes, "names", None)  # a shardwise.Mixture names its sources
         self.source_names: list[str] = [str(n) for n in names] if names else [str(i) for i in range(len(self.sizes))]
         # NOTE [ What the data fingerprint checks ] (samplers/identity.py): names given by a Mixture, sources' own.
         self._identity = with_sources({"names": self.source_names} if names else {}, getattr(sizes, "datasets", ()))
         self.weights: WeightSchedule = as_weight_schedule(weights)
-        self.shuffle = check_bool("shuffle", shuffle)
+        self.shuffle = keywords.shuffle
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
         if num_samples is not None:
             num_samples = check_int("num_samples", num_samples, minimum=0)
@@ -151,12 +154,12 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
                 raise ValueError(f"primary={primary} has no effect with stop={self.stop.value!r}; pass stop='primary'")
         self.num_samples: int | None = num_samples  # type: ignore[assignment]  # DistributedSampler's is an int; draws per epoch over all ranks (None: set by the stop rule)
         self.primary = primary
-        self.drop_last = Even(check_choice("even", even, Even)) is Even.DROP  # DistributedSampler's attribute
+        self.drop_last = keywords.drop_last
         self._plan = MixturePlan(
             self.sizes, self.weights, stop=self.stop, num_samples=num_samples, primary=primary, block=block,
             shuffle=self.shuffle, interleave=self.interleave,
         )  # fmt: skip
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+        self._init_plan(keywords)
 
     @property
     def block(self) -> int:
@@ -171,10 +174,6 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     def offsets(self) -> list[int]:
         """Where each source starts in the concatenated index space."""
         return [int(x) for x in self._plan.offsets]
-
-    def plan_size(self, epoch: int) -> int:
-        """Draws in the global plan of ``epoch`` (all ranks together)."""
-        return self._plan.plan_size(check_int("epoch", epoch, minimum=0))
 
     def source_counts(self, epoch: int, consumed: int) -> list[int]:
         """Draws of each source in ``epoch``'s plan before position ``consumed``, by arithmetic."""

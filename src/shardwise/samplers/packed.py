@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import check_non_negative_integers, one_dimensional
-from .._core.errors import check_bool, check_cache_dir, check_choice, check_int, check_seconds
+from .._core.errors import check_choice, check_int
 from .._core.packing import (
     PLAN_VERSION,
     Balance,
@@ -53,17 +53,19 @@ from .._core.packing import (
     stratum_slots,
 )
 from .._core.permutation import Permutation
-from .._core.plan import Even
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_index, permute_within, read_checked
 from ..index.arrow import resolve
-from ..index.cache import DEFAULT_TIMEOUT, CacheDir
+from ..index.cache import CacheDir
 from ..index.lengths import LENGTH_KIND
-from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
 from .inputs import as_lengths
+from .keywords import ShuffledCachedKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("shardwise")
 
@@ -206,14 +208,9 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         balance: Balance | str = Balance.TOKENS,
         window: int = 1 << 15,
         balance_group: int = 64,
-        shuffle: bool = True,
-        seed: int | None = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = False,
-        cache_dir: CacheDir = None,
-        cache_timeout: float = DEFAULT_TIMEOUT,
+        **options: Unpack[ShuffledCachedKeywords],
     ) -> None:
+        keywords = self._read_keywords(options)
         self._lengths = _lengths_array(lengths)
         self.max_len = check_int("max_len", max_len, minimum=1)
         if (rows_per_batch is None) == (tokens_per_batch is None):
@@ -234,12 +231,10 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.balance = check_choice("balance", balance, Balance)
         self.window = check_int("window", window, minimum=1)
         self.balance_group = check_int("balance_group", balance_group, minimum=1)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
+        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         self._num_samples = int(self._lengths.size)
         self._shared = self._num_samples >= SHARED_FROM
-        self._cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
-        self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
+        self._cache_dir, self._cache_timeout = keywords.cache_dir, keywords.cache_timeout
         self._key = key_of(self._lengths)
         self._split = False
         self._index_cache: PieceIndex | None = None
@@ -248,7 +243,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 long_samples(self._lengths, self.max_len, self.too_long).size
             )
             self._index_cache = _shared_index(self._lengths, self._key, self.max_len, self.too_long, self._split,
-                                              cache_dir, cache_timeout)  # fmt: skip
+                                              self._cache_dir, self._cache_timeout)  # fmt: skip
         self.skipped = self._index.skipped
         if self.skipped.size:
             first = int(self.skipped[0])
@@ -270,7 +265,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             self._lengths = np.empty(0, dtype=np.int64)  # not needed past construction: keep no O(n) copy
         self._layout: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (epoch, seed, strata, starts)
         self._stratum: tuple[int, int, int, StratumPlan] | None = None  # (epoch, seed, slot, plan)
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._init_plan(keywords)
 
     # -- the item index ------------------------------------------------------------------------
     @property

@@ -179,12 +179,12 @@ def which(
     # Every rank's positions in one ascending call: one pass over the plan for all ranks (a shard()
     # wrapper reads its sampler forward), and a single round of numpy calls instead of one per rank.
     per_rank = [
-        sampler._step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks
+        sampler.step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks
     ]
     together = np.concatenate(per_rank)
     order = np.argsort(together, kind="stable")
     units: list[Any] = [None] * together.size
-    for slot, unit in zip(order.tolist(), sampler._plan_units(epoch, together[order], size), strict=True):
+    for slot, unit in zip(order.tolist(), sampler.plan_units(epoch, together[order], size), strict=True):
         units[slot] = unit
     bounds = np.cumsum([0, *(len(p) for p in per_rank)]).tolist()
     found = []
@@ -247,8 +247,8 @@ def when(
     found = []
     for n, epoch in enumerate(_epochs(epochs)):
         first = start if n == 0 else 0
-        for position in sampler._trained_positions_of(epoch, index).tolist():
-            for rank, step in sampler._position_steps(epoch, first, size, position, per_step, drop_last):
+        for position in sampler.trained_positions_of(epoch, index).tolist():
+            for rank, step in sampler.position_steps(epoch, first, size, position, per_step, drop_last):
                 found.append(Trained(epoch, step, rank, position))
     return sorted(found, key=lambda t: (t.epoch, t.step, t.rank))
 
@@ -285,11 +285,9 @@ def skip_steps(
     epoch = check_int("epoch", epoch, minimum=0)
     size = _world_size(sampler, world_size)
     start = check_int("start", start, minimum=0)
-    first, _ = sampler._step_span(epoch, start, size, steps.start, per_step, drop_last)
-    _, stop = sampler._step_span(epoch, start, size, steps.stop - 1, per_step, drop_last)
-    ledger = sampler._skips
-    total = sampler._raw_plan_size(epoch)
-    plan_first = int(ledger.to_plan(epoch, np.asarray([first]), total)[0])
-    plan_stop = int(ledger.to_plan(epoch, np.asarray([stop - 1]), total)[0]) + 1
+    first, _ = sampler.step_span(epoch, start, size, steps.start, per_step, drop_last)
+    _, stop = sampler.step_span(epoch, start, size, steps.stop - 1, per_step, drop_last)
+    plan_first, plan_last = (int(p) for p in sampler.uncompacted(epoch, np.asarray([first, stop - 1])))
+    plan_stop = plan_last + 1
     sampler.skip_positions(epoch, plan_first, plan_stop)
     return plan_first, plan_stop

@@ -1,9 +1,11 @@
-"""What every sampler answers about its plan without iterating it: provenance and the skip ledger.
+"""What every sampler answers about its plan without iterating it: provenance, the skip ledger, its plan.
 
 :class:`PlanQueries` is a base of ``PlanSampler`` (``samplers.base``): the hooks behind
 ``shardwise.which`` / ``shardwise.when`` (which plan positions a rank's step covers, which units sit
 at given positions, where a sample is) and the skip ledger (``_core.skips``), honoured around the
-two plan hooks ``_plan_size`` / ``_open_pass`` of every subclass, once, here.
+two plan hooks ``_plan_size`` / ``_open_pass`` of every subclass, once, here. What other modules
+(``ScheduledBatchSampler``, ``shard()``, the integrations) need of a sampler is a public method of
+this class, never a reach into its ``_attributes`` (``tests/contract/test_layers.py`` guards it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .._core.errors import check_int
 from .._core.plan import Even, rank_count, rank_positions
 from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
 from .._core.skips import SkipLedger
-from .._core.state import Progress
+from .._core.state import Fingerprint, Progress
 from .._core.world import World
 
 UnitSource = Callable[[np.ndarray], list[Any]]
@@ -60,6 +62,8 @@ class PlanQueries:
         _even: Even
         _progress: Progress
         _pass: Any
+        _seed_arg: int | None
+        _num_replicas_arg: int | None
 
         @property
         def seed(self) -> int: ...
@@ -72,6 +76,10 @@ class PlanQueries:
 
         def _on_epoch(self, epoch: int) -> None: ...
 
+        def _adopt_seed(self, seed: int) -> None: ...
+
+        def _full_fingerprint(self) -> Fingerprint: ...
+
     _skips: SkipLedger
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -83,7 +91,79 @@ class PlanQueries:
         if "_open_pass" in cls.__dict__:
             cls._open_pass = _compacted_source(cls.__dict__["_open_pass"])  # type: ignore[method-assign]
 
-    # -- provenance (see shardwise.samplers.provenance) --------------------------------------------
+    # -- what other modules read of a sampler ----------------------------------------------------
+    def plan_size(self, epoch: int) -> int:
+        """Units in ``epoch``'s global plan, all ranks together (skipped positions left out)."""
+        return self._plan_size(check_int("epoch", epoch, minimum=0))
+
+    def unit_source(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        """The function from plan positions of ``epoch`` (a pass from ``start``) to the units there.
+
+        What a sampler that cuts this plan into steps of its own (``ScheduledBatchSampler``) reads;
+        it moves no position.
+        """
+        return self._open_pass(epoch, seed, world, start)
+
+    def notify_epoch(self, epoch: int) -> None:
+        """Tell this sampler (and what it wraps) that ``epoch`` is in use, without moving its position."""
+        self._on_epoch(epoch)
+
+    def plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Plan positions of ``epoch`` whose unit holds sample ``index`` (raises ``ProvenanceUnsupported``
+        where the plan is not inverted)."""
+        return self._plan_positions_of(epoch, index)
+
+    @property
+    def explicit_seed(self) -> int | None:
+        """The seed given (at construction, or set since); ``None`` when it is resolved at first use."""
+        return self._seed_arg
+
+    def adopt_seed(self, seed: int) -> None:
+        """Take the seed of a validated resume state, unless a seed was given (see :attr:`explicit_seed`).
+
+        A sampler that batches this one's plan passes the seed of its own resumed state on with it.
+        """
+        if self._seed_arg is None:
+            self._adopt_seed(seed)
+
+    def fingerprint(self) -> Fingerprint:
+        """Plain values identifying this sampler's plan: ``state_dict()["fingerprint"]``."""
+        return self._full_fingerprint()
+
+    @property
+    def deals_by_rank(self) -> bool:
+        """Whether this sampler deals its plan to ranks itself (it is not pinned to ``num_replicas=1``)."""
+        return self._num_replicas_arg != 1
+
+    # -- what shardwise.which / when / skip_steps ask (public; the hooks below answer) -------------
+    def step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
+                       drop_last: bool = False) -> np.ndarray:  # fmt: skip
+        """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
+        return self._step_positions(epoch, start, world, step, per_step, drop_last)
+
+    def position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
+                       drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+        """``(rank, step)`` of every time plan ``position`` is trained in a pass over ``epoch`` from ``start``."""
+        return self._position_steps(epoch, start, world_size, position, per_step, drop_last)
+
+    def plan_units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:
+        """The units at ``positions`` of ``epoch``'s global plan; a query: the position does not move."""
+        return self._plan_units(epoch, positions, world_size)
+
+    def step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                  drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        """The compacted plan positions ``[first, stop)`` that global step ``step`` of a pass from ``start`` covers."""
+        return self._step_span(epoch, start, world_size, step, per_step, drop_last)
+
+    def trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
+        return self._trained_positions_of(epoch, index)
+
+    def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The plan positions of compacted ``positions`` of ``epoch`` (the skip ledger's positions left in)."""
+        return self._skips.to_plan(epoch, positions, self._raw_plan_size(epoch))
+
+    # -- provenance hooks (see shardwise.samplers.provenance) ----------------------------------------
     def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
                         drop_last: bool = False) -> np.ndarray:  # fmt: skip
         """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""

@@ -17,29 +17,32 @@ O(schedule segments) time, not O(samples).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.errors import check_bool, check_int
+from .._core.errors import check_int
 from .._core.permutation import Permutation, positions_of
-from .._core.plan import Even
 from .._core.provenance import run_occurrences, run_of_step, run_step_positions
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import PlanSampler, UnitSource, _Pass
+from .base import LivePass, PlanSampler, UnitSource
 from .frameworks import is_batch_plan
 from .identity import with_data
 from .inputs import dataset_size
+from .keywords import ShuffledKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _CHUNK_SAMPLES = 1 << 16
 """Samples generated per numpy call: bounds memory per rank, amortises call overhead."""
 
 
-class _StepPass(_Pass):
+class _StepPass(LivePass):
     """One rank's live pass: the epoch's remaining steps (as runs) and how many were handed out."""
 
     __slots__ = ("done", "runs")
@@ -123,15 +126,11 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         data: Any,
         *,
         batch_size: ScheduleLike,
-        shuffle: bool = True,
-        seed: int | None = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = False,
+        **options: Unpack[ShuffledKeywords],
     ) -> None:
         self.schedule: BatchSizeSchedule = as_schedule(batch_size)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
+        keywords = self._read_keywords(options)
+        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         self.data = data
         self._inner: PlanSampler[Any] | None = None
         self._size = 0
@@ -143,18 +142,19 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             )
         if isinstance(data, PlanSampler):
             self._inner = data
-            inner_seed = data._seed_arg
-            if not shuffle:
+            inner_seed = data.explicit_seed
+            if not keywords.shuffle:
                 raise ValueError(
                     f"shuffle=False has no effect when data is an index sampler ({type(data).__name__}), "
                     "whose plan brings its own order; build that sampler with shuffle=False instead"
                 )
+            seed = keywords.seed
             if seed not in (0, inner_seed):
                 raise ValueError(
                     f"seed={seed!r} differs from the seed of the index sampler data ({type(data).__name__} has "
                     f"seed={inner_seed!r}), whose plan is batched as is; set the seed on that sampler"
                 )
-            seed = inner_seed
+            keywords = keywords.with_seed(inner_seed)
         elif isinstance(data, Sampler):
             raise TypeError(
                 f"data should be a dataset, a length or a shardwise index sampler, but got {type(data).__name__}, "
@@ -162,7 +162,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             )
         else:
             self._size = dataset_size(data, "data")
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._init_plan(keywords)
         self._cache: tuple[tuple[int, int, int], list[Run]] | None = None
         self.schedule(0, 0)  # a callable schedule's return value is checked now, not at the first batch
         world_size = self._num_replicas_arg or 1
@@ -175,13 +175,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
     def _plan_size(self, epoch: int) -> int:
         """Samples in the global plan of ``epoch`` (the unit of ``consumed``)."""
         if self._inner is not None:
-            return self._inner._plan_size(epoch)
+            return self._inner.plan_size(epoch)
         return self._size
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         """The sample source: plan positions -> sample indices."""
         if self._inner is not None:
-            return self._inner._open_pass(epoch, seed, world, start)
+            return self._inner.unit_source(epoch, seed, world, start)
         if not self.shuffle:
             return np.ndarray.tolist
         permutation = Permutation(self._size, derive_seed(seed, epoch, INDEX_SHUFFLE))
@@ -189,7 +189,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
 
     def _on_epoch(self, epoch: int) -> None:
         if self._inner is not None:
-            self._inner._on_epoch(epoch)
+            self._inner.notify_epoch(epoch)
 
     def _runs(self, epoch: int, total: int, start: int, world_size: int) -> list[Run]:
         key = (epoch, start, world_size)
@@ -232,7 +232,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         epoch = self._progress.upcoming_epoch()
         self._check_not_empty(epoch, self._plan_size(epoch), self.world.world_size)
 
-    def _start_pass(self, *, restored: bool) -> tuple[_Pass, Iterator[Iterator[list[Any]]]]:
+    def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[list[Any]]]]:
         # The shell's dealing is per unit; here it is per step (a pass of runs of equal-size steps).
         world, seed, epoch, start, total = self._begin_pass(restored=restored)
         self._check_not_empty(epoch, total, world.world_size)
@@ -290,7 +290,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         if self._inner is not None:
-            return self._inner._plan_positions_of(epoch, index)
+            return self._inner.plan_positions_of(epoch, index)
         if not self.shuffle:
             return np.asarray([index], dtype=np.int64)
         return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), np.asarray([index]))
@@ -345,14 +345,14 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
     def _adopt_seed(self, seed: int) -> None:
         super()._adopt_seed(seed)
         inner = self._inner
-        if inner is not None and inner._seed_arg is None:
-            inner._adopt_seed(seed)  # the index sampler's plan is batched with its own seed
+        if inner is not None:
+            inner.adopt_seed(seed)  # the index sampler's plan is batched with its own seed
 
     def _fingerprint(self) -> Fingerprint:
         # The schedule is left out on purpose: consumed counts samples, so a state resumes
         # under a changed schedule too (the new sizes apply from the saved position).
         if self._inner is not None:
-            return {"data": self._inner._full_fingerprint()}
+            return {"data": self._inner.fingerprint()}
         return with_data({"num_samples": self._size, "shuffle": self.shuffle}, self.data)
 
     def _config(self) -> dict[str, Any]:

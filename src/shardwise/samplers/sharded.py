@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch.utils.data.distributed import DistributedSampler
 
-from .._core.errors import check_bool, check_int
+from .._core.errors import check_int
 from .._core.permutation import Permutation, positions_of
-from .._core.plan import Even, rank_count
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import PlanSampler, UnitSource
+from .base import UnitSource
 from .identity import with_data
 from .inputs import dataset_size
+from .keywords import ShuffledKeywords
+from .sized import SizedPlanSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
+class ShardedSampler(SizedPlanSampler):
     """``torch.utils.data.DistributedSampler``, with O(1) memory, O(1) resume and lazy ranks.
 
     Same lengths as torch's sampler (``num_samples``, ``total_size``, strided dealing, padding by
@@ -31,10 +34,10 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
 
     Args:
         dataset: a sized dataset, or its length as an int.
-        num_replicas: world size; default: torch.distributed, then the launcher's environment.
-        rank: global rank; default: as ``num_replicas``.
         shuffle: shuffle the order, differently every epoch.
         seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
         drop_last: cut the tail so ranks get equal lengths, instead of padding it by wrapping.
 
     Example:
@@ -54,31 +57,12 @@ class ShardedSampler(PlanSampler[int], DistributedSampler[int]):
     _CHUNK = 1 << 16
     _FIRST_CHUNK = 1 << 10
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        shuffle: bool = True,
-        seed: int | None = 0,
-        drop_last: bool = False,
-    ) -> None:
+    def __init__(self, dataset: Any, **options: Unpack[ShuffledKeywords]) -> None:
         self.dataset = dataset
         self._size = dataset_size(dataset)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
-
-    @property
-    def num_samples(self) -> int:  # type: ignore[override]  # derived from the data size and the world size resolved now
-        """Indices per rank per epoch (torch's attribute)."""
-        return rank_count(self._size, 0, self.num_replicas, self._even)
-
-    @property
-    def total_size(self) -> int:  # type: ignore[override]  # derived, as num_samples
-        """Indices per epoch over all ranks, padding included (torch's attribute)."""
-        return self.num_samples * self.num_replicas
+        keywords = self._read_keywords(options)
+        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
+        self._init_plan(keywords)
 
     def _plan_size(self, epoch: int) -> int:
         return self._size

@@ -23,7 +23,7 @@ later vary them.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -31,17 +31,19 @@ from torch.utils.data import Sampler
 from .._core.arrays import digest
 from .._core.draws import counter_hash
 from .._core.epoch_sizes import EpochSizes
-from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
+from .._core.errors import check_int
 from .._core.indices import Arange, IndexList, check_values, index_list, shared_indices, take
 from .._core.permutation import Permutation
-from .._core.plan import Even
 from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, IndexCacheError
 from .base import PlanSampler, UnitSource
-from .indexed import Allocate, CacheDir, by_reference, input_key, shared_arrays
+from .indexed import Allocate, by_reference, input_key, shared_arrays
+from .keywords import CachedKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 STREAM_CHECK = "two-stream-check-v1"
 """Cache kind of the checks of a pair of index lists (shared count and example, digests)."""
@@ -149,8 +151,9 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
-        drop_last: ``True`` (default): leave out the short last primary group and cut the last
-            partial global step, so every batch is full and no primary index repeats.
+        drop_last: ``True`` (default, unlike the other samplers, as in the mean-teacher sampler: a
+            short batch would change the primary/secondary ratio): leave out the short last primary
+            group and cut the last partial global step, so every batch is full and no primary index repeats.
             ``False``: keep the short last primary group as a smaller batch (still with a full
             secondary part) and pad the last global step by repeating batches from the start of
             the plan (at most ``W - 1``), so every primary index is seen.
@@ -182,6 +185,11 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     """
 
     _CHUNK = 128
+    # NOTE [ TwoStreamBatchSampler drops the short batch ]: drop_last defaults to True here, unlike every
+    # other sampler, as in the mean-teacher sampler it replaces: a batch short of primary indices would
+    # change the primary/secondary ratio the loss is weighted for, and existing runs rely on this
+    # epoch length (docs/design.md, "Constructor keywords").
+    _KEYWORD_DEFAULTS: ClassVar[dict[str, Any]] = {"drop_last": True}
 
     def __init__(
         self,
@@ -190,13 +198,9 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         *,
         primary_batch_size: int | BatchSizeSchedule,
         secondary_batch_size: int | BatchSizeSchedule,
-        seed: int | None = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = True,
-        cache_dir: CacheDir = None,
-        cache_timeout: float = DEFAULT_TIMEOUT,
+        **options: Unpack[CachedKeywords],
     ) -> None:
+        keywords = self._read_keywords(options)
         # Used as they are (a memmap stays on disk, a range stays three integers): never copied.
         self.primary_indices: IndexList = index_list("primary_indices", primary_indices)
         self.secondary_indices: IndexList = index_list("secondary_indices", secondary_indices, allow_empty=True)
@@ -208,8 +212,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         secondary_batch_size = self._schedules.initial("secondary_batch_size", secondary_batch_size)  # type: ignore[assignment]
         self.primary_batch_size = check_int("primary_batch_size", primary_batch_size, minimum=1)
         self.secondary_batch_size = check_int("secondary_batch_size", secondary_batch_size, minimum=0)
-        self.drop_last = check_bool("drop_last", drop_last)
-        cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
+        self.drop_last = keywords.drop_last
         if self.secondary_batch_size > 0 and self.secondary_indices.size == 0:
             raise ValueError(
                 f"secondary_indices should hold at least one index when secondary_batch_size > 0, but got an "
@@ -242,8 +245,8 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             f"{_list_key(primary_)}|{_list_key(secondary_)}",
             build,
             size=0 if ranges else len(primary_) + len(secondary_),
-            cache_dir=cache_dir,
-            timeout=check_seconds("cache_timeout", cache_timeout),
+            cache_dir=keywords.cache_dir,
+            timeout=keywords.cache_timeout,
         )
         shared, example = (int(value) for value in checked["overlap"])
         digests = bytes(checked["digests"]).hex()
@@ -255,7 +258,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 UserWarning,
                 stacklevel=2,
             )
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._init_plan(keywords)
 
     @property
     def batch_size(self) -> int:

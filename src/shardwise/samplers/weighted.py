@@ -47,23 +47,26 @@ milliseconds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.arrays import digest, one_dimensional
 from .._core.draws import uniform_below
-from .._core.errors import check_bool, check_cache_dir, check_int, check_seconds
+from .._core.errors import check_bool, check_int
 from .._core.indices import has_bits, mark_bits
-from .._core.plan import Even
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import DEFAULT_TIMEOUT, IndexCacheError, read_checked
+from ..index import read_checked
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
-from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
+from .indexed import Allocate, input_key, mapped_source, reopen, shared_arrays
+from .keywords import CachedKeywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 WITH_REPLACEMENT = "weighted-draws"
 WITHOUT_REPLACEMENT = "weighted-distinct"
@@ -298,6 +301,11 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             epoch's plan is then built once per node into the index cache, by one process in
             O(len(weights)) time with a transient O(len(weights)) private memory, and mapped by
             every rank and worker (O(1) private memory each).
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: cut the last partial step (at most ``W - 1`` draws) instead of padding it by
+            repeating draws from the start of the plan.
         cache_dir: where the weight table (and, with ``replacement=False``, each epoch's plan)
             is shared (see ``shardwise.index.build_or_open``): ``None`` for the default per-user
             cache (``SHARDWISE_CACHE_DIR`` overrides it), a path, or ``False`` to build them in
@@ -305,11 +313,6 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             Below 65,536 weights they are always built in memory.
         cache_timeout: seconds to wait for another process of the node building the same index
             (default 600); then ``IndexCacheTimeout``, never a hang.
-        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
-        num_replicas: world size; default: torch.distributed, then the launcher's environment.
-        rank: global rank; default: as ``num_replicas``.
-        drop_last: cut the last partial step (at most ``W - 1`` draws) instead of padding it by
-            repeating draws from the start of the plan.
 
     Raises:
         ValueError: NaN, infinite, negative or all-zero weights, non-1-D or empty weights,
@@ -331,19 +334,14 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         *,
         num_samples: int,
         replacement: bool = True,
-        seed: int | None = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = False,
-        cache_dir: CacheDir = None,
-        cache_timeout: float = DEFAULT_TIMEOUT,
+        **options: Unpack[CachedKeywords],
     ) -> None:
+        keywords = self._read_keywords(options)
         weights = _weights_array(weights)
         self.num_samples = check_int("num_samples", num_samples, minimum=0)
         self.replacement = check_bool("replacement", replacement)
-        self.drop_last = check_bool("drop_last", drop_last)
-        self._cache_dir = check_cache_dir(cache_dir, file_error=IndexCacheError)
-        self._cache_timeout = check_seconds("cache_timeout", cache_timeout)
+        self.drop_last = keywords.drop_last
+        self._cache_dir, self._cache_timeout = keywords.cache_dir, keywords.cache_timeout
         self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
 
         def build(allocate: Allocate) -> None:
@@ -355,7 +353,7 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(cdf)), dtype=np.uint8)
 
         # The table (cumulative weights + guide) is built once per weights and node, then mapped.
-        table = shared_arrays(WEIGHT_TABLE, input_key(weights), build, size=len(weights), cache_dir=cache_dir,
+        table = shared_arrays(WEIGHT_TABLE, input_key(weights), build, size=len(weights), cache_dir=self._cache_dir,
                               timeout=self._cache_timeout)
         self._table = WeightTable(table["cdf"], table["guide"])
         self._digest = bytes(table["digest"]).hex()
@@ -367,7 +365,7 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
                     f"num_samples={self.num_samples}; pass replacement=True to draw more"
                 )
         self._cached: tuple[int, int, np.ndarray] | None = None
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=Even.DROP if drop_last else Even.PAD)
+        self._init_plan(keywords)
 
     @property
     def num_weights(self) -> int:

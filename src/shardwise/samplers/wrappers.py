@@ -13,7 +13,7 @@ import itertools
 import random
 import warnings
 from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,10 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from .base import PlanSampler, UnitSource
 from .identity import with_data
+from .keywords import Keywords, ShardKeywords, with_keywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 FORK = "shard-rng"
 _SKIP_BLOCK = 4096
@@ -105,7 +109,7 @@ def owned_generators(sampler: object, depth: int = _SEARCH_DEPTH) -> list[object
 def _already_distributed(sampler: object) -> object | None:
     """``sampler`` itself or a sampler inside it that already deals by rank (pinned to one rank is fine)."""
     for candidate in (sampler, *_attribute_values(sampler)):
-        if isinstance(candidate, PlanSampler) and candidate._num_replicas_arg != 1:
+        if isinstance(candidate, PlanSampler) and candidate.deals_by_rank:
             return candidate
         if (
             isinstance(candidate, DistributedSampler)
@@ -250,7 +254,7 @@ class _Shard(PlanSampler[Any]):
 
     _wrapped: Any
 
-    def _wrap(self, sampler: object, *, seed: object, num_replicas: object, rank: object, even: object) -> None:
+    def _wrap(self, sampler: object, keywords: Keywords) -> None:
         inner = _already_distributed(sampler)
         if inner is not None:
             where = "" if inner is sampler else f" inside {type(sampler).__name__}"
@@ -267,7 +271,7 @@ class _Shard(PlanSampler[Any]):
                 f"but got {name}={sampler!r} ({type(sampler).__name__})"
             )
         self._wrapped = sampler
-        self._init_plan(seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+        self._init_plan(keywords)
 
     def _on_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self._wrapped, "set_epoch", None)
@@ -295,12 +299,11 @@ class ShardedWrapper(_Shard, DistributedSampler[int]):
     A ``DistributedSampler`` subclass, so frameworks leave it in place and call ``set_epoch``.
     """
 
-    def __init__(self, sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | None = None,
-                 rank: int | None = None, even: Even | str = Even.PAD) -> None:
+    def __init__(self, sampler: Sampler[int], **options: Unpack[ShardKeywords]) -> None:
         inner: object = sampler
         if isinstance(inner, BatchSampler):
             raise TypeError("sampler is a BatchSampler, whose units are batches: use shard_batches(sampler) instead")
-        self._wrap(sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+        self._wrap(sampler, self._read_keywords(options))
 
     @property
     def sampler(self) -> Any:
@@ -332,16 +335,14 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
 
     _CHUNK = 256
 
-    def __init__(self, batch_sampler: Iterable[list[int]], *, seed: int | None = 0,
-                 num_replicas: int | None = None, rank: int | None = None,
-                 even: Even | str = Even.PAD) -> None:
+    def __init__(self, batch_sampler: Iterable[list[int]], **options: Unpack[ShardKeywords]) -> None:
         inner: object = batch_sampler
         if isinstance(inner, _INDEX_SAMPLERS):
             raise TypeError(
                 f"batch_sampler should yield batches, but got {type(inner).__name__}, an index sampler whose units are "
                 "single indices: use shard(sampler) instead, or wrap it in a BatchSampler first"
             )
-        self._wrap(batch_sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+        self._wrap(batch_sampler, self._read_keywords(options))
 
     @property
     def batch_sampler(self) -> Any:
@@ -358,8 +359,8 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
         return self._even is Even.DROP
 
 
-def shard(sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | None = None, rank: int | None = None,
-          even: Even | str = Even.PAD) -> ShardedWrapper:
+@with_keywords
+def shard(sampler: Sampler[int], **options: Unpack[ShardKeywords]) -> ShardedWrapper:
     """Make any index sampler distributed: rank ``r`` of ``W`` gets its units ``r, r+W, ...``.
 
     The wrapped sampler runs whole on every rank, under an RNG state forked from
@@ -373,7 +374,10 @@ def shard(sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | No
         seed: seeds the forked RNG state; the same on every rank.
         num_replicas: world size; default resolved lazily.
         rank: global rank; default resolved lazily.
-        even: ``"pad"`` (wrap to the start, repeats at most ``W - 1``) or ``"drop"``.
+        drop_last: cut the last partial global step (at most ``W - 1`` units) instead of padding it
+            by wrapping to the start.
+        even: deprecated alias of ``drop_last`` (``"drop"`` is ``drop_last=True``, ``"pad"`` is
+            ``drop_last=False``); warns, and passing both is an error.
 
     Example:
         >>> from torch.utils.data import RandomSampler
@@ -381,11 +385,11 @@ def shard(sampler: Sampler[int], *, seed: int | None = 0, num_replicas: int | No
         >>> len(sampler)
         5
     """
-    return ShardedWrapper(sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+    return ShardedWrapper(sampler, **options)
 
 
-def shard_batches(batch_sampler: Iterable[list[int]], *, seed: int | None = 0, num_replicas: int | None = None,
-                  rank: int | None = None, even: Even | str = Even.PAD) -> ShardedBatchWrapper:
+@with_keywords
+def shard_batches(batch_sampler: Iterable[list[int]], **options: Unpack[ShardKeywords]) -> ShardedBatchWrapper:
     """Make any batch sampler distributed, keeping each batch whole: see :func:`shard`.
 
     Rank ``r`` of ``W`` gets batches ``r, r+W, ...`` of the sequence a single process would make.
@@ -396,5 +400,5 @@ def shard_batches(batch_sampler: Iterable[list[int]], *, seed: int | None = 0, n
         >>> list(batches)
         [[2, 3], [6, 7]]
     """
-    return ShardedBatchWrapper(batch_sampler, seed=seed, num_replicas=num_replicas, rank=rank, even=even)
+    return ShardedBatchWrapper(batch_sampler, **options)
 

@@ -1,0 +1,121 @@
+"""No module reaches into another module's private attributes: what it needs is a public method.
+
+A private name (``_plan_size``, ``_seed_arg``) belongs to the module that defines it. Reading it on
+an object other than ``self``/``cls`` from another module ties the two modules together in a way
+no signature shows, and breaks silently when the owner changes (docs/design.md, "Constructor
+keywords"). Private names of *other* libraries are a separate
+matter: they live in ``shardwise._core.foreign``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import shardwise
+
+PACKAGE = Path(shardwise.__file__).parent
+
+ALLOWED: set[tuple[str, str]] = set()
+"""``(module, name)`` accesses tolerated, each with a comment saying why no public method serves. None."""
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _is_self(node: ast.expr) -> bool:
+    """``self``, ``cls``, ``super()`` or ``type(self)``: an object's own attributes, always allowed."""
+    if isinstance(node, ast.Name):
+        return node.id in {"self", "cls"}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id == "super" or (node.func.id == "type" and len(node.args) == 1 and _is_self(node.args[0]))
+    return False
+
+
+def _definitions(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """The private ``(attributes, methods)`` a module defines: assigned on self/cls, declared in a class body, slots."""
+    attributes: set[str] = set()
+    methods: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                    methods.add(item.name)
+                targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
+                for target in targets:
+                    if isinstance(target, ast.Name) and _private(target.id):
+                        attributes.add(target.id)
+                    if isinstance(target, ast.Name) and target.id == "__slots__" and item.value is not None:
+                        attributes |= {c.value for c in ast.walk(item.value) if isinstance(c, ast.Constant) and isinstance(c.value, str) and _private(c.value)}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Attribute) and _private(part.attr) and _is_self(part.value):
+                        attributes.add(part.attr)
+    return attributes, methods
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(PACKAGE)): ast.parse(p.read_text(), filename=str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def foreign_private_accesses(modules: dict[str, ast.Module], checked: dict[str, ast.Module] | None = None) -> list[str]:
+    """``module:line: expression`` of every access to a private name another shardwise module owns.
+
+    An access ``obj._name`` (``obj`` not self/cls) in module M reaches into another module when
+    M does not define ``_name`` at all, or when ``_name`` is a method defined in another module
+    (M overriding a hook does not make another object's hook M's to call).
+    """
+    owners: dict[str, set[str]] = defaultdict(set)
+    method_owners: dict[str, set[str]] = defaultdict(set)
+    for module, tree in modules.items():
+        attributes, methods = _definitions(tree)
+        for name in attributes | methods:
+            owners[name].add(module)
+        for name in methods:
+            method_owners[name].add(module)
+    found = []
+    for module, tree in (checked or modules).items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)) or _is_self(node.value):
+                continue
+            name = node.attr
+            if not owners.get(name) or (module, name) in ALLOWED:
+                continue  # not a shardwise name (another library's private names live in _core/foreign.py)
+            if module not in owners[name] or method_owners[name] - {module}:
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def test_no_module_reads_another_modules_private_attributes() -> None:
+    """src/shardwise reads no private attribute of another module's objects (the allow-list is empty)."""
+    found = foreign_private_accesses(_modules())
+    assert not found, "use (or add) a public method on the owning class instead:\n" + "\n".join(found)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """``from .x import _name`` across shardwise modules is refused too: what is shared is public."""
+    found = []
+    for module, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("shardwise")):
+                found += [f"{module}:{node.lineno}: {alias.name}" for alias in node.names if _private(alias.name)]
+    assert not found, "make the name public in its module instead:\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_reach_into_another_module() -> None:
+    """The detector flags the accesses issue 20 named (so the test above is not vacuous)."""
+    modules = _modules()
+    probe = ast.parse(
+        "def f(sampler, candidate, inner):\n"
+        "    own = sampler._plan_size(0)\n"  # a method another module defines
+        "    return candidate._num_replicas_arg, inner._seed_arg, self._seed_arg\n"  # attributes; self's is fine
+    )
+    found = foreign_private_accesses({**modules, "samplers/probe.py": probe}, {"samplers/probe.py": probe})
+    assert sorted(line.split(": ", 1)[1] for line in found) == [
+        "candidate._num_replicas_arg",
+        "inner._seed_arg",
+        "sampler._plan_size",
+    ]
