@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import check_int
-from .permutation import MAX_SIZE, Permutation
+from .permutation import MAX_SIZE, Permutation, positions_of
 from .seeds import derive_seed
 
 SHARDS = "shard-order"
@@ -140,6 +140,37 @@ class LocalityPermutation:
         shards = self._order[slots]
         ids: np.ndarray = self._shard_starts[shards] + (mixed - self._slot_starts[slots])
         return ids.reshape(positions.shape)
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """The plan positions holding global sample ``ids`` (the inverse of calling the plan), O(log S) each."""
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.ravel()
+        shards = self.shard_of(flat)
+        slot_of_shard = np.empty_like(self._order)
+        slot_of_shard[self._order] = np.arange(self._order.size, dtype=np.int64)
+        slots = slot_of_shard[shards]
+        mixed = self._slot_starts[slots] + (flat - self._shard_starts[shards])
+        windows = self.window_of(mixed)
+        out = np.empty_like(flat)
+        for window in np.unique(windows).tolist():
+            at = np.flatnonzero(windows == window)
+            start = self._window_starts[window]
+            out[at] = start + positions_of(self._permutation(window), mixed[at] - start)
+        return out.reshape(ids.shape)
+
+    def upcoming_shards(self, positions: np.ndarray, ahead: int) -> np.ndarray:
+        """Shards of the windows ``positions`` read and of the ``ahead`` windows after, in reading order."""
+        positions = np.asarray(positions, dtype=np.int64).ravel()
+        if positions.size == 0:
+            return positions
+        first = int(self.window_of(positions[:1])[0])
+        last = int(self.window_of(positions.max(keepdims=True))[0])
+        order: np.ndarray = self._order[first * self._window : (last + 1 + ahead) * self._window]
+        return order
+
+    def mixed_shards(self, positions: np.ndarray) -> int:
+        """Shards a reader of ``positions`` mixes at once: one window."""
+        return self._window
 
     def __repr__(self) -> str:
         return f"LocalityPermutation(n={len(self)}, shards={len(self._order)}, window={self._window})"
