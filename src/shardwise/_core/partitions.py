@@ -29,7 +29,9 @@ both nodes), and a resumed pass whose start is not a multiple of ``P * G`` reads
 until the epoch ends. ``P = 1`` is the plain locality plan, bit for bit.
 
 Cost: ``O(S + P)`` memory (about 64 bytes a shard: ~6.4 MB at 1e5 shards, whatever the number of
-samples, 1e9 included), ``O(log S)`` per position; the layout is ``O(S log S)`` once per seed.
+samples, 1e9 included), ``O(log S)`` per position; the layout is ``O(S log S)`` once per seed
+(~0.2 s at 1e5 shards: a Python heap loop over the shards). With padding (``Even.PAD``) the last
+step wraps to the plan's start and may read one sample of another partition a rank.
 Numpy only.
 """
 

@@ -55,8 +55,10 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
     fingerprint), never derived from the world.
 
     Cost at 1e9 samples in 1e5 shards: ~3.2 MB per rank (shard offsets and order), independent of
-    the number of samples, ~6.4 MB with partitions (plus a one-off ~0.1 s greedy layout per seed);
-    O(log shards) per index.
+    the number of samples; about twice that with partitions (the layout and one stream a
+    partition), plus a one-off ~0.2 s greedy layout per seed (``bench/bench_partitions.py``
+    measured 9.5 MiB of private memory per rank with one partition, 17 MiB with 8, chunk buffers
+    included); O(log shards) per index.
 
     Args:
         dataset: a source with ``shard_sizes`` (``ShardedSource``) or the samples per shard.
