@@ -47,6 +47,26 @@ def check_shard_sizes(name: str, sizes: object) -> np.ndarray:
     return array
 
 
+def split_wrap(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's ascending positions, and those padding wrapped to the plan's start (fewer than ``W``).
+
+    Prefetching reads the windows ahead of the first part only: the wrapped few are single samples.
+    """
+    positions = np.asarray(positions, dtype=np.int64).ravel()
+    back = np.flatnonzero(positions[1:] < positions[:-1])
+    if back.size == 0:
+        return positions, positions[:0]
+    return positions[: back[0] + 1], positions[back[0] + 1 :]
+
+
+def _then(first: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """``first`` followed by the elements of ``more`` not in it, once each, in order."""
+    if more.size == 0:
+        return first
+    merged = np.asarray(list(dict.fromkeys([*first.tolist(), *more.tolist()])), dtype=np.int64)
+    return merged
+
+
 class LocalityPermutation:
     """Keyed bijection on the global sample ids of sharded data that reads ``window`` shards at a time.
 
@@ -159,14 +179,17 @@ class LocalityPermutation:
         return out.reshape(ids.shape)
 
     def upcoming_shards(self, positions: np.ndarray, ahead: int) -> np.ndarray:
-        """Shards of the windows ``positions`` read and of the ``ahead`` windows after, in reading order."""
-        positions = np.asarray(positions, dtype=np.int64).ravel()
-        if positions.size == 0:
-            return positions
-        first = int(self.window_of(positions[:1])[0])
-        last = int(self.window_of(positions.max(keepdims=True))[0])
+        """Shards of the windows ``positions`` read and of the ``ahead`` windows after, in reading order.
+
+        Padded positions wrapped to the plan's start (see :func:`split_wrap`) add only their own shards.
+        """
+        ahead_of, wrapped = split_wrap(positions)
+        if ahead_of.size == 0:
+            return ahead_of
+        first = int(self.window_of(ahead_of[:1])[0])
+        last = int(self.window_of(ahead_of[-1:])[0])
         order: np.ndarray = self._order[first * self._window : (last + 1 + ahead) * self._window]
-        return order
+        return _then(order, self.shard_of(self(wrapped)))
 
     def mixed_shards(self, positions: np.ndarray) -> int:
         """Shards a reader of ``positions`` mixes at once: one window."""

@@ -42,7 +42,7 @@ import heapq
 import numpy as np
 
 from .errors import check_int
-from .locality import LocalityPermutation, check_shard_sizes
+from .locality import LocalityPermutation, check_shard_sizes, split_wrap
 from .permutation import Permutation
 from .seeds import derive_seed
 
@@ -232,9 +232,10 @@ class PartitionedPermutation:
         """Shards read at ``positions`` and in the ``ahead`` windows after, in reading order.
 
         Only the partitions ``positions`` read (a rank's own positions: its node's partition when
-        ``P * G`` divides the world size); their windows taken in turn, a split shard once.
+        ``P * G`` divides the world size); their windows taken in turn, a split shard once. Padded
+        positions wrapped to the plan's start add only the shards they read.
         """
-        positions = np.asarray(positions, dtype=np.int64).ravel()
+        positions, wrapped = split_wrap(positions)
         if positions.size == 0:
             return positions
         parts = self.partition_of(positions)
@@ -250,12 +251,14 @@ class PartitionedPermutation:
                 lists.append(self._layout.piece_shards[pieces])
                 continue
             lists.append(self._layout.piece_shards[first + stream.upcoming_shards(local, ahead)])
-        taken = [s for row in _interleave(lists) for s in row]
+        # The padding wrapped to the plan's start: its own shards only, last.
+        lists.append(np.searchsorted(self._layout.shard_starts[1:], self(wrapped), side="right"))
+        taken = [s for row in _interleave(lists[:-1]) for s in row] + lists[-1].tolist()
         return np.asarray(list(dict.fromkeys(taken)), dtype=np.int64)
 
     def mixed_shards(self, positions: np.ndarray) -> int:
-        """Shards a reader of ``positions`` mixes at once: ``window`` per partition read."""
-        return self._window * len(np.unique(self.partition_of(positions)))
+        """Shards a reader of ``positions`` mixes at once: ``window`` per partition read (padding aside)."""
+        return self._window * len(np.unique(self.partition_of(split_wrap(positions)[0])))
 
     def __repr__(self) -> str:
         layout = self._layout
