@@ -9,7 +9,9 @@ does not change what a node fetches). Every rank reads every sample of its epoch
 with the plan's prefetch on.
 
 Baseline: ``LocalitySampler(partitions=1)`` at the same world size (today's plan; every node reads
-every window). Figures:
+every window). ``drop_last=False`` pads the epoch's last step by wrapping to the plan's start, which
+may read one sample of another partition a rank (a whole shard fetched for it); ``drop_last=True``
+is shown too. Figures:
 
 - bytes per node per epoch / the node's share (``share`` = dataset bytes x the node's samples / n),
   the worst node, for epoch 0 and then epoch 1 with the caches kept (a fixed layout fetches nothing more);
@@ -88,7 +90,7 @@ def scale_probe() -> None:
 
 
 def run_nodes(endpoint: str, urls: list[str], index: Path, caches: Path, nodes: int, partitions: int,
-              window: int, epochs: int) -> list[list[int]]:  # fmt: skip
+              window: int, epochs: int, drop_last: bool) -> list[list[int]]:  # fmt: skip
     """Bytes fetched by each node in each epoch: ``fetched[epoch][node]``."""
     from tests.s3_server import storage_options
 
@@ -97,11 +99,12 @@ def run_nodes(endpoint: str, urls: list[str], index: Path, caches: Path, nodes: 
     world = nodes * G
     sources, samplers = [], []
     for rank in range(world):
-        cache = ShardCache(caches / f"P{partitions}-node{rank // G}", storage_options=storage_options(endpoint))
+        directory = caches / f"P{partitions}-{drop_last}-node{rank // G}"
+        cache = ShardCache(directory, storage_options=storage_options(endpoint))
         source = ShardedSource(urls, cache=cache, index_dir=index)
         sources.append(source)
         samplers.append(LocalitySampler(source, window=window, partitions=partitions, ranks_per_partition=G,
-                                        num_replicas=world, rank=rank, seed=0))  # fmt: skip
+                                        num_replicas=world, rank=rank, seed=0, drop_last=drop_last))  # fmt: skip
     fetched = []
     for epoch in range(epochs):
         before = [s.cache.fetched_bytes for s in sources]
@@ -150,8 +153,8 @@ def main() -> None:
         uniform = shuffle_quality(np.random.default_rng(1).permutation(n), shard_of)
         for partitions in (2, 4):
             nodes = partitions
-            for p in (1, partitions):
-                fetched = run_nodes(endpoint, urls, index, root / "caches", nodes, p, args.window, epochs=2)
+            for p, drop_last in ((1, False), (partitions, False), (partitions, True)):
+                fetched = run_nodes(endpoint, urls, index, root / "caches", nodes, p, args.window, 2, drop_last)
                 sampler = LocalitySampler(sizes, window=args.window, partitions=p, ranks_per_partition=G,
                                           num_replicas=1, rank=0, seed=0)  # fmt: skip
                 plan = sampler.permutation(0)
@@ -161,7 +164,7 @@ def main() -> None:
                 counts = np.full(nodes, n / nodes) if layout is None else layout.quotas
                 share = total * np.asarray(counts, dtype=np.float64) / n
                 worst = max(f / s for f, s in zip(fetched[0], share, strict=True))
-                label = f"W={nodes * G} ({nodes} nodes), partitions={p}"
+                label = f"W={nodes * G} ({nodes} nodes), partitions={p}, drop_last={drop_last}"
                 rows.append((label, f"{worst:.3f}", f"{max(fetched[1]) / 2**20:.2f} MiB",
                              f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"))
         rows.append(("uniform permutation (reference)", "", "",

@@ -120,3 +120,15 @@ def test_bad_layout_arguments_name_the_parameter(name: str, kwargs: dict[str, ob
     arguments: dict[str, object] = {"partitions": 2, "ranks_per_partition": 1, "key": 0, **kwargs}
     with pytest.raises((ValueError, TypeError), match=name):
         PartitionLayout([3, 4], **arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("p", "nodes"), [(4, 2), (4, 1), (6, 3), (6, 2)])
+def test_fewer_nodes_than_partitions_read_their_share(p: int, nodes: int) -> None:
+    """W = c nodes of G ranks with c dividing P: a node's ranks read exactly P / c partitions."""
+    g, n = 2, 997
+    perm = _plan([7, 1, 0, 30, 12, 9, 40, 3] * 4 + [n - 408], p, g, 3, 5)
+    world = nodes * g
+    for node in range(nodes):
+        parts = {int(k) for rank in range(node * g, (node + 1) * g)
+                 for k in perm.partition_of(np.arange(rank, n, world))}  # fmt: skip
+        assert len(parts) == p // nodes
