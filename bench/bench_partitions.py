@@ -15,8 +15,9 @@ is shown too. Figures:
 
 - bytes per node per epoch / the node's share (``share`` = dataset bytes x the node's samples / n),
   the worst node, for epoch 0 and then epoch 1 with the caches kept (a fixed layout fetches nothing more);
-- shuffle quality of epoch 0's global plan (all positions) against partitions=1 and a uniform
-  permutation: consecutive same-shard pairs, mean |id difference| / n, position-id rank correlation;
+- shuffle quality against partitions=1 and a uniform permutation, of the global plan (all
+  positions) and of rank 0's order: consecutive same-shard pairs, mean |id difference| / n,
+  |position-id rank correlation|, each the mean over 10 epochs;
 - scale: private memory (smaps_rollup Anonymous) and build time of a ``LocalitySampler`` with
   ``partitions=8, ranks_per_partition=8`` at 1e9 samples in 1e5 shards, in a fresh process.
 
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,14 +41,32 @@ G = 2  # ranks per node
 
 
 def shuffle_quality(ids: np.ndarray, shard_of: np.ndarray) -> dict[str, float]:
-    """Same-shard consecutive pairs, mean |id step| / n, Spearman(position, id) (as bench_sharded_sources)."""
+    """Same-shard consecutive pairs, mean |id step| / n, Spearman(position, id) (as bench_sharded_sources).
+
+    ``n`` is the dataset's size, also for one rank's order (a uniform one scores 1/3 either way).
+    """
     ids = np.asarray(ids, dtype=np.int64)
-    n = len(ids)
     shards = shard_of[ids]
     ranks = np.argsort(np.argsort(ids))
     return {"same_shard": float(np.mean(shards[1:] == shards[:-1])),
-            "id_step": float(np.mean(np.abs(np.diff(ids)))) / n,
-            "spearman": float(np.corrcoef(np.arange(n), ranks)[0, 1])}  # fmt: skip
+            "id_step": float(np.mean(np.abs(np.diff(ids)))) / len(shard_of),  # over the dataset's n, for a rank too
+            "spearman": float(np.corrcoef(np.arange(len(ids)), ranks)[0, 1])}  # fmt: skip
+
+
+EPOCHS = 10  # shuffle figures are averaged over this many epochs (one epoch's shard order is one draw)
+
+
+def mean_quality(sampler: Any, n: int, world: int, shard_of: np.ndarray) -> dict[str, float]:
+    """Shuffle figures of rank 0's order at ``world`` ranks (1: the global plan), mean of EPOCHS epochs."""
+    found = []
+    for epoch in range(EPOCHS):
+        plan = sampler.permutation(epoch)
+        found.append(shuffle_quality(plan(np.arange(0, n, world)), shard_of))
+    return {k: float(np.mean([abs(q[k]) for q in found])) for k in found[0]}
+
+
+def shown(quality: dict[str, float]) -> str:
+    return f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:.3f}"
 
 
 def write_shards(root: Path, n: int, shards: int, seed: int) -> np.ndarray:
@@ -134,7 +154,7 @@ def main() -> None:
 
     from shardwise import LocalitySampler, ShardCache, ShardedSource
 
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, ...]] = []
     with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp, s3_endpoint() as endpoint:
         root = Path(tmp)
         (root / "shards").mkdir()
@@ -150,30 +170,29 @@ def main() -> None:
         total = int(probe_source.file_sizes.sum())
         print(f"{n} samples in {len(sizes)} shards ({sizes.min()}-{sizes.max()} a shard), {total / 2**20:.1f} MiB, "
               f"window={args.window}, G={G} ranks a node")  # fmt: skip
-        uniform = shuffle_quality(np.random.default_rng(1).permutation(n), shard_of)
+        uniforms = [shuffle_quality(np.random.default_rng(e).permutation(n), shard_of) for e in range(EPOCHS)]
+        uniform = {k: float(np.mean([abs(q[k]) for q in uniforms])) for k in uniforms[0]}
         for partitions in (2, 4):
             nodes = partitions
             for p, drop_last in ((1, False), (partitions, False), (partitions, True)):
                 fetched = run_nodes(endpoint, urls, index, root / "caches", nodes, p, args.window, 2, drop_last)
                 sampler = LocalitySampler(sizes, window=args.window, partitions=p, ranks_per_partition=G,
                                           num_replicas=1, rank=0, seed=0)  # fmt: skip
-                plan = sampler.permutation(0)
-                assert plan is not None
-                quality = shuffle_quality(plan(np.arange(n)), shard_of)
+                quality = mean_quality(sampler, n, 1, shard_of)
+                local = mean_quality(sampler, n, nodes * G, shard_of)
                 layout = sampler.partition_layout()
                 counts = np.full(nodes, n / nodes) if layout is None else layout.quotas
                 share = total * np.asarray(counts, dtype=np.float64) / n
                 worst = max(f / s for f, s in zip(fetched[0], share, strict=True))
                 label = f"W={nodes * G} ({nodes} nodes), partitions={p}, drop_last={drop_last}"
-                rows.append((label, f"{worst:.3f}", f"{max(fetched[1]) / 2**20:.2f} MiB",
-                             f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"))
-        rows.append(("uniform permutation (reference)", "", "",
-                     f"{uniform['same_shard']:.3f} / {uniform['id_step']:.3f} / {uniform['spearman']:+.3f}"))
+                rows.append((label, f"{worst:.3f}", f"{max(fetched[1]) / 2**20:.2f} MiB", shown(quality), shown(local)))
+        rows.append(("uniform permutation (reference)", "", "", shown(uniform), ""))
 
     print()
     print("| run | bytes/node/epoch over node share (worst node, epoch 0) | bytes fetched by the worst node in epoch 1 "
-          "| shuffle: same-shard pairs / mean abs id step over n / Spearman(position, id) |")
-    print("|---|---|---|---|")
+          "| global plan: same-shard pairs / mean abs id step over n / abs Spearman(position, id) "
+          f"| rank 0's order, same figures | (shuffle figures: mean of epochs 0-{EPOCHS - 1})")
+    print("|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     print()
