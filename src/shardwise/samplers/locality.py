@@ -69,7 +69,8 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
             node); ignored when ``partitions=1``.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
-        shuffle: shuffle (else shard by shard, in order, like ``ShardedSampler(shuffle=False)``).
+        shuffle: shuffle (else shard by shard, in order, like ``ShardedSampler(shuffle=False)``; with
+            partitions, each partition's shards in its layout order, the partitions interleaved).
         seed: base seed, identical on every rank.
         drop_last: cut the tail so ranks get equal lengths, instead of padding it by wrapping.
 
