@@ -189,9 +189,10 @@ def main() -> None:
         rows.append(("uniform permutation (reference)", "", "", shown(uniform), ""))
 
     print()
+    print(f"Shuffle figures: mean of epochs 0-{EPOCHS - 1}.")
     print("| run | bytes/node/epoch over node share (worst node, epoch 0) | bytes fetched by the worst node in epoch 1 "
           "| global plan: same-shard pairs / mean abs id step over n / abs Spearman(position, id) "
-          f"| rank 0's order, same figures | (shuffle figures: mean of epochs 0-{EPOCHS - 1})")
+          "| rank 0's order, same figures |")
     print("|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
