@@ -147,7 +147,7 @@ def test_inverse_permutation_at_every_size_class() -> None:
 
 
 MIXTURES = [c for c in CASES if c.name.startswith("Mixture")]
-REVERSIBLE = [c for c in CASES if c.name.startswith(("ShardedSampler", "Scheduled"))] + MIXTURES
+REVERSIBLE = [c for c in CASES if c.name.startswith(("ShardedSampler", "Scheduled", "LocalitySampler"))] + MIXTURES
 
 
 @pytest.mark.parametrize("case", REVERSIBLE, ids=[c.name for c in REVERSIBLE])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import check_int
-from .permutation import MAX_SIZE, Permutation
+from .permutation import MAX_SIZE, Permutation, positions_of
 from .seeds import derive_seed
 
 SHARDS = "shard-order"
@@ -45,6 +45,26 @@ def check_shard_sizes(name: str, sizes: object) -> np.ndarray:
     if int(array.sum()) > MAX_SIZE:
         raise ValueError(f"{name} should sum to at most 2**62 samples, but got {int(array.sum())}")
     return array
+
+
+def split_wrap(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's ascending positions, and those padding wrapped to the plan's start (fewer than ``W``).
+
+    Prefetching reads the windows ahead of the first part only: the wrapped few are single samples.
+    """
+    positions = np.asarray(positions, dtype=np.int64).ravel()
+    back = np.flatnonzero(positions[1:] < positions[:-1])
+    if back.size == 0:
+        return positions, positions[:0]
+    return positions[: back[0] + 1], positions[back[0] + 1 :]
+
+
+def _then(first: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """``first`` followed by the elements of ``more`` not in it, once each, in order."""
+    if more.size == 0:
+        return first
+    merged = np.asarray(list(dict.fromkeys([*first.tolist(), *more.tolist()])), dtype=np.int64)
+    return merged
 
 
 class LocalityPermutation:
@@ -140,6 +160,40 @@ class LocalityPermutation:
         shards = self._order[slots]
         ids: np.ndarray = self._shard_starts[shards] + (mixed - self._slot_starts[slots])
         return ids.reshape(positions.shape)
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """The plan positions holding global sample ``ids`` (the inverse of calling the plan), O(log S) each."""
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.ravel()
+        shards = self.shard_of(flat)
+        slot_of_shard = np.empty_like(self._order)
+        slot_of_shard[self._order] = np.arange(self._order.size, dtype=np.int64)
+        slots = slot_of_shard[shards]
+        mixed = self._slot_starts[slots] + (flat - self._shard_starts[shards])
+        windows = self.window_of(mixed)
+        out = np.empty_like(flat)
+        for window in np.unique(windows).tolist():
+            at = np.flatnonzero(windows == window)
+            start = self._window_starts[window]
+            out[at] = start + positions_of(self._permutation(window), mixed[at] - start)
+        return out.reshape(ids.shape)
+
+    def upcoming_shards(self, positions: np.ndarray, ahead: int) -> np.ndarray:
+        """Shards of the windows ``positions`` read and of the ``ahead`` windows after, in reading order.
+
+        Padded positions wrapped to the plan's start (see :func:`split_wrap`) add only their own shards.
+        """
+        ahead_of, wrapped = split_wrap(positions)
+        if ahead_of.size == 0:
+            return ahead_of
+        first = int(self.window_of(ahead_of[:1])[0])
+        last = int(self.window_of(ahead_of[-1:])[0])
+        order: np.ndarray = self._order[first * self._window : (last + 1 + ahead) * self._window]
+        return _then(order, self.shard_of(self(wrapped)))
+
+    def mixed_shards(self, positions: np.ndarray) -> int:
+        """Shards a reader of ``positions`` mixes at once: one window."""
+        return self._window
 
     def __repr__(self) -> str:
         return f"LocalityPermutation(n={len(self)}, shards={len(self._order)}, window={self._window})"

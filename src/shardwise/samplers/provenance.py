@@ -218,7 +218,8 @@ def when(
 ) -> list[Trained]:
     """Every ``(epoch, step, rank)`` at which sample ``index`` is trained, over ``epochs``.
 
-    Supported: ``ShardedSampler`` (O(1): the keyed permutation inverted), ``MixtureSampler``
+    Supported: ``ShardedSampler`` (O(1): the keyed permutation inverted), ``LocalitySampler``
+    (O(log shards): its locality plan inverted, partitions included), ``MixtureSampler``
     (``index`` in the concatenated index space; O(log n) per draw, one draw per cycle of its source
     in the epoch) and a ``ScheduledBatchSampler`` over either or over a dataset length. Other
     samplers raise :class:`ProvenanceUnsupported` (their plans are not inverted yet; ``which``

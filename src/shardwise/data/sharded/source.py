@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from ..._core.errors import check_choice, check_int, check_iterable
+from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
 from ...index import build_or_open
 from ...index.cache import CacheDir
 from .cache import ShardCache, is_local
@@ -36,7 +36,7 @@ from .formats import Format, ShardError, ShardReader, count_rows, format_of, rea
 
 KIND = "sharded-meta"
 OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
-_PREFETCH_WINDOWS = 2  # windows prefetched ahead of the one being read
+_PREFETCH_AHEAD = 1  # windows prefetched after the ones being read
 
 
 def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
@@ -95,19 +95,31 @@ class ShardedSource(Dataset[dict[str, Any]]):
         index_dir: CacheDir = None,
         open_shards: int = OPEN_SHARDS,
     ) -> None:
+        # Every argument is checked before any I/O (listing the URLs, reading metadata).
+        self.open_shards = check_int("open_shards", open_shards, minimum=1)
+        given_format = None if format is None else check_choice("format", format, Format)
+        self.columns = None if columns is None else [
+            check_str("columns[]", c) for c in check_iterable("columns", columns, of="column names (str)")
+        ]
+        self.length_column = None if length_column is None else check_str("length_column", length_column)
+        self.label_column = None if label_column is None else check_str("label_column", label_column)
+        if cache is not None and not isinstance(cache, ShardCache):
+            raise TypeError(f"cache should be a ShardCache or None, but got cache={cache!r} ({type(cache).__name__})")
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError("storage_options should be a dict of fsspec options or None, but got "
+                            f"storage_options={storage_options!r} ({type(storage_options).__name__})")
+        index_dir = check_cache_dir(index_dir)
         self.storage_options = dict(storage_options or (cache.storage_options if cache is not None else {}))
         self.urls = expand_urls(urls, self.storage_options)
-        if format is None:
+        if given_format is None:
             found = {format_of(u) for u in self.urls}
             if len(found) != 1 or None in found:
                 raise ValueError(
                     "format should be given when the URLs' suffixes do not name one format, but got "
                     f"urls={self.urls[:3]!r}...; pass format='parquet', 'arrow' or 'webdataset'"
                 )
-            format = found.pop()
-        self.format = check_choice("format", format, Format)
-        self.columns = None if columns is None else list(columns)
-        self.length_column, self.label_column = length_column, label_column
+            given_format = found.pop()
+        self.format = check_choice("format", given_format, Format)
         self.cache = cache if cache is not None else ShardCache(storage_options=self.storage_options)
         arrays = self._metadata(index_dir)
         self.shard_sizes: np.ndarray = arrays["counts"]
@@ -115,7 +127,6 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes, dtype=np.int64)])
         self.lengths: np.ndarray | None = arrays.get("lengths")
         self.labels: np.ndarray | None = arrays.get("labels")
-        self.open_shards = check_int("open_shards", open_shards, minimum=1)
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
 
     # -- metadata ------------------------------------------------------------------------------
@@ -212,13 +223,16 @@ class ShardedSource(Dataset[dict[str, Any]]):
 
     # -- the plan ------------------------------------------------------------------------------
     def follow_plan(self, permutation: Any, positions: np.ndarray) -> None:
-        """Prefetch the shards the plan reads from ``positions`` on, in order (``LocalitySampler`` calls it)."""
-        self.open_shards = max(self.open_shards, permutation.window + 1)  # read by workers pickled after this
+        """Prefetch the shards the plan reads from ``positions`` on, in order (``LocalitySampler`` calls it).
+
+        ``positions`` are this rank's: only the shards they read (with partitions, only their
+        partitions' shards) and the window after each are prefetched.
+        """
+        # read by workers pickled after this
+        self.open_shards = max(self.open_shards, permutation.mixed_shards(positions) + 1)
         if positions.size == 0 or is_local(self.urls[0]):
             return
-        first = int(permutation.window_of(positions[:1])[0])
-        last = int(permutation.window_of(positions[-1:])[0])
-        order = permutation.shard_order()[first * permutation.window : (last + _PREFETCH_WINDOWS) * permutation.window]
+        order = permutation.upcoming_shards(positions, _PREFETCH_AHEAD)
         self.cache.follow([(self.urls[s], int(self.file_sizes[s])) for s in order.tolist()])
 
     def __getstate__(self) -> dict[str, Any]:

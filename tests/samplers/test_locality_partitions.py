@@ -1,0 +1,72 @@
+"""LocalitySampler with shard partitions: the plan, the state, and what it tells a prefetching source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import shardwise
+from shardwise import LocalitySampler
+from shardwise._core.locality import LocalityPermutation
+from shardwise._core.seeds import derive_seed
+
+SIZES = np.asarray([7, 0, 12, 1, 9, 15, 4, 11, 8, 6])
+
+
+class RecordingSource:
+    """A sharded dataset that records what the sampler asks it to prefetch (the PlanListener protocol)."""
+
+    shard_sizes = SIZES
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return int(SIZES.sum())
+
+    def follow_plan(self, permutation: Any, positions: np.ndarray) -> None:
+        self.calls.append(permutation.upcoming_shards(positions, 1))
+
+
+def test_one_partition_is_the_plain_plan_and_state() -> None:
+    """partitions=1 (any ranks_per_partition) yields today's plan, and the state carries no partition keys."""
+    plain = LocalitySampler(SIZES, window=3, num_replicas=1, rank=0, seed=2)
+    grouped = LocalitySampler(SIZES, window=3, ranks_per_partition=4, num_replicas=1, rank=0, seed=2)
+    expected = LocalityPermutation(SIZES, window=3, key=derive_seed(2, 0, "locality-shuffle"))(np.arange(SIZES.sum()))
+    assert list(plain) == list(grouped) == expected.tolist()
+    assert "partitions" not in plain.state_dict()["fingerprint"]
+
+
+def test_iterating_prefetches_only_the_rank_s_partition() -> None:
+    """Rank 2 of 4 (P=2, G=2) prefetches partition 1's shards, and of the padding's one sample only its shard."""
+    source = RecordingSource()
+    sampler = LocalitySampler(source, window=2, partitions=2, ranks_per_partition=2, num_replicas=4, rank=2, seed=0)
+    ids = list(sampler)  # 73 samples at W=4: the last step of ranks 1-3 wraps to the plan's start
+    layout = sampler.partition_layout()
+    assert layout is not None
+    first, stop = layout.partition_pieces(1)
+    allowed = set(layout.piece_shards[first:stop].tolist())
+    asked = {int(s) for call in source.calls for s in call}
+    read = set(np.searchsorted(np.cumsum(SIZES), ids, side="right").tolist())
+    padded = set(np.searchsorted(np.cumsum(SIZES), ids[-1:], side="right").tolist())
+    assert read <= asked <= allowed | padded
+    assert len(read - allowed) <= 1
+
+
+def test_which_queries_do_not_prefetch() -> None:
+    """shardwise.which asks about every rank's positions: the source is not told to prefetch them."""
+    source = RecordingSource()
+    sampler = LocalitySampler(source, window=2, partitions=2, ranks_per_partition=2, num_replicas=4, rank=0, seed=0)
+    batches = shardwise.which(sampler, epoch=0, step=1, batch_size=2)
+    assert len(batches) == 4 and source.calls == []
+
+
+def test_when_inverts_the_partitioned_plan() -> None:
+    """when() finds each sample at the rank and step that iterate it (P=2, G=2, W=4)."""
+    ranks = [LocalitySampler(SIZES, window=2, partitions=2, ranks_per_partition=2, num_replicas=4, rank=r, seed=3)
+             for r in range(4)]  # fmt: skip
+    for rank, sampler in enumerate(ranks):
+        for step, index in enumerate(list(sampler)):
+            found = shardwise.when(sampler, index, epochs=0, batch_size=1)
+            assert (found[0].rank, found[0].step) == (rank, step) or (rank, step) in [(t.rank, t.step) for t in found]
