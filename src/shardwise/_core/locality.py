@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import check_int
-from .permutation import MAX_SIZE, Permutation
+from .permutation import MAX_SIZE, Permutation, positions_of
 from .seeds import derive_seed
 
 SHARDS = "shard-order"
@@ -140,6 +140,23 @@ class LocalityPermutation:
         shards = self._order[slots]
         ids: np.ndarray = self._shard_starts[shards] + (mixed - self._slot_starts[slots])
         return ids.reshape(positions.shape)
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """The inverse of ``__call__``: the plan position of each global sample id, O(log S) each."""
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.ravel()
+        shards = self.shard_of(flat)
+        slot_of = np.empty_like(self._order)
+        slot_of[self._order] = np.arange(self._order.size, dtype=np.int64)
+        slots = slot_of[shards]
+        mixed = self._slot_starts[slots] + (flat - self._shard_starts[shards])
+        windows = self.window_of(mixed)
+        positions = np.empty_like(flat)
+        for window in np.unique(windows).tolist():
+            at = np.flatnonzero(windows == window)
+            start = self._window_starts[window]
+            positions[at] = start + positions_of(self._permutation(window), mixed[at] - start)
+        return positions.reshape(ids.shape)
 
     def __repr__(self) -> str:
         return f"LocalityPermutation(n={len(self)}, shards={len(self._order)}, window={self._window})"

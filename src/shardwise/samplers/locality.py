@@ -119,6 +119,13 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
 
         return units
 
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """The one position holding ``index``: the shard order and the window's permutation inverted, O(log S)."""
+        index = check_int("index", index, minimum=0, maximum=self._size - 1)
+        if not self.shuffle:
+            return np.asarray([index], dtype=np.int64)
+        return self.permutation(epoch).positions_of(np.asarray([index]))  # type: ignore[union-attr]
+
     def _fingerprint(self) -> Fingerprint:
         return {"num_samples": self._size, "shard_sizes": digest(self._sizes), "window": self.window,
                 "shuffle": self.shuffle}

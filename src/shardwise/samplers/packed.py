@@ -433,6 +433,13 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         return lambda positions: self._batches(epoch, seed, positions)
 
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
+
+        O(n) time per epoch, O(64k batches) memory (its packs depend on every sample's length and the epoch's shuffle, with no inverse kept); see BENCHMARKS.md for the measured cost.
+        """
+        return self._scan_positions_of(epoch, index)
+
     def _fingerprint(self) -> Fingerprint:
         return {
             "num_samples": self._num_samples,

@@ -184,6 +184,29 @@ class PlanQueries:
             return int(total)
         return int(self._skips.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
 
+    _SCAN_CHUNK = 1 << 16
+    """Plan positions read at a time by :meth:`_scan_positions_of` (O(chunk) memory)."""
+
+    def _scan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every plan position of ``epoch`` whose unit holds ``index``, by reading the whole plan.
+
+        The fallback of samplers without a better inverse: O(n) time per epoch (chunk by chunk,
+        O(chunk) memory), measured in BENCHMARKS.md; a query, the position does not move.
+        """
+        index = check_int("index", index, minimum=0)
+        total = self._raw_plan_size(epoch)
+        hook = type(self)._open_pass
+        raw_open = getattr(hook, "__wrapped__", hook)  # plain plan positions, not compacted by the ledger
+        upcoming = self._progress.upcoming_epoch()
+        self._on_epoch(epoch)
+        try:
+            source = raw_open(self, epoch, self.seed, World(0, 1, "query"), 0)
+            found = [scan_units(source, first, min(first + self._SCAN_CHUNK, total), index)
+                     for first in range(0, total, self._SCAN_CHUNK)]  # fmt: skip
+        finally:
+            self._on_epoch(upcoming)
+        return np.concatenate([np.empty(0, dtype=np.int64), *found])
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Plan positions of ``epoch`` whose unit holds sample ``index`` (O(1) where a sampler inverts its plan)."""
         raise ProvenanceUnsupported(
@@ -191,3 +214,15 @@ class PlanQueries:
             "use shardwise.which(sampler, epoch=..., step=...) for the forward question, which every sampler answers"
         )
 
+
+def scan_units(source: UnitSource, first: int, stop: int, index: int) -> np.ndarray:
+    """The plan positions in ``[first, stop)`` whose unit (a sample id, or a batch of them) holds ``index``."""
+    positions = np.arange(first, stop, dtype=np.int64)
+    units = source(positions)
+    if units and isinstance(units[0], (list, tuple)):
+        sizes = np.fromiter((len(u) for u in units), dtype=np.int64, count=len(units))
+        flat = np.fromiter((i for u in units for i in u), dtype=np.int64, count=int(sizes.sum()))
+        hits = np.repeat(positions, sizes)[flat == index]
+        return hits  # a sample twice in one batch (a small class drawn with replacement) is two occurrences
+    found: np.ndarray = positions[np.asarray(units, dtype=np.int64) == index]
+    return found

@@ -422,6 +422,21 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         table = self._table
         return lambda positions: table.draw(positions, keys).tolist()
 
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every plan position drawing ``index`` (provenance): 0, 1 or (with replacement) several.
+
+        O(n) time per epoch, no inverse exists: without replacement, a search of the epoch's shared
+        plan (vectorised, chunk by chunk); with replacement, every draw of the epoch is recomputed
+        (draws are independent: any position may hold any index). See BENCHMARKS.md for the cost.
+        """
+        index = check_int("index", index, minimum=0, maximum=len(self._table) - 1)
+        if self.replacement:
+            return self._scan_positions_of(epoch, index)
+        plan = self._distinct(self.seed, epoch)
+        chunk = self._SCAN_CHUNK * 16
+        found = [first + np.flatnonzero(plan[first : first + chunk] == index) for first in range(0, plan.size, chunk)]
+        return np.concatenate([np.empty(0, dtype=np.int64), *found]).astype(np.int64)
+
     def _fingerprint(self) -> Fingerprint:
         return {
             "num_weights": len(self._table),
