@@ -166,7 +166,7 @@ def test_when_finds_every_time_a_sample_trains(case: Case) -> None:
             for step, unit in enumerate(steps):
                 for index in [i for u in unit for i in _flat(u)] if batch_size else _flat(unit):
                     seen[index].append((epoch, step, rank))
-    universe = sum(int(s) for s in probe.sizes) if hasattr(probe, "sizes") else n
+    universe = sum(int(s) for s in probe.sizes) if hasattr(probe, "sizes") else getattr(probe, "num_weights", n)
     for index in range(universe):
         found = [(t.epoch, t.step, t.rank) for t in when(probe, index, epochs=range(2), batch_size=batch_size)]
         assert found == sorted(seen.get(index, [])), index
