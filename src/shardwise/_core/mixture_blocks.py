@@ -313,7 +313,8 @@ def _draw_indices_merged(found: Draws, sizes: np.ndarray, offsets: np.ndarray, k
     permuted = within.copy()
     if live.size:
         permuted[live] = keyed_permute_each(within[live], size[live], rounds[:, live])
-    return permuted + offsets[sources]
+    indices: np.ndarray = permuted + offsets[sources]
+    return indices
 
 
 def keyed_permute_each(values: np.ndarray, sizes: np.ndarray, rounds: np.ndarray) -> np.ndarray:

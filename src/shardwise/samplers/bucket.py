@@ -406,8 +406,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         members = grouped.order[first:stop]
         rank = int(np.searchsorted(members, index))
         if self.shuffle:
-            rank = int(unpermute_within(np.asarray([rank]), np.asarray([stop - first]),
-                                        group_keys(derive_seed(self.seed, epoch, SHUFFLE), np.asarray([length])))[0])  # fmt: skip
+            keys = group_keys(derive_seed(self.seed, epoch, SHUFFLE), np.asarray([length]))
+            rank = int(unpermute_within(np.asarray([rank]), np.asarray([stop - first]), keys)[0])
         position = plan.positions_of(np.asarray([int(plan.run_starts[run[0]]) + rank]))
         return position[position >= 0]
 

@@ -436,7 +436,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
 
-        O(n) time per epoch, O(64k batches) memory (its packs depend on every sample's length and the epoch's shuffle, with no inverse kept); see BENCHMARKS.md for the measured cost.
+        O(n) time per epoch, O(64k batches) memory (packs depend on every length and the shuffle; no inverse is kept).
+        See BENCHMARKS.md for the measured cost.
         """
         return self._scan_positions_of(epoch, index)
 

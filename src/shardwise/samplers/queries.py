@@ -222,7 +222,7 @@ def scan_units(source: UnitSource, first: int, stop: int, index: int) -> np.ndar
     if units and isinstance(units[0], (list, tuple)):
         sizes = np.fromiter((len(u) for u in units), dtype=np.int64, count=len(units))
         flat = np.fromiter((i for u in units for i in u), dtype=np.int64, count=int(sizes.sum()))
-        hits = np.repeat(positions, sizes)[flat == index]
+        hits: np.ndarray = np.repeat(positions, sizes)[flat == index]
         return hits  # a sample twice in one batch (a small class drawn with replacement) is two occurrences
     found: np.ndarray = positions[np.asarray(units, dtype=np.int64) == index]
     return found
