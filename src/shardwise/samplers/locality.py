@@ -126,6 +126,14 @@ class LocalitySampler(PlanSampler[int], DistributedSampler[int]):
             return np.asarray([index], dtype=np.int64)
         return self.permutation(epoch).positions_of(np.asarray([index]))  # type: ignore[union-attr]
 
+    def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """The position of each id (``skip_ids``): shard order and window permutations inverted, vectorised."""
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._size):
+            raise ValueError(f"sample ids should be in [0, {self._size - 1}], but got ids up to {int(ids.max())}")
+        if not self.shuffle:
+            return np.asarray(ids, dtype=np.int64)
+        return self.permutation(epoch).positions_of(ids)  # type: ignore[union-attr]
+
     def _fingerprint(self) -> Fingerprint:
         return {"num_samples": self._size, "shard_sizes": digest(self._sizes), "window": self.window,
                 "shuffle": self.shuffle}

@@ -23,6 +23,7 @@ from .._core.errors import check_int
 from .._core.provenance import ProvenanceUnsupported
 from .._core.world import World
 from .base import PlanSampler
+from .queries import _ledger_for
 
 __all__ = ["ProvenanceUnsupported", "Trained", "TrainedBatch", "resolve", "skip_steps", "when", "which"]
 
@@ -287,7 +288,7 @@ def skip_steps(
     start = check_int("start", start, minimum=0)
     first, _ = sampler._step_span(epoch, start, size, steps.start, per_step, drop_last)
     _, stop = sampler._step_span(epoch, start, size, steps.stop - 1, per_step, drop_last)
-    ledger = sampler._skips
+    ledger = _ledger_for(sampler, epoch) or sampler._skips
     total = sampler._raw_plan_size(epoch)
     plan_first = int(ledger.to_plan(epoch, np.asarray([first]), total)[0])
     plan_stop = int(ledger.to_plan(epoch, np.asarray([stop - 1]), total)[0]) + 1

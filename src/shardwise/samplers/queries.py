@@ -17,7 +17,7 @@ import numpy as np
 from .._core.errors import check_int
 from .._core.plan import Even, rank_count, rank_positions
 from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
-from .._core.skips import SkipLedger
+from .._core.skips import IdSkips, SkipLedger
 from .._core.state import Progress
 from .._core.world import World
 
@@ -31,7 +31,7 @@ def _compacted_size(raw: Callable[[Any, int], int]) -> Callable[[Any, int], int]
     @functools.wraps(raw)
     def size(self: Any, epoch: int) -> int:
         total = raw(self, epoch)
-        skips = self.__dict__.get("_skips")
+        skips = _ledger_for(self, epoch)
         # Only the most derived class's hook applies the ledger: a subclass calling super() gets the raw size.
         return skips.size(epoch, total) if skips and type(self)._plan_size is size else total
 
@@ -44,13 +44,41 @@ def _compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSourc
     @functools.wraps(raw)
     def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         source = raw(self, epoch, seed, world, start)
-        skips = self.__dict__.get("_skips")
+        skips = _ledger_for(self, epoch)
         if not skips or type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
             return source
         total = self._raw_plan_size(epoch)
         return lambda positions: source(skips.to_plan(epoch, positions, total))
 
     return open_pass
+
+
+def _ledger_for(self: Any, epoch: int) -> SkipLedger | None:
+    """The skip ledger of ``epoch``: its skipped positions and, translated, the positions of skipped ids.
+
+    The translation (``_positions_of_ids``, O(log n) an id) is cached for the last epoch asked:
+    O(k log k) once per epoch for ``k`` skipped ids, then a tuple comparison per call.
+    """
+    skips = self.__dict__.get("_skips")
+    ids = self.__dict__.get("_skip_ids")
+    if not ids or self.__dict__.get("_resolving_ids"):
+        return skips  # type: ignore[no-any-return]
+    seed = self.seed
+    cached = self.__dict__.get("_ids_cache")
+    if cached is not None and cached[0] == epoch and cached[1] == seed and cached[2] is skips and cached[3] is ids:
+        return cached[4]  # type: ignore[no-any-return]
+    self.__dict__["_resolving_ids"] = True  # the translation reads the raw plan, never this ledger
+    try:
+        found = [np.empty(0, dtype=np.int64)]
+        for floor, first, stop in ids.applying(epoch).tolist():
+            positions = self._positions_of_ids(epoch, np.arange(first, stop, dtype=np.int64))
+            found.append(positions[positions >= floor])
+    finally:
+        self.__dict__["_resolving_ids"] = False
+    positions = np.unique(np.concatenate(found))
+    ledger = skips.add_many(epoch, np.stack([positions, positions + 1], axis=1)) if positions.size else skips
+    self.__dict__["_ids_cache"] = (epoch, seed, skips, ids, ledger)
+    return ledger  # type: ignore[no-any-return]
 
 
 class PlanQueries:
@@ -73,6 +101,7 @@ class PlanQueries:
         def _on_epoch(self, epoch: int) -> None: ...
 
     _skips: SkipLedger
+    _skip_ids: IdSkips
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # The skip ledger (NOTE in shardwise._core.skips) is honoured around the two plan hooks, once
@@ -123,7 +152,8 @@ class PlanQueries:
 
     def _trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
-        found = [self._skips.from_plan(epoch, p) for p in self._plan_positions_of(epoch, index).tolist()]
+        ledger = _ledger_for(self, epoch) or self._skips
+        found = [ledger.from_plan(epoch, p) for p in self._plan_positions_of(epoch, index).tolist()]
         return np.asarray([p for p in found if p is not None], dtype=np.int64)
 
     # -- the skip ledger (see shardwise._core.skips) ----------------------------------------------
@@ -171,6 +201,53 @@ class PlanQueries:
             )
         self._skips = self._skips.add_many(epoch, rows)
 
+    # -- skipped sample ids (see IdSkips) -------------------------------------------------------
+    @property
+    def skipped_ids(self) -> list[list[int]]:
+        """Skipped sample ids: ``[[epoch, position, first, stop], ...]``, ids ``[first, stop)`` from plan
+        ``position`` of ``epoch`` and in every later epoch."""
+        return self._skip_ids.to_state()
+
+    def skip_ids(self, first: int, stop: int, *, epoch: int | None = None) -> None:
+        """Never train sample ids ``[first, stop)`` again: from now on, at any world size, across restarts.
+
+        The range goes into ``state_dict()`` (``state["skip_ids"]``, four ints). In every epoch from
+        ``epoch`` (default: the epoch this sampler trains next) the plan positions that hold those ids
+        are found (``when``'s inverse, O(log n) an id; O(k log k) per epoch for ``k`` ids, cached) and
+        removed before dealing, like :meth:`skip_positions`: everything else trains as often as
+        before and every rank keeps the same number of steps. In an epoch under way, what was
+        already trained stays trained. Supported where the plan inverts cheaply and a unit is one
+        sample: ``ShardedSampler``, ``MixtureSampler`` (ids in the concatenated space),
+        ``LocalitySampler`` and ``ScheduledBatchSampler`` over them or over a dataset length.
+
+        Raises:
+            ProvenanceUnsupported: this sampler cannot skip ids (named, with what to use instead).
+            RuntimeError: a pass is being iterated (add skips before iterating, e.g. after ``load_state_dict``).
+            ValueError: an id out of range, an empty range, or an epoch already trained.
+        """
+        self._sync()
+        if self._pass is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.skip_ids() was called while a pass is being iterated; add skips "
+                "before iterating (right after load_state_dict)"
+            )
+        first = check_int("first", first, minimum=0)
+        stop = check_int("stop", stop, minimum=first + 1)
+        progress = self._progress
+        upcoming = progress.upcoming_epoch()
+        epoch = upcoming if epoch is None else check_int("epoch", epoch, minimum=upcoming)
+        self._positions_of_ids(epoch, np.asarray([first, stop - 1], dtype=np.int64))  # supported, ids in range
+        position = self._plan_done(epoch) if epoch == progress.epoch else 0
+        self._skip_ids = self._skip_ids.add(epoch, position, first, stop)
+
+    def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Every plan position of ``epoch`` holding one of ``ids`` (flat int64), for :meth:`skip_ids`."""
+        raise ProvenanceUnsupported(
+            f"{type(self).__name__} cannot skip sample ids: skip_ids needs a plan whose unit is one sample and "
+            "that inverts in O(log n) (ShardedSampler, MixtureSampler, LocalitySampler, ScheduledBatchSampler "
+            "over them or a length); skip plan positions instead (shardwise.skip_steps, sampler.skip_positions)"
+        )
+
     def _raw_plan_size(self, epoch: int) -> int:
         """``epoch``'s plan size with its skipped positions: what builds the plan (``_plan_size`` is what is dealt)."""
         size: int = type(self)._plan_size.__wrapped__(self, epoch)  # type: ignore[attr-defined]
@@ -182,7 +259,8 @@ class PlanQueries:
         total = self._raw_plan_size(epoch)
         if progress.completed or progress.consumed >= self._plan_size(epoch):
             return int(total)
-        return int(self._skips.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
+        ledger = _ledger_for(self, epoch) or self._skips
+        return int(ledger.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
 
     _SCAN_CHUNK = 1 << 16
     """Plan positions read at a time by :meth:`_scan_positions_of` (O(chunk) memory)."""
