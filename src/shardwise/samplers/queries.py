@@ -70,8 +70,12 @@ def _ledger_for(self: Any, epoch: int) -> SkipLedger | None:
     self.__dict__["_resolving_ids"] = True  # the translation reads the raw plan, never this ledger
     try:
         found = [np.empty(0, dtype=np.int64)]
-        for floor, first, stop in ids.applying(epoch).tolist():
-            positions = self._positions_of_ids(epoch, np.arange(first, stop, dtype=np.int64))
+        rows = ids.applying(epoch)
+        for floor in np.unique(rows[:, 0]).tolist():  # one vectorised call per distinct floor (usually one)
+            starts, stops = rows[rows[:, 0] == floor, 1], rows[rows[:, 0] == floor, 2]
+            lengths = stops - starts
+            every = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+            positions = self._positions_of_ids(epoch, every)
             found.append(positions[positions >= floor])
     finally:
         self.__dict__["_resolving_ids"] = False
