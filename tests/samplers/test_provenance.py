@@ -278,3 +278,31 @@ def test_which_and_when_agree_with_a_real_run_resumed_at_another_world_size() ->
             found = [(t.epoch, t.step, t.rank) for t in when(probe, index, epochs=1, world_size=2,
                                                              batch_size=batch_size)]  # fmt: skip
             assert found == sorted(seen[name][index]), (name, index)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) * 7 % 5 + 1, batch_size=7, seed=3, num_replicas=3, rank=0),
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) * 7 % 50 + 1, max_tokens=200, batch_size_multiple=2,
+                                             seed=3, num_replicas=3, rank=0),
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) % 9 + 1, max_tokens=40, sort_window=256, seed=3,
+                                             num_replicas=3, rank=0),
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) % 30 + 1, max_tokens=25, oversized="skip", seed=3,
+                                             num_replicas=3, rank=0, drop_last=True),
+    ],
+    ids=["batch-large-groups", "tokens-multiple", "sort_window", "oversized-skip"],
+)
+def test_bucket_when_at_large_length_groups_agrees_with_which(make: Any) -> None:
+    """Groups of hundreds of equal lengths (the Feistel tie shuffle inverted), a sort_window, skipped oversized."""
+    sampler = make()
+    sampler.set_epoch(2)  # len() is epoch 2's (a token budget cuts each epoch's stream differently)
+    seen: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    steps = len(sampler)
+    for step in range(steps):
+        for batch in which(sampler, epoch=2, step=step):
+            for index in batch.indices:
+                seen[index].append((step, batch.rank))
+    rng = np.random.default_rng(0)
+    for index in rng.choice(3000, 300, replace=False).tolist():
+        assert [(t.step, t.rank) for t in when(sampler, index, epochs=2)] == sorted(seen.get(index, [])), index
