@@ -95,8 +95,7 @@ def skip_ids_table(n: int, id_ranges: int, mixture_ids: int) -> None:
     starts = np.sort(rng.choice(n // 1000, id_ranges, replace=False)) * 1000
     stops = starts + rng.integers(1, 50, size=starts.size)
     sharded = ShardedSampler(n, num_replicas=8, rank=0, seed=5)
-    for first, stop in zip(starts.tolist(), stops.tolist(), strict=True):
-        sharded.skip_ids(first, stop)
+    sharded.skip_id_ranges(np.stack([starts, stops], axis=1))
     third = n // 3
     mixture = MixtureSampler([third, third, n - 2 * third], [0.5, 0.3, 0.2], num_samples=n, seed=5,
                              num_replicas=8, rank=0)  # fmt: skip

@@ -178,10 +178,15 @@ class IdSkips:
 
     def add(self, epoch: int, position: int, first: int, stop: int) -> IdSkips:
         """These skips and ids ``[first, stop)`` from plan ``position`` of ``epoch`` on."""
-        row = [check_int("epoch", epoch, minimum=0), check_int("position", position, minimum=0)]
         first = check_int("first", first, minimum=0)
-        row += [first, check_int("stop", stop, minimum=first + 1)]
-        return IdSkips(np.vstack([self._rows, np.asarray([row], dtype=np.int64)]))
+        return self.add_many(epoch, position, np.asarray([[first, check_int("stop", stop, minimum=first + 1)]]))
+
+    def add_many(self, epoch: int, position: int, ranges: np.ndarray) -> IdSkips:
+        """These skips and every ``[first, stop)`` row of ``ranges`` (``(k, 2)``, ``first < stop``), in O(k)."""
+        ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        head = [check_int("epoch", epoch, minimum=0), check_int("position", position, minimum=0)]
+        rows = np.concatenate([np.tile(np.asarray(head, dtype=np.int64), (len(ranges), 1)), ranges], axis=1)
+        return IdSkips(np.vstack([self._rows, rows]))
 
     def applying(self, epoch: int) -> np.ndarray:
         """``(k, 3)`` rows ``[from position, first, stop]`` in force in ``epoch`` (from 0 for later epochs)."""

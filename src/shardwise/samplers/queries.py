@@ -229,20 +229,29 @@ class PlanQueries:
             RuntimeError: a pass is being iterated (add skips before iterating, e.g. after ``load_state_dict``).
             ValueError: an id out of range, an empty range, or an epoch already trained.
         """
+        first = check_int("first", first, minimum=0)
+        self.skip_id_ranges([[first, check_int("stop", stop, minimum=first + 1)]], epoch=epoch)
+
+    def skip_id_ranges(self, ranges: Any, *, epoch: int | None = None) -> None:
+        """:meth:`skip_ids` for many ``[first, stop)`` rows at once (``(k, 2)`` ints): one translation, O(k)."""
         self._sync()
         if self._pass is not None:
             raise RuntimeError(
                 f"{type(self).__name__}.skip_ids() was called while a pass is being iterated; add skips "
                 "before iterating (right after load_state_dict)"
             )
-        first = check_int("first", first, minimum=0)
-        stop = check_int("stop", stop, minimum=first + 1)
+        rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if not rows.size or rows.min() < 0 or (rows[:, 1] <= rows[:, 0]).any():
+            raise ValueError(
+                f"ranges should be non-empty [first, stop) rows with 0 <= first < stop, but got {rows.tolist()[:3]}"
+            )
         progress = self._progress
         upcoming = progress.upcoming_epoch()
         epoch = upcoming if epoch is None else check_int("epoch", epoch, minimum=upcoming)
-        self._positions_of_ids(epoch, np.asarray([first, stop - 1], dtype=np.int64))  # supported, ids in range
+        bounds = np.asarray([rows[:, 0].min(), rows[:, 1].max() - 1], dtype=np.int64)
+        self._positions_of_ids(epoch, bounds)  # supported here, and the ids in range
         position = self._plan_done(epoch) if epoch == progress.epoch else 0
-        self._skip_ids = self._skip_ids.add(epoch, position, first, stop)
+        self._skip_ids = self._skip_ids.add_many(epoch, position, rows)
 
     def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """Every plan position of ``epoch`` holding one of ``ids`` (flat int64), for :meth:`skip_ids`."""

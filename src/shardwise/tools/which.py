@@ -230,8 +230,7 @@ def skip(target: str, *, world_size: int, state: Path, steps: str | None, epoch:
     done: dict[str, Any]
     if ids:
         spans = parse_ids(ids)
-        for first, stop in spans:
-            sampler.skip_ids(first, stop, epoch=epoch)
+        sampler.skip_id_ranges(spans, epoch=epoch)
         done = {"ids": [list(span) for span in spans]}
     else:
         span = parse_epochs(steps or "", "--steps")
