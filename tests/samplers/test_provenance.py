@@ -290,11 +290,14 @@ def test_which_and_when_agree_with_a_real_run_resumed_at_another_world_size() ->
                                              num_replicas=3, rank=0),
         lambda: shardwise.BucketBatchSampler(np.arange(3000) % 30 + 1, max_tokens=25, oversized="skip", seed=3,
                                              num_replicas=3, rank=0, drop_last=True),
+        lambda: shardwise.PackedBatchSampler(np.arange(3000) * 7 % 90 + 1, max_len=64, rows_per_batch=2, seed=3,
+                                             num_replicas=3, rank=0),
     ],
-    ids=["batch-large-groups", "tokens-multiple", "sort_window", "oversized-skip"],
+    ids=["batch-large-groups", "tokens-multiple", "sort_window", "oversized-skip", "packed-split"],
 )
-def test_bucket_when_at_large_length_groups_agrees_with_which(make: Any) -> None:
-    """Groups of hundreds of equal lengths (the Feistel tie shuffle inverted), a sort_window, skipped oversized."""
+def test_when_at_large_groups_agrees_with_which(make: Any) -> None:
+    """Groups of hundreds of equal lengths (the Feistel tie shuffle inverted), a sort_window, skipped oversized;
+    a packed plan of several strata, samples longer than max_len split across rows."""
     sampler = make()
     sampler.set_epoch(2)  # len() is epoch 2's (a token budget cuts each epoch's stream differently)
     seen: dict[int, list[tuple[int, int]]] = defaultdict(list)

@@ -434,12 +434,24 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return lambda positions: self._batches(epoch, seed, positions)
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
-        """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
+        """Every plan position whose batch holds ``index`` (provenance; a split sample: once a piece).
 
-        O(n) time per epoch, O(64k batches) memory (packs depend on every length and the shuffle; no inverse is kept).
-        See BENCHMARKS.md for the measured cost.
+        No inverse is kept (packs depend on every length and the shuffle): each stratum's plan is
+        built as iteration builds it and its items compared with ``index``, vectorised. O(n) time
+        per epoch, one stratum's plan in memory; see BENCHMARKS.md for the measured cost.
         """
-        return self._scan_positions_of(epoch, index)
+        index = check_int("index", index, minimum=0)
+        seed = self.seed
+        strata, starts = self._strata_layout(epoch, seed)
+        sample = self._index.sample
+        found = [np.empty(0, dtype=np.int64)]
+        for slot in range(strata.size):
+            plan = self._stratum_plan(epoch, seed, slot, int(strata[slot]))
+            hits = np.flatnonzero(np.asarray(read_checked(sample, sample[plan.items])) == index)
+            if hits.size:
+                rows = np.searchsorted(plan.row_offsets, hits, side="right") - 1
+                found.append(int(starts[slot]) + np.searchsorted(plan.batch_offsets, rows, side="right") - 1)
+        return np.concatenate(found).astype(np.int64)
 
     def _fingerprint(self) -> Fingerprint:
         return {
