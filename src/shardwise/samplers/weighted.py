@@ -430,10 +430,14 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         (draws are independent: any position may hold any index). See BENCHMARKS.md for the cost.
         """
         index = check_int("index", index, minimum=0, maximum=len(self._table) - 1)
-        if self.replacement:
-            return self._scan_positions_of(epoch, index)
-        plan = self._distinct(self.seed, epoch)
         chunk = self._SCAN_CHUNK * 16
+        if self.replacement:  # the epoch's draws recomputed chunk by chunk, compared in numpy
+            keys = derive_words(self.seed, epoch, WITH_REPLACEMENT, count=2)
+            total = self.num_samples
+            hits = [first + np.flatnonzero(self._table.draw(np.arange(first, min(first + chunk, total)), keys) == index)
+                    for first in range(0, total, chunk)]  # fmt: skip
+            return np.concatenate([np.empty(0, dtype=np.int64), *hits]).astype(np.int64)
+        plan = self._distinct(self.seed, epoch)
         found = [first + np.flatnonzero(plan[first : first + chunk] == index) for first in range(0, plan.size, chunk)]
         return np.concatenate([np.empty(0, dtype=np.int64), *found]).astype(np.int64)
 
