@@ -21,6 +21,7 @@ from shardwise import (
     ShardedSampler,
     WeightedSampler,
     when,
+    which,
 )
 from shardwise._core.skips import IdSkips
 from shardwise.tools.launch import run_distributed
@@ -100,6 +101,21 @@ def test_skipped_ids_never_train_again_across_a_resize_and_later_epochs(name: st
         else:  # drop_last: at most the last step's cut is left out
             assert merged == expected[: len(merged)] and len(expected) - len(merged) < 2 * (2 if name == "scheduled" else 1)
         assert not skipped & set(merged)
+        # which and when follow the skipped ids: every unit each rank yielded, at its step, and nothing else
+        per_step = None if name == "scheduled" else 1
+        start = state["consumed"] if epoch == 0 else 0
+        seen: dict[int, list[tuple[int, int]]] = {}
+        for rank, units in enumerate(got):
+            for step, unit in enumerate(units):
+                batch = which(resumed[0], epoch=epoch, step=step, rank=rank, world_size=2, batch_size=per_step,
+                              start=start)[0].indices  # fmt: skip
+                assert batch == _flat([unit]), (epoch, rank, step)
+                for index in batch:
+                    seen.setdefault(index, []).append((step, rank))
+        for index in range(60):
+            found = [(t.step, t.rank) for t in when(resumed[0], index, epochs=epoch, world_size=2, batch_size=per_step,
+                                                    start=start)]  # fmt: skip
+            assert found == sorted(seen.get(index, [])), (epoch, index)
 
 
 def test_an_epoch_under_way_keeps_what_it_trained() -> None:
