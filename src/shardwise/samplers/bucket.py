@@ -53,12 +53,12 @@ from .._core.world import World
 from ..index import DEFAULT_TIMEOUT, GroupedIndex, length_index, read_checked
 from ..index.builders import MAX_KEYS, OffsetLengths
 from ..index.cache import CacheDir
-from ..index.grouped import group_keys, unpermute_within
 from ..index.keys import file_position
 from ..index.lengths import is_ragged_store
 from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
 from .inputs import as_lengths, lengths_array
+from .inverses import bucket_positions_of
 
 logger = logging.getLogger("shardwise")
 
@@ -384,32 +384,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return batches
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
-        """The plan position of the batch holding ``index`` (provenance), O(log n) on the shared index.
-
-        The sample's rank among its length in the index (a bisection: the index lists each length's
-        samples in increasing order), the epoch's keyed tie shuffle undone, its run of the sorted
-        stream, then the batch's place in the cost order and the group shuffle undone
-        (``SortedBucketPlan.positions_of``). With a ``sort_window`` the plan is materialised per
-        epoch (8 bytes a sample) and searched: O(n).
-        """
-        index = check_int("index", index, minimum=0, maximum=len(self._grouped()) - 1)
-        plan = self._plan(epoch, self.seed)
-        if isinstance(plan, BatchPlan):
-            at = np.flatnonzero(plan.order == index)
-            return np.searchsorted(plan.offsets, at, side="right").astype(np.int64) - 1
-        grouped = self._grouped()
-        length = self._length_of(index)
-        run = np.flatnonzero(plan.run_lengths == length)
-        if not run.size:  # a length left out (oversized="skip")
-            return np.empty(0, dtype=np.int64)
-        first, stop = int(grouped.offsets[length]), int(grouped.offsets[length + 1])
-        members = grouped.order[first:stop]
-        rank = int(np.searchsorted(members, index))
-        if self.shuffle:
-            keys = group_keys(derive_seed(self.seed, epoch, SHUFFLE), np.asarray([length]))
-            rank = int(unpermute_within(np.asarray([rank]), np.asarray([stop - first]), keys)[0])
-        position = plan.positions_of(np.asarray([int(plan.run_starts[run[0]]) + rank]))
-        return position[position >= 0]
+        """The position of the batch holding ``index``: O(log n) on the shared index (``inverses``)."""
+        return bucket_positions_of(self, epoch, index, SHUFFLE)
 
     def _fingerprint(self) -> Fingerprint:
         return {

@@ -64,6 +64,7 @@ from ..index.lengths import LENGTH_KIND
 from ..index.manifest import IndexCacheError
 from .base import PlanSampler, UnitSource
 from .inputs import as_lengths
+from .inverses import packed_positions_of
 
 logger = logging.getLogger("shardwise")
 
@@ -434,24 +435,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return lambda positions: self._batches(epoch, seed, positions)
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
-        """Every plan position whose batch holds ``index`` (provenance; a split sample: once a piece).
-
-        No inverse is kept (packs depend on every length and the shuffle): each stratum's plan is
-        built as iteration builds it and its items compared with ``index``, vectorised. O(n) time
-        per epoch, one stratum's plan in memory; see BENCHMARKS.md for the measured cost.
-        """
-        index = check_int("index", index, minimum=0)
-        seed = self.seed
-        strata, starts = self._strata_layout(epoch, seed)
-        sample = self._index.sample
-        found = [np.empty(0, dtype=np.int64)]
-        for slot in range(strata.size):
-            plan = self._stratum_plan(epoch, seed, slot, int(strata[slot]))
-            hits = np.flatnonzero(np.asarray(read_checked(sample, sample[plan.items])) == index)
-            if hits.size:
-                rows = np.searchsorted(plan.row_offsets, hits, side="right") - 1
-                found.append(int(starts[slot]) + np.searchsorted(plan.batch_offsets, rows, side="right") - 1)
-        return np.concatenate(found).astype(np.int64)
+        """Every position whose batch holds ``index``: each stratum searched, O(n) (``inverses``)."""
+        return packed_positions_of(self, epoch, index)
 
     def _fingerprint(self) -> Fingerprint:
         return {

@@ -64,6 +64,7 @@ from ..index import DEFAULT_TIMEOUT, IndexCacheError, read_checked
 from ..index.arrow import resolve
 from .base import PlanSampler, UnitSource
 from .indexed import Allocate, CacheDir, input_key, mapped_source, reopen, shared_arrays
+from .inverses import weighted_positions_of
 
 WITH_REPLACEMENT = "weighted-draws"
 WITHOUT_REPLACEMENT = "weighted-distinct"
@@ -423,23 +424,8 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         return lambda positions: table.draw(positions, keys).tolist()
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
-        """Every plan position drawing ``index`` (provenance): 0, 1 or (with replacement) several.
-
-        O(n) time per epoch, no inverse exists: without replacement, a search of the epoch's shared
-        plan (vectorised, chunk by chunk); with replacement, every draw of the epoch is recomputed
-        (draws are independent: any position may hold any index). See BENCHMARKS.md for the cost.
-        """
-        index = check_int("index", index, minimum=0, maximum=len(self._table) - 1)
-        chunk = self._SCAN_CHUNK * 16
-        if self.replacement:  # the epoch's draws recomputed chunk by chunk, compared in numpy
-            keys = derive_words(self.seed, epoch, WITH_REPLACEMENT, count=2)
-            total = self.num_samples
-            hits = [first + np.flatnonzero(self._table.draw(np.arange(first, min(first + chunk, total)), keys) == index)
-                    for first in range(0, total, chunk)]  # fmt: skip
-            return np.concatenate([np.empty(0, dtype=np.int64), *hits]).astype(np.int64)
-        plan = self._distinct(self.seed, epoch)
-        found = [first + np.flatnonzero(plan[first : first + chunk] == index) for first in range(0, plan.size, chunk)]
-        return np.concatenate([np.empty(0, dtype=np.int64), *found]).astype(np.int64)
+        """Every position drawing ``index`` (0, 1 or several): the epoch searched, O(n) (``inverses``)."""
+        return weighted_positions_of(self, epoch, index, WITH_REPLACEMENT)
 
     def _fingerprint(self) -> Fingerprint:
         return {
