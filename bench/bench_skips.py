@@ -6,6 +6,9 @@ process, the cost of a resume with the ledger against the same resume without it
 Correctness (0 lost, 0 repeated, 0 skipped trained at W=8 -> 6) is ``tests/samplers/test_skips.py`` at 1e6.
 
     flock /tmp/shardwise-bench.lock python bench/bench_skips.py --size 1e9 --ranges 10000
+
+A second table skips sample ids (``skip_ids``): 10^4 id ranges on a ``ShardedSampler`` and a run of
+ids on a ``MixtureSampler``; each epoch translates them to plan positions once (cached after).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardwise import ShardedSampler
+from shardwise import MixtureSampler, ShardedSampler
 
 
 def resume(n: int, state: dict[str, Any], rank: int) -> tuple[float, float, float]:
@@ -42,6 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=float, default=1e9)
     parser.add_argument("--ranges", type=int, default=10_000)
+    parser.add_argument("--id-ranges", type=int, default=10_000, help="skip_ids ranges (1-49 ids each)")
+    parser.add_argument("--mixture-ids", type=int, default=1000, help="ids skipped in the MixtureSampler")
     args = parser.parse_args()
     n = int(args.size)
     rng = np.random.default_rng(0)
@@ -73,6 +78,42 @@ def main() -> None:
         print(f"| {label} | {load * 1e3:.2f} ms | {first * 1e3:.2f} ms | {steady * 1e3:.1f} ms |")
     base, ledger = rows["without ledger (baseline)"], rows["with 10^4-range ledger"]
     print("| ratio | " + " | ".join(f"{b and a / b:.2f}x" for a, b in zip(ledger, base, strict=True)) + " |")
+    skip_ids_table(n, args.id_ranges, args.mixture_ids)
+
+
+def translated(sampler: Any, epoch: int) -> float:
+    """Seconds for ``epoch``'s id-to-position translation: the first ``len()`` of the epoch (cached after)."""
+    sampler.set_epoch(epoch)
+    start = time.perf_counter()
+    len(sampler)
+    return time.perf_counter() - start
+
+
+def skip_ids_table(n: int, id_ranges: int, mixture_ids: int) -> None:
+    """Skipped sample ids: state size, and the per-epoch translation (ids -> plan positions), once per epoch."""
+    rng = np.random.default_rng(1)
+    starts = np.sort(rng.choice(n // 1000, id_ranges, replace=False)) * 1000
+    stops = starts + rng.integers(1, 50, size=starts.size)
+    sharded = ShardedSampler(n, num_replicas=8, rank=0, seed=5)
+    sharded.skip_id_ranges(np.stack([starts, stops], axis=1))
+    third = n // 3
+    mixture = MixtureSampler([third, third, n - 2 * third], [0.5, 0.3, 0.2], num_samples=n, seed=5,
+                             num_replicas=8, rank=0)  # fmt: skip
+    mixture.skip_ids(12_345, 12_345 + mixture_ids)
+    print()
+    print(f"| skip_ids at n={n:.0e} | ids | state (JSON) | epoch 0 translation | epoch 1 | again (cached) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, sampler, ids in (
+        (f"ShardedSampler, {id_ranges} id ranges", sharded, int((stops - starts).sum())),
+        ("MixtureSampler, 1 id range", mixture, mixture_ids),
+    ):
+        first, second = translated(sampler, 0), translated(sampler, 1)
+        start = time.perf_counter()
+        len(sampler)
+        again = time.perf_counter() - start
+        state_size = len(json.dumps(sampler.state_dict()))
+        print(f"| {label} | {ids} | {state_size / 1e6:.3f} MB | {first * 1e3:.1f} ms | {second * 1e3:.1f} ms | "
+              f"{again * 1e3:.3f} ms |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,7 +24,18 @@ import numpy as np
 
 import shardwise
 from _common import smaps_rollup
-from shardwise import BucketBatchSampler, MixtureSampler, ShardedSampler, when, which
+from shardwise import (
+    BucketBatchSampler,
+    ClassBalancedBatchSampler,
+    LocalitySampler,
+    MixtureSampler,
+    PackedBatchSampler,
+    ShardedSampler,
+    TwoStreamBatchSampler,
+    WeightedSampler,
+    when,
+    which,
+)
 
 BATCH = 32
 WORLD = 8
@@ -53,11 +64,30 @@ def cases(n: int, index_n: int) -> list[tuple[str, Any, int | None, int, float]]
                              num_replicas=WORLD, rank=0)  # fmt: skip
     lengths = (np.arange(index_n, dtype=np.int64) * 7919) % 2000 + 1
     bucket = BucketBatchSampler(lengths, batch_size=BATCH, seed=1, num_replicas=WORLD, rank=0)
+    tokens = BucketBatchSampler(lengths, max_tokens=BATCH * 2000, seed=1, num_replicas=WORLD, rank=0)
+    rank0 = {"seed": 1, "num_replicas": WORLD, "rank": 0}
     return [
-        ("ShardedSampler", ShardedSampler(n, seed=1, num_replicas=WORLD, rank=0), BATCH, n, 1e-3),
+        ("ShardedSampler", ShardedSampler(n, **rank0), BATCH, n, 1e-3),
         ("MixtureSampler", mixture, BATCH, n, 1e-3),
-        ("BucketBatchSampler (shared index, warm)", bucket, None, index_n, 1e-2),
-    ]
+        ("BucketBatchSampler batch_size (shared index, warm)", bucket, None, index_n, 1e-2),
+        ("BucketBatchSampler max_tokens (shared index, warm)", tokens, None, index_n, 1e-2),
+        ("LocalitySampler", LocalitySampler([1000] * (index_n // 1000), window=8, **rank0), BATCH, index_n, 1e-2),
+        ("PackedBatchSampler", PackedBatchSampler(lengths % 512 + 1, max_len=2048, rows_per_batch=4, **rank0), None,
+         index_n, 1e-2),
+        ("ClassBalancedBatchSampler", ClassBalancedBatchSampler(np.arange(index_n) % 1000, classes_per_batch=8,
+                                                                samples_per_class=4, **rank0), None, index_n, 1e-2),
+        ("TwoStreamBatchSampler", TwoStreamBatchSampler(range(index_n // 2, index_n), range(index_n // 2),
+                                                        primary_batch_size=24, secondary_batch_size=8, **rank0),
+         None, index_n, 1e-2),
+        ("WeightedSampler (replacement)", WeightedSampler(np.arange(index_n) % 7 + 1.0, num_samples=index_n, **rank0),
+         BATCH, index_n, 1e-2),
+        ("WeightedSampler (distinct)", WeightedSampler(np.arange(index_n) % 7 + 1.0, num_samples=index_n,
+                                                       replacement=False, **rank0), BATCH, index_n, 1e-2),
+    ]  # fmt: skip
+
+
+SCANNED = ("Packed", "ClassBalanced", "TwoStream", "Weighted")
+"""Samplers whose ``when`` reads the whole epoch's plan (no inverse): O(n) a query, timed over ``--scan-queries``."""
 
 
 def main() -> None:
@@ -65,6 +95,8 @@ def main() -> None:
     parser.add_argument("--size", type=float, default=1e9, help="samples per epoch (Sharded, Mixture)")
     parser.add_argument("--index-size", type=float, default=1e7, help="samples of the index-based sampler")
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--scan-queries", type=int, default=3, help="when queries of the samplers that scan their plan")
+    parser.add_argument("--only", default="", help="run only the samplers whose name contains this")
     args = parser.parse_args()
     n, index_n = int(args.size), int(args.index_size)
     rng = np.random.default_rng(0)
@@ -72,16 +104,19 @@ def main() -> None:
     print("| sampler | n | query | median wall | p99 wall | median CPU | target | CPU / target | private growth |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for name, sampler, batch_size, size, target in cases(n, index_n):
+        if args.only not in name:
+            continue
         which(sampler, epoch=3, step=0, rank=0, batch_size=batch_size)  # warm: the index is built or mapped once
         before = smaps_rollup().get("Private_Dirty", 0)
         steps_per_rank = len(sampler) // (batch_size or 1)
         steps = rng.integers(0, steps_per_rank, size=args.queries).tolist()
         ask_step = functools.partial(which, sampler, epoch=3, rank=5, batch_size=batch_size)
         rows = [("which (one rank's step)", *timed(steps, lambda s, ask=ask_step: ask(step=s)))]
-        if "Bucket" not in name:
-            samples = rng.integers(0, size, size=args.queries).tolist()
-            ask_sample = functools.partial(when, sampler, epochs=3, batch_size=batch_size)
-            rows.append(("when (a sample's steps)", *timed(samples, ask_sample)))
+        scanned = name.startswith(SCANNED)
+        samples = rng.integers(0, size, size=args.scan_queries if scanned else args.queries).tolist()
+        ask_sample = functools.partial(when, sampler, epochs=3, batch_size=batch_size)
+        label = "when (scan of the epoch)" if scanned else "when (a sample's steps)"
+        rows.append((label, *timed(samples, ask_sample)))
         growth = (smaps_rollup().get("Private_Dirty", 0) - before) / 1e6
         for query, median, p99, cpu in rows:
             print(f"| {name} | {size:.0e} | {query} | {median * 1e3:.3f} ms | {p99 * 1e3:.3f} ms | "

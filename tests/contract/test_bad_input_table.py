@@ -402,6 +402,12 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
      V, ("state", "'x'")),
     ("skip-positions-stop-before-first", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_positions(0, 5, 3),
      V, ("stop", "3")),
+    ("skip-ids-stop-not-after-first", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_ids(5, 5), V,
+     ("stop", "5")),
+    ("skip-ids-first-bool", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_ids(True, 5), T,
+     ("first", "True")),
+    ("skip-ids-out-of-range", lambda tmp: ShardedSampler(10, num_replicas=2, rank=0).skip_ids(8, 12), V,
+     ("sample ids", "[0, 9]")),
     # -- sharded sources (issue 22) -------------------------------------------------------------------
     ("locality-window-zero", lambda tmp: shardwise.LocalitySampler([3, 4], window=0), V, ("window", "0")),
     ("locality-sizes-negative", lambda tmp: shardwise.LocalitySampler([3, -4]), V, ("dataset[1]", "-4")),
@@ -436,7 +442,7 @@ PREFIXES = {
     "packed": "PackedBatchSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
     "packed-dataset": "PackedDataset", "packed-index": "PackedIndex",
     "column": "column",
-    "which": "which", "when": "when", "skip-steps": "skip_steps", "skip-positions": "ShardedSampler",
+    "which": "which", "when": "when", "skip-steps": "skip_steps", "skip-positions": "ShardedSampler", "skip-ids": "ShardedSampler",
     "rebase-state": "rebase_state",
     "locality": "LocalitySampler", "source": "ShardedSource", "shard-cache": "ShardCache",
 }

@@ -147,7 +147,7 @@ def test_inverse_permutation_at_every_size_class() -> None:
 
 
 MIXTURES = [c for c in CASES if c.name.startswith("Mixture")]
-REVERSIBLE = [c for c in CASES if c.name.startswith(("ShardedSampler", "Scheduled", "LocalitySampler"))] + MIXTURES
+REVERSIBLE = [c for c in CASES if not c.name.startswith("shard")]  # every sampler; shard() wrappers re-run theirs
 
 
 @pytest.mark.parametrize("case", REVERSIBLE, ids=[c.name for c in REVERSIBLE])
@@ -166,7 +166,7 @@ def test_when_finds_every_time_a_sample_trains(case: Case) -> None:
             for step, unit in enumerate(steps):
                 for index in [i for u in unit for i in _flat(u)] if batch_size else _flat(unit):
                     seen[index].append((epoch, step, rank))
-    universe = sum(int(s) for s in probe.sizes) if hasattr(probe, "sizes") else n
+    universe = sum(int(s) for s in probe.sizes) if hasattr(probe, "sizes") else getattr(probe, "num_weights", n)
     for index in range(universe):
         found = [(t.epoch, t.step, t.rank) for t in when(probe, index, epochs=range(2), batch_size=batch_size)]
         assert found == sorted(seen.get(index, [])), index
@@ -174,9 +174,9 @@ def test_when_finds_every_time_a_sample_trains(case: Case) -> None:
 
 def test_when_is_refused_where_the_plan_is_not_inverted() -> None:
     """A sampler whose plan is not inverted says so, and points to ``which``."""
-    sampler = shardwise.BucketBatchSampler(np.arange(1, 30), max_tokens=60, num_replicas=2, rank=0)
-    with pytest.raises(ProvenanceUnsupported, match=r"BucketBatchSampler cannot yet .* shardwise.which"):
-        when(sampler, 3, epochs=0)
+    sampler = shardwise.shard(torch.utils.data.RandomSampler(range(30)), num_replicas=2, rank=0)
+    with pytest.raises(ProvenanceUnsupported, match=r"ShardedWrapper cannot yet .* shardwise.which"):
+        when(sampler, 3, epochs=0, batch_size=2)
     with pytest.raises(ValueError, match="index should be an integer <= 9, but got index=10"):
         when(ShardedSampler(10, num_replicas=2, rank=0), 10, epochs=0, batch_size=2)
 
@@ -278,3 +278,34 @@ def test_which_and_when_agree_with_a_real_run_resumed_at_another_world_size() ->
             found = [(t.epoch, t.step, t.rank) for t in when(probe, index, epochs=1, world_size=2,
                                                              batch_size=batch_size)]  # fmt: skip
             assert found == sorted(seen[name][index]), (name, index)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) * 7 % 5 + 1, batch_size=7, seed=3, num_replicas=3, rank=0),
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) * 7 % 50 + 1, max_tokens=200, batch_size_multiple=2,
+                                             seed=3, num_replicas=3, rank=0),
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) % 9 + 1, max_tokens=40, sort_window=256, seed=3,
+                                             num_replicas=3, rank=0),
+        lambda: shardwise.BucketBatchSampler(np.arange(3000) % 30 + 1, max_tokens=25, oversized="skip", seed=3,
+                                             num_replicas=3, rank=0, drop_last=True),
+        lambda: shardwise.PackedBatchSampler(np.arange(3000) * 7 % 90 + 1, max_len=64, rows_per_batch=2, seed=3,
+                                             num_replicas=3, rank=0),
+    ],
+    ids=["batch-large-groups", "tokens-multiple", "sort_window", "oversized-skip", "packed-split"],
+)
+def test_when_at_large_groups_agrees_with_which(make: Any) -> None:
+    """Groups of hundreds of equal lengths (the Feistel tie shuffle inverted), a sort_window, skipped oversized;
+    a packed plan of several strata, samples longer than max_len split across rows."""
+    sampler = make()
+    sampler.set_epoch(2)  # len() is epoch 2's (a token budget cuts each epoch's stream differently)
+    seen: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    steps = len(sampler)
+    for step in range(steps):
+        for batch in which(sampler, epoch=2, step=step):
+            for index in batch.indices:
+                seen[index].append((step, batch.rank))
+    rng = np.random.default_rng(0)
+    for index in rng.choice(3000, 300, replace=False).tolist():
+        assert [(t.step, t.rank) for t in when(sampler, index, epochs=2)] == sorted(seen.get(index, [])), index

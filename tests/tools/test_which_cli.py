@@ -160,3 +160,40 @@ def test_skip_edits_a_checkpoint_so_the_steps_never_train(
     assert [b.indices for b in new_step_2] == [b.indices for b in old_step_5]
     code, _, err = _run([*argv[:-4], "--steps", "5:2", "--out", str(tmp_path / "x.pt")], capsys)
     assert code == 2 and "--steps should be a non-empty range" in err
+
+
+def test_skip_ids_edits_a_checkpoint_so_the_ids_never_train_again(
+    factory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardwise skip --ids` records id ranges in a JSON state: a resume at another W and the next epoch lack them."""
+    sampler = ShardedSampler(500, num_replicas=2, rank=0, seed=7)
+    for step, _ in enumerate(DataLoader(range(500), batch_size=4, sampler=sampler)):
+        if step == 9:
+            break
+    state = sampler.state_dict()
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    argv = ["skip", f"{factory}:make_loader", "-w", "3", "--state", str(tmp_path / "state.json"), "--ids", "100-149",
+            "--ids", "7,300-301", "--out", str(tmp_path / "edited.json")]  # fmt: skip
+    code, out, _ = _run(argv, capsys)
+    assert code == 0 and "100-149, 7-7, 300-301" in out
+    edited = json.loads((tmp_path / "edited.json").read_text())
+    assert edited["skip_ids"] == [[0, state["consumed"], 100, 150], [0, state["consumed"], 7, 8],
+                                  [0, state["consumed"], 300, 302]]  # fmt: skip
+    skipped = set(range(100, 150)) | {7, 300, 301}
+    for epoch in (0, 1):
+        seen = []
+        for rank in range(3):
+            resumed = ShardedSampler(500, num_replicas=3, rank=rank, seed=7)
+            resumed.load_state_dict(edited)
+            if epoch:
+                resumed.set_epoch(epoch)
+            seen += list(resumed)
+        assert not skipped & set(seen) and len(seen) - len(set(seen)) < 3  # padding repeats at most W - 1
+        if epoch == 1:
+            assert set(seen) == set(range(500)) - skipped
+    code, _, err = _run([*argv[:6], "--ids", "9-3", "--out", str(tmp_path / "x.json")], capsys)
+    assert code == 2 and "--ids should be ranges 'A-B' with 0 <= A <= B" in err
+    code, _, err = _run([*argv[:6], "--ids", "1-2", "--steps", "1:2", "--out", str(tmp_path / "x.json")], capsys)
+    assert code == 2 and "exactly one of --steps" in err
+    code, _, err = _run([*argv[:6], "--ids", "499-500", "--out", str(tmp_path / "x.json")], capsys)
+    assert code == 2 and "sample ids should be in [0, 499]" in err

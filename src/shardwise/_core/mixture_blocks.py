@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from .permutation import GOLDEN, ROUNDS, feistel, mix64
+from .permutation import GOLDEN, ROUNDS, feistel, feistel_rounds, mix64
 from .seeds import derive_words
 from .weights import Weights
 
@@ -172,6 +172,13 @@ def keyed_permute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarr
     bits = max(1, (size - 1).bit_length())
     limit = np.uint64(size)
     out = feistel(values.astype(np.uint64), bits, rounds)  # feistel iterates over the rows of rounds
+    if out.size <= _MERGED_MAX:  # a small query: walk the whole array (fewer numpy calls than indexing)
+        stray = out >= limit
+        while stray.any():
+            walked = feistel(out, bits, rounds)
+            out = np.where(stray, walked, out)
+            stray &= walked >= limit
+        return out.astype(np.int64)
     outside = np.flatnonzero(out >= limit)
     while outside.size:
         walked = feistel(out[outside], bits, rounds[:, outside] if rounds.ndim == 2 else rounds)
@@ -276,6 +283,8 @@ def draw_indices(
     found: Draws, sizes: np.ndarray, offsets: np.ndarray, keys: np.ndarray | None
 ) -> np.ndarray:
     """Global indices: draw ``k`` of source ``i`` is ``offsets[i] + perm_(i, k // n_i)(k % n_i)``."""
+    if keys is not None and len(found.sources) <= _MERGED_MAX:
+        return _draw_indices_merged(found, sizes, offsets, keys)
     out = np.empty(len(found.sources), dtype=np.int64)
     for source in np.unique(found.sources).tolist():
         where = np.flatnonzero(found.sources == source)
@@ -285,6 +294,44 @@ def draw_indices(
             within = keyed_permute(within, size, element_keys(keys[source], cycles))
         out[where] = within + int(offsets[source])
     return out
+
+
+_MERGED_MAX = 4096
+"""Up to this many positions (a provenance query, a step's batch), every source's draws are permuted in
+one vectorised call (per-element domains and keys) rather than one call per source: the cost of a
+small query is numpy's per-call overhead, not arithmetic."""
+
+
+def _draw_indices_merged(found: Draws, sizes: np.ndarray, offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """:func:`draw_indices` in one Feistel pass over all sources (the same bijections, element by element)."""
+    sources = found.sources
+    size = sizes[sources].astype(np.int64)
+    cycles, within = np.divmod(found.draws, size)
+    salt = mix64(cycles.astype(np.uint64) * GOLDEN + np.uint64(1))
+    rounds = keys[sources].T ^ salt[None, :]  # (ROUNDS, m): element_keys of each element's source and cycle
+    live = np.flatnonzero(size > 1)
+    permuted = within.copy()
+    if live.size:
+        permuted[live] = keyed_permute_each(within[live], size[live], rounds[:, live])
+    indices: np.ndarray = permuted + offsets[sources]
+    return indices
+
+
+def keyed_permute_each(values: np.ndarray, sizes: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+    """:func:`keyed_permute` with a domain ``[0, sizes[i])`` per element (``rounds``: ``(ROUNDS, m)``)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    bits = np.frexp((np.maximum(sizes, 2) - 1).astype(np.float64))[1].astype(np.uint64)  # max(1, bit_length)
+    low = bits // np.uint64(2)
+    low_mask = (np.uint64(1) << low) - np.uint64(1)
+    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
+    limit = sizes.astype(np.uint64)
+    out = feistel_rounds(values.astype(np.uint64), low, low_mask, high_mask, list(rounds))
+    outside = out >= limit
+    while outside.any():  # walk the whole (small) array; elements already inside keep their value
+        walked = feistel_rounds(out, low, low_mask, high_mask, list(rounds))
+        out = np.where(outside, walked, out)
+        outside &= walked >= limit
+    return out.astype(np.int64)
 
 
 def counts_before(

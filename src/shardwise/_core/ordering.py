@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .permutation import Permutation, table_permutation
+from .permutation import Permutation, positions_of, table_permutation
 from .seeds import derive_seed
 
 
@@ -108,6 +108,20 @@ class GroupShuffle:
         tail = self._short * group + (positions - full)
         ranks: np.ndarray = np.where(in_full, starts + positions % group, tail)
         return ranks
+
+    def plan_position(self, ranks: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`cost_rank`: the plan position of each cost-order position, O(1) each."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if self._groups is None or self._full == 0:
+            return ranks
+        group, rest, short = self._group, self._rest, self._short
+        in_short = (ranks >= short * group) & (ranks < short * group + rest)
+        cost_group = np.where(ranks < short * group, ranks // group, (ranks - rest) // group)
+        cost_group = np.where(in_short, 0, cost_group)
+        within = ranks - self._group_starts(cost_group)
+        shuffled = positions_of(self._groups, cost_group)
+        found: np.ndarray = np.where(in_short, self._full * group + (ranks - short * group), shuffled * group + within)
+        return found
 
     def all_ranks(self) -> np.ndarray:
         """``cost_rank`` of every plan position ``0 .. count - 1``, one permutation call per group."""

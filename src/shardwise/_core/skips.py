@@ -146,3 +146,81 @@ def _merged(ranges: np.ndarray) -> np.ndarray:
     opens[1:] = ranges[1:, 0] > reach[:-1]  # a range starts a new group past everything before it
     starts = np.flatnonzero(opens)
     return np.stack([ranges[starts, 0], np.maximum.reduceat(ranges[:, 1], starts)], axis=1)
+
+
+SKIP_IDS = "skip_ids"
+"""The state key of the skipped sample ids: ``[[epoch, position, first, stop], ...]`` (absent when none)."""
+
+
+class IdSkips:
+    """Ranges of sample ids never trained from a point on: ``[first, stop)`` from plan ``position`` of ``epoch``.
+
+    An entry applies to every epoch after ``epoch``, and to ``epoch`` itself at plan positions from
+    ``position`` (what was trained before it was added stays trained). A sampler turns the ids into
+    the plan positions that hold them, epoch by epoch, and skips those like a :class:`SkipLedger`
+    range (``samplers.queries``). Cost: four ints a range in the state.
+
+    Example:
+        >>> IdSkips().add(1, 40, 7, 9).applying(2).tolist()
+        [[0, 7, 9]]
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: np.ndarray | None = None) -> None:
+        self._rows = np.empty((0, 4), dtype=np.int64) if rows is None else rows  # (k, 4): epoch, position, first, stop
+
+    def __bool__(self) -> bool:
+        return bool(len(self._rows))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, epoch: int, position: int, first: int, stop: int) -> IdSkips:
+        """These skips and ids ``[first, stop)`` from plan ``position`` of ``epoch`` on."""
+        first = check_int("first", first, minimum=0)
+        return self.add_many(epoch, position, np.asarray([[first, check_int("stop", stop, minimum=first + 1)]]))
+
+    def add_many(self, epoch: int, position: int, ranges: np.ndarray) -> IdSkips:
+        """These skips and every ``[first, stop)`` row of ``ranges`` (``(k, 2)``, ``first < stop``), in O(k)."""
+        ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        head = [check_int("epoch", epoch, minimum=0), check_int("position", position, minimum=0)]
+        rows = np.concatenate([np.tile(np.asarray(head, dtype=np.int64), (len(ranges), 1)), ranges], axis=1)
+        return IdSkips(np.vstack([self._rows, rows]))
+
+    def applying(self, epoch: int) -> np.ndarray:
+        """``(k, 3)`` rows ``[from position, first, stop]`` in force in ``epoch`` (from 0 for later epochs)."""
+        rows = self._rows[self._rows[:, 0] <= epoch]
+        out: np.ndarray = np.stack([np.where(rows[:, 0] == epoch, rows[:, 1], 0), rows[:, 2], rows[:, 3]], axis=1)
+        return out
+
+    def to_state(self) -> list[list[int]]:
+        """``[[epoch, position, first, stop], ...]``: plain ints, for ``torch.save`` and JSON."""
+        return [[int(x) for x in row] for row in self._rows.tolist()]
+
+    @classmethod
+    def from_state(cls, value: object) -> IdSkips:
+        """Read ``to_state()`` output (an absent key, in a state saved before ids could be skipped: none).
+
+        Raises:
+            MalformedStateError: not a list of ``[epoch, position, first, stop]`` with ``first < stop``.
+        """
+        if not isinstance(value, Iterable) or isinstance(value, (str, bytes)):
+            raise MalformedStateError(
+                f"state['skip_ids'] should be a list of [epoch, position, first, stop], but got {value!r}"
+            )
+        try:
+            table = np.asarray(
+                [[check_int("state['skip_ids'] entry", x, minimum=0) for x in row] for row in value], dtype=np.int64
+            ).reshape(-1, 4)
+        except (TypeError, ValueError) as error:
+            raise MalformedStateError(
+                f"state['skip_ids'] should hold [epoch, position, first, stop] rows of non-negative ints: {error}"
+            ) from None
+        bad = np.flatnonzero(table[:, 3] <= table[:, 2])
+        if bad.size:
+            raise MalformedStateError(
+                f"state['skip_ids'] should hold [epoch, position, first, stop] with first < stop, but got "
+                f"{table[bad[0]].tolist()}"
+            )
+        return cls(table)

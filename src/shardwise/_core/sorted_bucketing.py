@@ -270,6 +270,49 @@ class SortedBucketPlan:
             return self._fixed_spans(ranked)
         return self._token_spans(ranked)
 
+    def positions_of(self, stream: np.ndarray) -> np.ndarray:
+        """The plan position of the batch holding each stream position (-1: a dropped short batch).
+
+        The inverse of :meth:`spans`, O(log runs) each: the batch of the stream position within
+        its segment (or fixed-size cut), its place in the cost order, then the group shuffle undone.
+        """
+        stream = np.asarray(stream, dtype=np.int64)
+        if self._fixed is not None:
+            ranked, kept = self._fixed_ranks(stream)
+        else:
+            ranked, kept = self._token_ranks(stream), np.ones(stream.shape, dtype=bool)
+        found: np.ndarray = np.where(kept, self._groups.plan_position(np.where(kept, ranked, 0)), -1)
+        return found
+
+    def _fixed_ranks(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        size, short, short_size = self._fixed or 1, self._short, self._short_size
+        past = stream >= short * size + short_size
+        j = np.where(stream < short * size, stream // size, short)
+        j = np.where(past, (stream + size - short_size) // size, j)
+        if self._drop:
+            return j - (j > short), j != short
+        regular = j - (j > short)
+        ranked = np.where(j == short, self._short_rank, regular + (regular >= self._short_rank))
+        return ranked, np.ones(stream.shape, dtype=bool)
+
+    def _token_ranks(self, stream: np.ndarray) -> np.ndarray:
+        seg = np.searchsorted(self._seg_start, stream, side="right") - 1
+        distance = stream - self._seg_start[seg]
+        fit, unit, phase = self._seg_fit[seg], self._seg_unit[seg], self._seg_phase[seg]
+        k = np.asarray(
+            [_advance(d + 1, f, u, h) - 1 for d, f, u, h in zip(distance.tolist(), fit.tolist(), unit.tolist(),
+                                                                phase.tolist(), strict=True)],
+            dtype=np.int64,
+        ).reshape(stream.shape)  # fmt: skip
+        short = (unit > 0) & (k >= phase) & ((k - phase) % SHORTEN_CYCLE == 0)
+        j = np.where(short, (k - phase) // SHORTEN_CYCLE, k - np.where(unit > 0, _reach_count(k, phase), 0))
+        # the class of (segment, short): classes are sorted by cost, so look the pair up in a sorted table
+        pairs = self._class_segment * 2 + self._class_short
+        table = np.argsort(pairs, kind="stable")
+        cls = table[np.searchsorted(pairs[table], seg * 2 + short)]
+        ranked: np.ndarray = self._class_first[cls] + j
+        return ranked
+
     def locate(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(runs, ranks)``: the run of each stream position and the position's rank within it."""
         runs = np.searchsorted(self.run_starts, stream, side="right") - 1

@@ -86,6 +86,60 @@ def permute_within(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np
     return out
 
 
+def unpermute_within(values: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`permute_within`: the rank ``t`` with ``permute_within(t) == values[i]``, O(1) each.
+
+    Small groups rank the member's keyed hash among its group's (O(16)); larger ones run the
+    Feistel rounds backwards, walking the cycle back into ``[0, size)``.
+
+    Example:
+        >>> sizes = np.full(40, 40); keys = group_keys(7, np.zeros(40, dtype=np.int64))
+        >>> t = np.arange(40); bool((unpermute_within(permute_within(t, sizes, keys), sizes, keys) == t).all())
+        True
+    """
+    values = np.asarray(check_integer_array("values", values), dtype=np.int64)
+    sizes = np.asarray(check_integer_array("sizes", sizes), dtype=np.int64)
+    keys = np.asarray(check_integer_array("keys", keys), dtype=np.uint64)
+    out: np.ndarray = values.copy()
+    small = np.flatnonzero((sizes > 1) & (sizes <= SMALL_GROUP))
+    if small.size:
+        members = np.arange(SMALL_GROUP, dtype=np.uint64)
+        hashes = mix64((keys[small, None] ^ (members[None, :] * _GROUP_SALT)) + _GROUP_SALT)
+        hashes[members[None, :] >= sizes[small, None].astype(np.uint64)] = np.uint64(2**64 - 1)
+        order = np.argsort(hashes, axis=1, kind="stable")
+        out[small] = np.argmax(order == values[small, None], axis=1)  # where the member sits in its group's order
+    live = np.flatnonzero(sizes > SMALL_GROUP)
+    if live.size == 0:
+        return out
+    limit = sizes[live].astype(np.uint64)
+    bits = np.frexp((sizes[live] - 1).astype(np.float64))[1].astype(np.uint64)
+    low = bits // np.uint64(2)
+    low_mask = (np.uint64(1) << low) - np.uint64(1)
+    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
+    round_keys = [mix64(keys[live] ^ salt) for salt in _ROUND_SALTS]
+    x = values[live].astype(np.uint64)
+    todo = np.arange(live.size)
+    while todo.size:
+        x[todo] = _rounds_backwards(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
+        todo = todo[x[todo] >= limit[todo]]
+    out[live] = x.astype(np.int64)
+    return out
+
+
+def _rounds_backwards(x: np.ndarray, shift: np.ndarray, low_mask: np.ndarray, high_mask: np.ndarray,
+                      keys: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+    """``feistel_rounds`` undone, last round first (each XOR undoes itself)."""
+    left = x >> shift
+    right = x & low_mask
+    for i in reversed(range(len(keys))):
+        if i % 2 == 0:
+            left ^= mix64(right ^ keys[i]) & high_mask
+        else:
+            right ^= mix64(left ^ keys[i]) & low_mask
+    merged: np.ndarray = (left << shift) | right
+    return merged
+
+
 def _rank_hashes(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Small groups: the member at rank ``t`` is the one with the ``t``-th smallest keyed hash (exactly uniform)."""
     members = np.arange(SMALL_GROUP, dtype=np.uint64)

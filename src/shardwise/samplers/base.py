@@ -25,7 +25,7 @@ import numpy as np
 from .._core.errors import check_int
 from .._core.plan import Even, pass_end, rank_count, rank_positions
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
-from .._core.skips import SKIP, SkipLedger
+from .._core.skips import SKIP, SKIP_IDS, IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress, make_state, read_state
 from .._core.world import World, check_world_args, resolve_world
 from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
@@ -150,6 +150,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         self._progress = Progress()
         self._pass = None
         self._skips = SkipLedger()
+        self._skip_ids = IdSkips()
 
     # -- resolution ----------------------------------------------------------------------------
     @property
@@ -376,6 +377,8 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         state = make_state(epoch=epoch, consumed=consumed, seed=self.seed, fingerprint=self._full_fingerprint())
         if self._skips:
             state[SKIP] = self._skips.to_state()  # O(ranges); absent when nothing is skipped
+        if self._skip_ids:
+            state[SKIP_IDS] = self._skip_ids.to_state()  # four ints a range; absent when no id is skipped
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -393,6 +396,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         if adopt:
             self._adopt_seed(seed)
         self._skips = SkipLedger.from_state(state_dict.get(SKIP, ()))  # before the size below, which it shrinks
+        self._skip_ids = IdSkips.from_state(state_dict.get(SKIP_IDS, ()))  # absent in older states: none
         self._pass = None
         self._progress.load(epoch, consumed, self._plan_size(epoch))
         self._on_epoch(epoch)

@@ -59,6 +59,7 @@ from .keywords import ShuffledCachedKeywords
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+from .inverses import bucket_positions_of
 
 logger = logging.getLogger("shardwise")
 
@@ -375,6 +376,11 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             return out
 
         return batches
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """The position of the batch holding ``index``: O(log n) on the shared index (``inverses``)."""
+        tie_seed = derive_seed(self.seed, epoch, SHUFFLE) if self.shuffle else None
+        return bucket_positions_of(self._plan(epoch, self.seed), self._grouped(), self._length_of, index, tie_seed)
 
     def _fingerprint(self) -> Fingerprint:
         return {

@@ -270,6 +270,14 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._layout(seed, epoch)  # built once per pass, before the first batch
         return lambda positions: self.batches_at(positions, epoch).tolist()
 
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
+
+        O(n) time per epoch, O(64k batches) memory (slots are dealt by quotas over every class; no inverse kept).
+        See BENCHMARKS.md for the measured cost.
+        """
+        return self._scan_positions_of(epoch, index)
+
     def _fingerprint(self) -> Fingerprint:
         if self._digest is None:
             self._digest = self._labels_digest + digest(self._sizes)

@@ -205,6 +205,14 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
         return mixture_positions_of(self._plan, self.seed, epoch, index)
 
+    def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Every position drawing one of ``ids`` (``skip_ids``): O(log n) a draw, one draw per cycle of its source."""
+        total = int(self.sizes.sum())
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= total):
+            raise ValueError(f"sample ids should be in [0, {total - 1}], but got ids up to {int(ids.max())}")
+        found = [mixture_positions_of(self._plan, self.seed, epoch, i) for i in ids.tolist()]
+        return np.concatenate([np.empty(0, dtype=np.int64), *found])
+
     def _fingerprint(self) -> Fingerprint:
         return {
             "sizes": self.sizes.tolist(),

@@ -66,6 +66,7 @@ from .keywords import ShuffledCachedKeywords
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+from .inverses import packed_positions_of
 
 logger = logging.getLogger("shardwise")
 
@@ -427,6 +428,15 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         return lambda positions: self._batches(epoch, seed, positions)
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every position whose batch holds ``index``: each stratum searched, O(n) (``inverses``)."""
+        seed = self.seed
+        strata, starts = self._strata_layout(epoch, seed)
+        def stratum_plan(slot: int, stratum: int) -> Any:
+            return self._stratum_plan(epoch, seed, slot, stratum)
+
+        return packed_positions_of(strata, starts, self._index.sample, stratum_plan, index)
 
     def _fingerprint(self) -> Fingerprint:
         return {

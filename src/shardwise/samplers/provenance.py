@@ -218,12 +218,14 @@ def when(
 ) -> list[Trained]:
     """Every ``(epoch, step, rank)`` at which sample ``index`` is trained, over ``epochs``.
 
-    Supported: ``ShardedSampler`` (O(1): the keyed permutation inverted), ``LocalitySampler``
-    (O(log shards): its locality plan inverted, partitions included), ``MixtureSampler``
-    (``index`` in the concatenated index space; O(log n) per draw, one draw per cycle of its source
-    in the epoch) and a ``ScheduledBatchSampler`` over either or over a dataset length. Other
-    samplers raise :class:`ProvenanceUnsupported` (their plans are not inverted yet; ``which``
-    answers the forward question for every sampler).
+    Cost per epoch: ``ShardedSampler`` O(1) (the keyed permutation inverted); ``MixtureSampler``
+    (``index`` in the concatenated index space) O(log n) per draw, one draw per cycle of its source;
+    ``ScheduledBatchSampler`` as the sampler or length under it; ``BucketBatchSampler`` O(log n)
+    on its shared index (a ``sort_window`` plan is searched: O(n)); ``LocalitySampler`` O(log S).
+    ``PackedBatchSampler``, ``ClassBalancedBatchSampler``, ``TwoStreamBatchSampler`` and
+    ``WeightedSampler`` have no cheaper inverse and read the epoch's plan: O(n) per epoch (at 1e7,
+    measured in BENCHMARKS.md). ``shard()`` wrappers raise :class:`ProvenanceUnsupported`
+    (``which`` answers the forward question for them).
 
     Args:
         sampler: as for :func:`which`.

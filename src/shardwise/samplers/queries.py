@@ -19,7 +19,7 @@ import numpy as np
 from .._core.errors import check_int
 from .._core.plan import Even, rank_count, rank_positions
 from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
-from .._core.skips import SkipLedger
+from .._core.skips import IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress
 from .._core.world import World
 
@@ -33,7 +33,7 @@ def _compacted_size(raw: Callable[[Any, int], int]) -> Callable[[Any, int], int]
     @functools.wraps(raw)
     def size(self: Any, epoch: int) -> int:
         total = raw(self, epoch)
-        skips = self.__dict__.get("_skips")
+        skips = _ledger_for(self, epoch)
         # Only the most derived class's hook applies the ledger: a subclass calling super() gets the raw size.
         return skips.size(epoch, total) if skips and type(self)._plan_size is size else total
 
@@ -46,13 +46,45 @@ def _compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSourc
     @functools.wraps(raw)
     def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         source = raw(self, epoch, seed, world, start)
-        skips = self.__dict__.get("_skips")
+        skips = _ledger_for(self, epoch)
         if not skips or type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
             return source
         total = self._raw_plan_size(epoch)
         return lambda positions: source(skips.to_plan(epoch, positions, total))
 
     return open_pass
+
+
+def _ledger_for(self: Any, epoch: int) -> SkipLedger | None:
+    """The skip ledger of ``epoch``: its skipped positions and, translated, the positions of skipped ids.
+
+    The translation (``_positions_of_ids``, O(log n) an id) is cached for the last epoch asked:
+    O(k log k) once per epoch for ``k`` skipped ids, then a tuple comparison per call.
+    """
+    skips = self.__dict__.get("_skips")
+    ids = self.__dict__.get("_skip_ids")
+    if not ids or self.__dict__.get("_resolving_ids"):
+        return skips  # type: ignore[no-any-return]
+    seed = self.seed
+    cached = self.__dict__.get("_ids_cache")
+    if cached is not None and cached[0] == epoch and cached[1] == seed and cached[2] is skips and cached[3] is ids:
+        return cached[4]  # type: ignore[no-any-return]
+    self.__dict__["_resolving_ids"] = True  # the translation reads the raw plan, never this ledger
+    try:
+        found = [np.empty(0, dtype=np.int64)]
+        rows = ids.applying(epoch)
+        for floor in np.unique(rows[:, 0]).tolist():  # one vectorised call per distinct floor (usually one)
+            starts, stops = rows[rows[:, 0] == floor, 1], rows[rows[:, 0] == floor, 2]
+            lengths = stops - starts
+            every = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+            positions = self._positions_of_ids(epoch, every)
+            found.append(positions[positions >= floor])
+    finally:
+        self.__dict__["_resolving_ids"] = False
+    positions = np.unique(np.concatenate(found))
+    ledger = skips.add_many(epoch, np.stack([positions, positions + 1], axis=1)) if positions.size else skips
+    self.__dict__["_ids_cache"] = (epoch, seed, skips, ids, ledger)
+    return ledger  # type: ignore[no-any-return]
 
 
 class PlanQueries:
@@ -81,6 +113,7 @@ class PlanQueries:
         def _full_fingerprint(self) -> Fingerprint: ...
 
     _skips: SkipLedger
+    _skip_ids: IdSkips
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # The skip ledger (NOTE in shardwise._core.skips) is honoured around the two plan hooks, once
@@ -160,8 +193,9 @@ class PlanQueries:
         return self._trained_positions_of(epoch, index)
 
     def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """The plan positions of compacted ``positions`` of ``epoch`` (the skip ledger's positions left in)."""
-        return self._skips.to_plan(epoch, positions, self._raw_plan_size(epoch))
+        """The plan positions of compacted ``positions`` of ``epoch`` (the skipped positions and ids left in)."""
+        ledger = _ledger_for(self, epoch) or self._skips
+        return ledger.to_plan(epoch, positions, self._raw_plan_size(epoch))
 
     # -- provenance hooks (see shardwise.samplers.provenance) ----------------------------------------
     def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
@@ -203,7 +237,8 @@ class PlanQueries:
 
     def _trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
-        found = [self._skips.from_plan(epoch, p) for p in self._plan_positions_of(epoch, index).tolist()]
+        ledger = _ledger_for(self, epoch) or self._skips
+        found = [ledger.from_plan(epoch, p) for p in self._plan_positions_of(epoch, index).tolist()]
         return np.asarray([p for p in found if p is not None], dtype=np.int64)
 
     # -- the skip ledger (see shardwise._core.skips) ----------------------------------------------
@@ -251,6 +286,66 @@ class PlanQueries:
             )
         self._skips = self._skips.add_many(epoch, rows)
 
+    # -- skipped sample ids (see IdSkips) -------------------------------------------------------
+    @property
+    def skipped_ids(self) -> list[list[int]]:
+        """Skipped sample ids: ``[[epoch, position, first, stop], ...]``, ids ``[first, stop)`` from plan
+        ``position`` of ``epoch`` and in every later epoch."""
+        return self._skip_ids.to_state()
+
+    def skip_ids(self, first: int, stop: int, *, epoch: int | None = None) -> None:
+        """Never train sample ids ``[first, stop)`` again: from now on, at any world size, across restarts.
+
+        The range goes into ``state_dict()`` (``state["skip_ids"]``, four ints). In every epoch from
+        ``epoch`` (default: the epoch this sampler trains next) the plan positions that hold those ids
+        are found (``when``'s inverse, O(log n) an id; O(k log k) per epoch for ``k`` ids, cached) and
+        removed before dealing, like :meth:`skip_positions`: everything else trains as often as
+        before and every rank keeps the same number of steps. In an epoch under way, what was
+        already trained stays trained. Supported where the plan inverts cheaply and a unit is one
+        sample: ``ShardedSampler``, ``MixtureSampler`` (ids in the concatenated space),
+        ``LocalitySampler`` and ``ScheduledBatchSampler`` over them or over a dataset length.
+
+        Raises:
+            ProvenanceUnsupported: this sampler cannot skip ids (named, with what to use instead).
+            RuntimeError: a pass is being iterated (add skips before iterating, e.g. after ``load_state_dict``).
+            ValueError: an id out of range, an empty range, or an epoch already trained.
+        """
+        first = check_int("first", first, minimum=0)
+        self.skip_id_ranges([[first, check_int("stop", stop, minimum=first + 1)]], epoch=epoch)
+
+    def skip_id_ranges(self, ranges: Any, *, epoch: int | None = None) -> None:
+        """:meth:`skip_ids` for many ``[first, stop)`` rows at once (``(k, 2)`` ints): one translation, O(k)."""
+        self._sync()
+        if self._pass is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.skip_ids() was called while a pass is being iterated; add skips "
+                "before iterating (right after load_state_dict)"
+            )
+        rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if not rows.size or rows.min() < 0 or (rows[:, 1] <= rows[:, 0]).any():
+            raise ValueError(
+                f"ranges should be non-empty [first, stop) rows with 0 <= first < stop, but got {rows.tolist()[:3]}"
+            )
+        progress = self._progress
+        upcoming = progress.upcoming_epoch()
+        epoch = upcoming if epoch is None else check_int("epoch", epoch, minimum=upcoming)
+        bounds = np.asarray([rows[:, 0].min(), rows[:, 1].max() - 1], dtype=np.int64)
+        self._positions_of_ids(epoch, bounds)  # supported here, and the ids in range
+        position = self._plan_done(epoch) if epoch == progress.epoch else 0
+        self._skip_ids = self._skip_ids.add_many(epoch, position, rows)
+
+    def positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Every plan position of ``epoch`` holding one of ``ids`` (flat int64); raises where unsupported."""
+        return self._positions_of_ids(epoch, ids)
+
+    def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Every plan position of ``epoch`` holding one of ``ids`` (flat int64), for :meth:`skip_ids`."""
+        raise ProvenanceUnsupported(
+            f"{type(self).__name__} cannot skip sample ids: skip_ids needs a plan whose unit is one sample and "
+            "that inverts in O(log n) (ShardedSampler, MixtureSampler, LocalitySampler, ScheduledBatchSampler "
+            "over them or a length); skip plan positions instead (shardwise.skip_steps, sampler.skip_positions)"
+        )
+
     def _raw_plan_size(self, epoch: int) -> int:
         """``epoch``'s plan size with its skipped positions: what builds the plan (``_plan_size`` is what is dealt)."""
         size: int = type(self)._plan_size.__wrapped__(self, epoch)  # type: ignore[attr-defined]
@@ -262,7 +357,31 @@ class PlanQueries:
         total = self._raw_plan_size(epoch)
         if progress.completed or progress.consumed >= self._plan_size(epoch):
             return int(total)
-        return int(self._skips.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
+        ledger = _ledger_for(self, epoch) or self._skips
+        return int(ledger.to_plan(epoch, np.asarray([progress.consumed]), total)[0])
+
+    _SCAN_CHUNK = 1 << 16
+    """Plan positions read at a time by :meth:`_scan_positions_of` (O(chunk) memory)."""
+
+    def _scan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every plan position of ``epoch`` whose unit holds ``index``, by reading the whole plan.
+
+        The fallback of samplers without a better inverse: O(n) time per epoch (chunk by chunk,
+        O(chunk) memory), measured in BENCHMARKS.md; a query, the position does not move.
+        """
+        index = check_int("index", index, minimum=0)
+        total = self._raw_plan_size(epoch)
+        hook = type(self)._open_pass
+        raw_open = getattr(hook, "__wrapped__", hook)  # plain plan positions, not compacted by the ledger
+        upcoming = self._progress.upcoming_epoch()
+        self._on_epoch(epoch)
+        try:
+            source = raw_open(self, epoch, self.seed, World(0, 1, "query"), 0)
+            found = [scan_units(source, first, min(first + self._SCAN_CHUNK, total), index)
+                     for first in range(0, total, self._SCAN_CHUNK)]  # fmt: skip
+        finally:
+            self._on_epoch(upcoming)
+        return np.concatenate([np.empty(0, dtype=np.int64), *found])
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Plan positions of ``epoch`` whose unit holds sample ``index`` (O(1) where a sampler inverts its plan)."""
@@ -271,3 +390,15 @@ class PlanQueries:
             "use shardwise.which(sampler, epoch=..., step=...) for the forward question, which every sampler answers"
         )
 
+
+def scan_units(source: UnitSource, first: int, stop: int, index: int) -> np.ndarray:
+    """The plan positions in ``[first, stop)`` whose unit (a sample id, or a batch of them) holds ``index``."""
+    positions = np.arange(first, stop, dtype=np.int64)
+    units = source(positions)
+    if units and isinstance(units[0], (list, tuple)):
+        sizes = np.fromiter((len(u) for u in units), dtype=np.int64, count=len(units))
+        flat = np.fromiter((i for u in units for i in u), dtype=np.int64, count=int(sizes.sum()))
+        hits: np.ndarray = np.repeat(positions, sizes)[flat == index]
+        return hits  # a sample twice in one batch (a small class drawn with replacement) is two occurrences
+    found: np.ndarray = positions[np.asarray(units, dtype=np.int64) == index]
+    return found

@@ -295,6 +295,16 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             return np.asarray([index], dtype=np.int64)
         return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), np.asarray([index]))
 
+    def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """The positions holding ``ids`` (``skip_ids``): the index sampler's, or the permutation inverted."""
+        if self._inner is not None:
+            return self._inner.positions_of_ids(epoch, ids)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._size):
+            raise ValueError(f"sample ids should be in [0, {self._size - 1}], but got ids up to {int(ids.max())}")
+        if not self.shuffle:
+            return np.asarray(ids, dtype=np.int64)
+        return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), ids)
+
     # -- what frameworks and users read --------------------------------------------------------
     @property
     def seed(self) -> int:

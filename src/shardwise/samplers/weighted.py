@@ -67,6 +67,7 @@ from .keywords import CachedKeywords
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+from .inverses import weighted_positions_of
 
 WITH_REPLACEMENT = "weighted-draws"
 WITHOUT_REPLACEMENT = "weighted-distinct"
@@ -419,6 +420,12 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         keys = derive_words(seed, epoch, WITH_REPLACEMENT, count=2)
         table = self._table
         return lambda positions: table.draw(positions, keys).tolist()
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every position drawing ``index`` (0, 1 or several): the epoch searched, O(n) (``inverses``)."""
+        keys = derive_words(self.seed, epoch, WITH_REPLACEMENT, count=2) if self.replacement else None
+        seed = self.seed
+        return weighted_positions_of(self._table, keys, self.num_samples, lambda: self._distinct(seed, epoch), index)
 
     def _fingerprint(self) -> Fingerprint:
         return {

@@ -206,12 +206,28 @@ def add_which(app: Any, console: Any) -> None:
             console.print("not trained in these epochs")
 
 
-def skip(target: str, *, world_size: int, state: Path, steps: str, epoch: int | None, batch_size: int | None,
-         out: Path) -> dict[str, Any]:  # fmt: skip
-    """Add the steps ``first:stop`` after the checkpoint in ``state`` to its skip ledger; write it to ``out``."""
+def parse_ids(texts: list[str]) -> list[tuple[int, int]]:
+    """``["10-19", "42", "7-8,30"]`` -> ``[(10, 20), (42, 43), (7, 9), (30, 31)]``: ``A-B`` includes both ends."""
+    spans = []
+    for text in (part.strip() for joined in texts for part in joined.split(",")):
+        first, sep, last = text.partition("-")
+        try:
+            low, high = int(first), int(last) if sep else int(first)
+        except ValueError:
+            raise WhichError(f"--ids should be ids 'A' or ranges 'A-B' (ends included), but got {text!r}") from None
+        if low < 0 or high < low:
+            raise WhichError(f"--ids should be ranges 'A-B' with 0 <= A <= B, but got --ids {text!r}")
+        spans.append((low, high + 1))
+    return spans
+
+
+def skip(target: str, *, world_size: int, state: Path, steps: str | None, epoch: int | None, batch_size: int | None,
+         out: Path, ids: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Add steps ``first:stop`` after the checkpoint in ``state``, or sample ``ids``, to its ledger; write ``out``."""
     from ..samplers.provenance import resolve, skip_steps
 
-    span = parse_epochs(steps, "--steps")
+    if (steps is None) == (not ids):
+        raise WhichError("pass exactly one of --steps (steps after the checkpoint) and --ids (sample ids)")
     saved, is_json = read_file(state)
     path = state_path(saved)
     current = find_state(saved)
@@ -221,9 +237,17 @@ def skip(target: str, *, world_size: int, state: Path, steps: str, epoch: int | 
     except (TypeError, ValueError) as error:
         raise WhichError(f"{target} built {type(obj).__name__}: {error}") from None
     sampler.load_state_dict(current)
-    epoch = current[EPOCH] if epoch is None else epoch
-    start = current[CONSUMED] if epoch == current[EPOCH] else 0
-    first, stop = skip_steps(obj, epoch=epoch, steps=span, batch_size=batch_size, world_size=world_size, start=start)
+    done: dict[str, Any]
+    if ids:
+        spans = parse_ids(ids)
+        sampler.skip_id_ranges(spans, epoch=epoch)
+        done = {"ids": [list(span) for span in spans]}
+    else:
+        span = parse_epochs(steps or "", "--steps")
+        epoch = current[EPOCH] if epoch is None else epoch
+        start = current[CONSUMED] if epoch == current[EPOCH] else 0
+        positions = skip_steps(obj, epoch=epoch, steps=span, batch_size=batch_size, world_size=world_size, start=start)
+        done = {"epoch": epoch, "steps": [span.start, span.stop], "positions": list(positions)}
     edited = sampler.state_dict()
     if path:
         holder: Any = saved
@@ -238,7 +262,7 @@ def skip(target: str, *, world_size: int, state: Path, steps: str, epoch: int | 
         import torch
 
         torch.save(saved, out)
-    return {"epoch": epoch, "steps": [span.start, span.stop], "positions": [first, stop], "ranges": len(edited["skip"])}
+    return {**done, "ranges": len(edited.get("skip", ())), "id_ranges": len(edited.get("skip_ids", ()))}
 
 
 def add_skip(app: Any, console: Any) -> None:
@@ -251,20 +275,29 @@ def add_skip(app: Any, console: Any) -> None:
         world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run that trains next."),
         # B008: typer declares options as call defaults; evaluated once, read-only.
         state: Path = typer.Option(..., "--state", help="Saved sampler state or checkpoint."),  # noqa: B008
-        steps: str = typer.Option(..., "--steps", help="Steps after the checkpoint to skip: 'first:stop'."),
+        steps: str | None = typer.Option(None, "--steps", help="Steps after the checkpoint to skip: 'first:stop'."),
+        ids: list[str] | None = typer.Option(  # noqa: B008
+            None, "--ids", help="Sample ids never to train again: 'A-B' (both included), 'A', comma-separated."
+        ),
         out: Path = typer.Option(..., "--out", help="Where to write the edited state or checkpoint."),  # noqa: B008
         epoch: int | None = typer.Option(None, "--epoch", "-e", min=0, help="Epoch (default: the state's)."),
         batch_size: int | None = typer.Option(None, "--batch-size", "-b", min=1, help="Per-rank batch size."),
     ) -> None:
-        """Never train the samples of some steps: add them to a saved state's skip ledger."""
+        """Never train the samples of some steps (--steps) or some sample ids (--ids): edit a saved state."""
         from .._core.errors import MalformedStateError, StateMismatchError
 
         try:
             done = skip(target, world_size=world_size, state=state, steps=steps, epoch=epoch, batch_size=batch_size,
-                        out=out)  # fmt: skip
-        except (WhichError, ValueError, TypeError, MalformedStateError, StateMismatchError) as error:
+                        out=out, ids=ids)  # fmt: skip
+        except (WhichError, ValueError, TypeError, MalformedStateError, StateMismatchError,
+                NotImplementedError) as error:  # fmt: skip
             print(f"shardwise skip: error: {str(error).splitlines()[0]}", file=sys.stderr)
             raise typer.Exit(USAGE_ERROR) from None
+        if "ids" in done:
+            shown = ", ".join(f"{a}-{b - 1}" for a, b in done["ids"])
+            console.print(f"sample ids {shown} are never trained again (every later epoch, any world size); the state "
+                          f"holds {done['id_ranges']} id range(s). Written to {out}")  # fmt: skip
+            return
         console.print(
             f"epoch {done['epoch']}: steps {done['steps'][0]}-{done['steps'][1] - 1} after the checkpoint are plan "
             f"positions [{done['positions'][0]}, {done['positions'][1]}), never trained; the ledger holds "
