@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from .permutation import GOLDEN, ROUNDS, feistel, feistel_rounds, mix64
+from .permutation import GOLDEN, ROUNDS, cycle_walk, domain_bits, feistel, feistel_rounds, mix64
 from .seeds import derive_words
 from .weights import Weights
 
@@ -169,21 +169,17 @@ def keyed_permute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarr
     permuted by the bijection of its own key, so one call serves many blocks or cycles; or
     ``(ROUNDS,)``, one key for all (cheaper: the common case of a chunk inside one cycle).
     """
-    bits = max(1, (size - 1).bit_length())
+    if values.size > _MERGED_MAX:
+        return cycle_walk(feistel, values, size, rounds)
+    # A small query: walk the whole array (fewer numpy calls than indexing the values still outside).
+    bits = domain_bits(size)
     limit = np.uint64(size)
     out = feistel(values.astype(np.uint64), bits, rounds)  # feistel iterates over the rows of rounds
-    if out.size <= _MERGED_MAX:  # a small query: walk the whole array (fewer numpy calls than indexing)
-        stray = out >= limit
-        while stray.any():
-            walked = feistel(out, bits, rounds)
-            out = np.where(stray, walked, out)
-            stray &= walked >= limit
-        return out.astype(np.int64)
-    outside = np.flatnonzero(out >= limit)
-    while outside.size:
-        walked = feistel(out[outside], bits, rounds[:, outside] if rounds.ndim == 2 else rounds)
-        out[outside] = walked
-        outside = outside[walked >= limit]
+    stray = out >= limit
+    while stray.any():
+        walked = feistel(out, bits, rounds)
+        out = np.where(stray, walked, out)
+        stray &= walked >= limit
     return out.astype(np.int64)
 
 

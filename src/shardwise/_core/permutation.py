@@ -159,9 +159,14 @@ class Permutation:
 def feistel_inverse(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
     """The inverse of :func:`feistel`: the same rounds undone last to first (each XOR undoes itself)."""
     low = bits // 2
-    shift = np.uint64(low)
-    low_mask = np.uint64((1 << low) - 1)
-    high_mask = np.uint64((1 << (bits - low)) - 1)
+    return feistel_rounds_inverse(
+        x, np.uint64(low), np.uint64((1 << low) - 1), np.uint64((1 << (bits - low)) - 1), keys
+    )
+
+
+def feistel_rounds_inverse(x: np.ndarray, shift: Any, low_mask: Any, high_mask: Any, keys: Iterable[Any]) -> np.ndarray:
+    """:func:`feistel_rounds` undone, last round first (each XOR undoes itself); scalars or per-element arrays."""
+    keys = list(keys)
     left = x >> shift
     right = x & low_mask
     for i in reversed(range(len(keys))):

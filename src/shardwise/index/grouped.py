@@ -10,10 +10,12 @@ argsort and nothing per group held in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .._core.errors import check_int, check_integer_array
-from .._core.permutation import ROUNDS, feistel_rounds, mix64
+from .._core.permutation import ROUNDS, feistel_rounds, feistel_rounds_inverse, mix64
 from .integrity import IndexCorruptError, read_checked
 
 _GROUP_SALT = np.uint64(0x9E3779B97F4A7C15)
@@ -68,21 +70,7 @@ def permute_within(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np
     if small.size:
         out[small] = _rank_hashes(ranks[small], sizes[small], keys[small])
     live = np.flatnonzero(sizes > SMALL_GROUP)
-    if live.size == 0:
-        return out
-    limit = sizes[live].astype(np.uint64)
-    # bits: the smallest domain 2**bits >= size (exact for sizes below 2**53, via frexp)
-    bits = np.frexp((sizes[live] - 1).astype(np.float64))[1].astype(np.uint64)
-    low = bits // np.uint64(2)
-    low_mask = (np.uint64(1) << low) - np.uint64(1)
-    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
-    round_keys = [mix64(keys[live] ^ salt) for salt in _ROUND_SALTS]
-    x = ranks[live].astype(np.uint64)
-    todo = np.arange(live.size)
-    while todo.size:
-        x[todo] = feistel_rounds(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
-        todo = todo[x[todo] >= limit[todo]]
-    out[live] = x.astype(np.int64)
+    out[live] = _walk_groups(feistel_rounds, ranks[live], sizes[live], keys[live])
     return out
 
 
@@ -109,35 +97,27 @@ def unpermute_within(values: np.ndarray, sizes: np.ndarray, keys: np.ndarray) ->
         order = np.argsort(hashes, axis=1, kind="stable")
         out[small] = np.argmax(order == values[small, None], axis=1)  # where the member sits in its group's order
     live = np.flatnonzero(sizes > SMALL_GROUP)
-    if live.size == 0:
-        return out
-    limit = sizes[live].astype(np.uint64)
-    bits = np.frexp((sizes[live] - 1).astype(np.float64))[1].astype(np.uint64)
-    low = bits // np.uint64(2)
-    low_mask = (np.uint64(1) << low) - np.uint64(1)
-    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
-    round_keys = [mix64(keys[live] ^ salt) for salt in _ROUND_SALTS]
-    x = values[live].astype(np.uint64)
-    todo = np.arange(live.size)
-    while todo.size:
-        x[todo] = _rounds_backwards(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
-        todo = todo[x[todo] >= limit[todo]]
-    out[live] = x.astype(np.int64)
+    out[live] = _walk_groups(feistel_rounds_inverse, values[live], sizes[live], keys[live])
     return out
 
 
-def _rounds_backwards(x: np.ndarray, shift: np.ndarray, low_mask: np.ndarray, high_mask: np.ndarray,
-                      keys: list[np.ndarray]) -> np.ndarray:  # fmt: skip
-    """``feistel_rounds`` undone, last round first (each XOR undoes itself)."""
-    left = x >> shift
-    right = x & low_mask
-    for i in reversed(range(len(keys))):
-        if i % 2 == 0:
-            left ^= mix64(right ^ keys[i]) & high_mask
-        else:
-            right ^= mix64(left ^ keys[i]) & low_mask
-    merged: np.ndarray = (left << shift) | right
-    return merged
+def _walk_groups(
+    rounds: Callable[..., np.ndarray], values: np.ndarray, sizes: np.ndarray, keys: np.ndarray
+) -> np.ndarray:
+    """``values`` through each group's keyed Feistel ``rounds`` (either way), cycle-walked into ``[0, size)``."""
+    limit = sizes.astype(np.uint64)
+    # bits: the smallest domain 2**bits >= size (exact for sizes below 2**53, via frexp)
+    bits = np.frexp((sizes - 1).astype(np.float64))[1].astype(np.uint64)
+    low = bits // np.uint64(2)
+    low_mask = (np.uint64(1) << low) - np.uint64(1)
+    high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
+    round_keys = [mix64(keys ^ salt) for salt in _ROUND_SALTS]
+    x = values.astype(np.uint64)
+    todo = np.arange(values.size)
+    while todo.size:
+        x[todo] = rounds(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
+        todo = todo[x[todo] >= limit[todo]]
+    return x.astype(np.int64)
 
 
 def _rank_hashes(ranks: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
