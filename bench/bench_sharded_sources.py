@@ -107,6 +107,73 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
+NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset"}
+RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
+              "webdataset": "no resume: restarts the epoch"}
+
+
+def lost_repeated(reads: list[int], n: int) -> str:
+    """Samples of ``range(n)`` never read, and reads beyond the first of a sample."""
+    unique = set(reads)
+    return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
+
+
+def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
+                first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
+    """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
+    from _sharded_ranks import rank_main
+    from shardwise.tools.launch import run_distributed
+
+    spec = {**spec, "loader": key, "cache": "cache-ranks"}
+    if first is None:
+        first = run_distributed(rank_main, 3, {**spec, "stop": stop}, timeout=900)
+    before = [i for r in first for i in r["before"]]
+    state = first[0]["state"] if key == "shardwise" else [r["state"] for r in first] if key == "hf" else None
+    rows = []
+    for resumed in (3, 2):
+        try:
+            second = run_distributed(rank_main, resumed, {**spec, "state": state}, timeout=900)
+            value = lost_repeated(before + [i for r in second for i in r["ids"]], n)
+        except RuntimeError as error:  # a rank raised: say how
+            lines = [line for line in str(error).splitlines() if "Error" in line]
+            value = f"fails: {(lines[-1] if lines else str(error))[:160]}"
+        rows.append((f"lost / repeated, stopped at step {stop} of W=3, resumed at W={resumed}",
+                     f"{name} ({RESUMED_BY[key]})", value))
+    return rows
+
+
+def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple[str, str, str]]:
+    """Ranks as processes, 2 workers each: an epoch at W=3 (cold, stopping point, warm), resumed at W=3 and W=2."""
+    from _sharded_ranks import rank_main
+    from shardwise.tools.launch import run_distributed
+
+    rows: list[tuple[str, str, str]] = []
+    world_size = 3
+    stop = max(1, int(0.4 * n / (world_size * BATCH)))  # 40% into the epoch
+    for key in loaders:
+        name = NAMES[key]
+        began = time.perf_counter()
+        first = run_distributed(rank_main, world_size, {**spec, "loader": key, "stop": stop, "warm": True,
+                                                        "cache": "cache-ranks"}, timeout=900)
+        counts = [r["steps"] for r in first]
+        rows.append(("steps per rank, W=3, 2 workers (min / max)", name, f"{min(counts)} / {max(counts)}"))
+        rows.append(("one epoch, uninterrupted: lost / repeated", name,
+                     lost_repeated([i for r in first for i in r["ids"]], n)))
+        for label in ("cold", "warm"):
+            rates = [r[label] for r in first]
+            rows.append((f"samples/s per rank, W=3, 2 workers, {label} (mean, min..max)", name,
+                         f"{np.mean(rates):,.0f} ({min(rates):,.0f}..{max(rates):,.0f})"))
+        peaks = [r["peak"] / 2**20 for r in first]
+        bases = [r["base"] / 2**20 for r in first]
+        rows.append(("peak private MiB per rank, rank + 2 workers (max; before the loader)", name,
+                     f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
+        rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
+        if key == "hf":  # its resume with workers fails: the same resume without workers
+            rows.extend(resume_rows({**spec, "workers": 0}, key, n, stop, f"{name}, num_workers=0"))
+        print(f"{name}: ranks done in {time.perf_counter() - began:.0f} s", flush=True)
+    return rows
+
+
 def main() -> None:
     if "--scale-probe" in sys.argv:
         scale_probe()
@@ -115,6 +182,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
+    parser.add_argument("--loaders", default="shardwise,hf,webdataset", help="loaders of the multi-process figures")
+    parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
     args = parser.parse_args()
 
     import subprocess
@@ -229,6 +298,11 @@ def main() -> None:
             rows.append(("samples/s, one rank, num_workers=0", name, rate))
         rows.append(("bytes fetched / dataset (one epoch, cold)", "shardwise", fetched))
         rows.append(("bytes fetched / dataset (one epoch, cold, two-window budget)", "shardwise", budget_fetched))
+
+        if not args.no_ranks:
+            spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
+                    "root": str(root), "window": args.window, "batch": BATCH, "workers": 2}
+            rows.extend(rank_figures(spec, n, args.loaders.split(",")))
 
     rows.extend(scale_rows)
     width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
