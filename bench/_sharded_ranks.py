@@ -11,7 +11,11 @@ used as its documentation says:
   through the loader's ``state_dict()`` / ``load_state_dict()``, rank r loading rank r's state
   (``spec["workers"] = 0`` as well: with 2 workers over a shuffled stream loading fails);
 - ``webdataset``: ``WebDataset(nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``; it has
-  no mid-epoch resume, so a resumed run restarts the epoch.
+  no mid-epoch resume, so a resumed run restarts the epoch;
+- ``litdata``: ``StreamingDataset(shuffle=True)`` over the same samples ``optimize``d into LitData's
+  chunks, in a ``StreamingDataLoader``; resume through the loader's ``state_dict()`` /
+  ``load_state_dict()`` (rank 0's on every rank, as Lightning restores it). It runs in a scratch
+  venv (``bench/_litdata_ranks.py``).
 
 With ``spec["stop"]`` the rank records the ids of its first ``stop`` batches and the loader's state
 after them, reads on to the end of the epoch (timed: cold) and reads a second epoch (timed: warm).
@@ -94,6 +98,8 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
     from torch.utils.data import DataLoader
 
     name, batch, workers, state = spec["loader"], spec["batch"], spec["workers"], spec.get("state")
+    # Workers fork, as under torchrun (a spawned rank would otherwise spawn them: seconds of start-up each).
+    context = "fork" if workers else None
     if name == "shardwise":
         from shardwise import LocalitySampler, ShardCache, ShardedSource
 
@@ -103,7 +109,8 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         sampler = LocalitySampler(source, window=spec["window"], seed=0)
         if state is not None:
             sampler.load_state_dict(state)
-        loader = DataLoader(source, sampler=sampler, batch_size=batch, num_workers=workers, collate_fn=list_collate)
+        loader = DataLoader(source, sampler=sampler, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                            multiprocessing_context=context)
         loader.state_dict = sampler.state_dict  # type: ignore[attr-defined]  # what a checkpoint saves
         return loader, sampler.set_epoch, lambda row: row["id"]
     if name == "hf":
@@ -115,7 +122,8 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         ds = datasets.load_dataset("parquet", data_files={"train": spec["urls"]}, split="train", streaming=True,
                                    storage_options=spec["hf_options"])
         ds = split_dataset_by_node(ds.shuffle(seed=0, buffer_size=1000), rank=rank, world_size=world_size)
-        loader = StatefulDataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate)
+        loader = StatefulDataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                                    multiprocessing_context=context)
         if state is not None:
             loader.load_state_dict(state[rank])
         return loader, ds.set_epoch, lambda row: row["id"]
@@ -127,10 +135,22 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
 
         ds = wds.WebDataset(spec["tar_urls"], nodesplitter=wds.split_by_node, shardshuffle=100, seed=0,
                             empty_check=False).shuffle(1000).decode()
-        loader = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate)
+        loader = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                            multiprocessing_context=context)
         loader.state_dict = lambda: None  # type: ignore[attr-defined]  # no mid-epoch state: restart the epoch
         return loader, lambda epoch: None, lambda row: int(row["cls"])
-    raise ValueError(f"loader should be 'shardwise', 'hf' or 'webdataset', but got loader={name!r}")
+    if name == "litdata":  # runs in the scratch venv (bench/_litdata_ranks.py)
+        import litdata
+
+        ds = litdata.StreamingDataset(spec["litdata_url"], shuffle=True, seed=0,
+                                      cache_dir=str(Path(spec["root"]) / "litdata-cache"),
+                                      storage_options={"endpoint_url": spec["endpoint"]})
+        loader = litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                                             multiprocessing_context=context)
+        if state is not None:
+            loader.load_state_dict(state)
+        return loader, ds.set_epoch, lambda row: int(row["id"])
+    raise ValueError(f"loader should be 'shardwise', 'hf', 'webdataset' or 'litdata', but got loader={name!r}")
 
 
 def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -139,20 +159,25 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     loader, set_epoch, get_id = _loader(rank, world_size, spec)
     report: dict[str, Any] = {"rank": rank}
     ids: list[int] = []
-    start, steps = time.perf_counter(), 0
+    start, steps, first = time.perf_counter(), 0, 0
     for batch in loader:
         ids.extend(int(get_id(row)) for row in batch)
         steps += 1
+        if steps == 1:  # rates are timed from the first batch: the workers' start-up is not in them
+            start, first = time.perf_counter(), len(ids)
         if steps == spec.get("stop"):
             report["before"], report["state"] = list(ids), loader.state_dict()
-    report.update(ids=ids, steps=steps, cold=len(ids) / (time.perf_counter() - start))
+    report.update(ids=ids, steps=steps, cold=(len(ids) - first) / (time.perf_counter() - start))
     report.setdefault("before", list(ids))
     report.setdefault("state", loader.state_dict())
     if spec.get("warm"):
         set_epoch(1)
-        start, read = time.perf_counter(), 0
-        for batch in loader:
-            read += len(batch)
+        read = 0
+        for step, batch in enumerate(loader):
+            if step == 0:
+                start = time.perf_counter()
+            else:
+                read += len(batch)
         report["warm"] = read / (time.perf_counter() - start)
     report["peak"], report["base"] = memory.stop(), memory.start
     return report

@@ -107,9 +107,10 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
-NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset"}
+NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData"}
 RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
-              "webdataset": "no resume: restarts the epoch"}
+              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0"}
+SCRATCH = "/tmp/scratch-venv/bin/python"  # a venv with torch 2.13, litdata and pyarrow (BENCHMARKS.md)
 
 
 def lost_repeated(reads: list[int], n: int) -> str:
@@ -118,21 +119,44 @@ def lost_repeated(reads: list[int], n: int) -> str:
     return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
 
 
+def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rank_main`` on ``world_size`` real gloo ranks; LitData's in the scratch venv. RuntimeError if a rank raised."""
+    if spec["loader"] != "litdata":
+        from _sharded_ranks import rank_main
+        from shardwise.tools.launch import run_distributed
+
+        reports: list[dict[str, Any]] = run_distributed(rank_main, world_size, spec, timeout=900)
+        return reports
+    import json
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    spec_file = Path(spec["root"]) / "litdata-spec.json"
+    spec_file.write_text(json.dumps({**spec, "world_size": world_size}))
+    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
+    done = subprocess.run([SCRATCH, str(here / "_litdata_ranks.py"), "ranks", str(spec_file)], env=env,
+                          check=False, capture_output=True, text=True, timeout=1200)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORTS ")]
+    if not lines:
+        raise RuntimeError(f"LitData's ranks printed no reports: {done.stderr[-2000:]}")
+    answer = json.loads(lines[-1].removeprefix("REPORTS "))
+    if isinstance(answer, dict):
+        raise RuntimeError(answer["error"])
+    return list(answer)
+
+
 def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
                 first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
     """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
-    from _sharded_ranks import rank_main
-    from shardwise.tools.launch import run_distributed
-
     spec = {**spec, "loader": key, "cache": "cache-ranks"}
     if first is None:
-        first = run_distributed(rank_main, 3, {**spec, "stop": stop}, timeout=900)
+        first = launch(3, {**spec, "stop": stop})
     before = [i for r in first for i in r["before"]]
-    state = first[0]["state"] if key == "shardwise" else [r["state"] for r in first] if key == "hf" else None
+    state = [r["state"] for r in first] if key == "hf" else first[0]["state"]
     rows = []
     for resumed in (3, 2):
         try:
-            second = run_distributed(rank_main, resumed, {**spec, "state": state}, timeout=900)
+            second = launch(resumed, {**spec, "state": state})
             value = lost_repeated(before + [i for r in second for i in r["ids"]], n)
         except RuntimeError as error:  # a rank raised: say how
             lines = [line for line in str(error).splitlines() if "Error" in line]
@@ -144,17 +168,17 @@ def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
 
 def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple[str, str, str]]:
     """Ranks as processes, 2 workers each: an epoch at W=3 (cold, stopping point, warm), resumed at W=3 and W=2."""
-    from _sharded_ranks import rank_main
-    from shardwise.tools.launch import run_distributed
-
     rows: list[tuple[str, str, str]] = []
     world_size = 3
     stop = max(1, int(0.4 * n / (world_size * BATCH)))  # 40% into the epoch
     for key in loaders:
         name = NAMES[key]
         began = time.perf_counter()
-        first = run_distributed(rank_main, world_size, {**spec, "loader": key, "stop": stop, "warm": True,
-                                                        "cache": "cache-ranks"}, timeout=900)
+        try:
+            first = launch(world_size, {**spec, "loader": key, "stop": stop, "warm": True, "cache": "cache-ranks"})
+        except RuntimeError as error:
+            rows.append(("one epoch at W=3, 2 workers", name, f"fails: {str(error)[-160:]}"))
+            continue
         counts = [r["steps"] for r in first]
         rows.append(("steps per rank, W=3, 2 workers (min / max)", name, f"{min(counts)} / {max(counts)}"))
         rows.append(("one epoch, uninterrupted: lost / repeated", name,
@@ -165,7 +189,7 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
                          f"{np.mean(rates):,.0f} ({min(rates):,.0f}..{max(rates):,.0f})"))
         peaks = [r["peak"] / 2**20 for r in first]
         bases = [r["base"] / 2**20 for r in first]
-        rows.append(("peak private MiB per rank, rank + 2 workers (max; before the loader)", name,
+        rows.append(("peak private MiB per rank, rank + 2 workers (max, min..max; before the loader)", name,
                      f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
         rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
         if key == "hf":  # its resume with workers fails: the same resume without workers
@@ -182,7 +206,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
-    parser.add_argument("--loaders", default="shardwise,hf,webdataset", help="loaders of the multi-process figures")
+    parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata",
+                        help="loaders of the multi-process figures")
     parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
     args = parser.parse_args()
 
@@ -301,7 +326,15 @@ def main() -> None:
 
         if not args.no_ranks:
             spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
-                    "root": str(root), "window": args.window, "batch": BATCH, "workers": 2}
+                    "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
+            if "litdata" in args.loaders.split(","):  # LitData reads its own chunks: the same rows, optimized
+                import subprocess
+
+                subprocess.run([SCRATCH, str(Path(__file__).resolve().parent / "_litdata_ranks.py"), "optimize",
+                                str(root / "shards"), str(root / "litdata"), str(n // len(sizes))],
+                               check=True, timeout=600, capture_output=True)
+                fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
+                spec["litdata_url"] = "s3://bench/litdata"
             rows.extend(rank_figures(spec, n, args.loaders.split(",")))
 
     rows.extend(scale_rows)
