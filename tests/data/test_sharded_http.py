@@ -130,3 +130,21 @@ def test_a_missing_http_shard_names_the_url(served: dict[str, Any], tmp_path: Pa
     with pytest.raises(ShardError, match=rf"shard {re.escape(served['base'])}/copy-of-1.parquet "
                                          rf"\(needed for sample {SIZES[0]}\) does not exist"):
         source[SIZES[0]]
+
+
+def test_forked_workers_read_remote_shards(served: dict[str, Any], tmp_path: Path) -> None:
+    """DataLoader workers forked (Linux's default, torchrun's) after the main process used the http filesystem.
+
+    fsspec's async filesystems raise "This class is not fork-safe" when an instance crosses a fork;
+    each worker must open its own.
+    """
+    from torch.utils.data import DataLoader
+
+    source = ShardedSource([f"{served['base']}/{name}" for name in served["names"]], index_dir=tmp_path / "index",
+                           cache=ShardCache(tmp_path / "cache"))
+    assert source[0]["id"] == 0  # the main process fetched shard 0 and holds a filesystem
+    plan = list(LocalitySampler(SIZES, window=2, num_replicas=1, rank=0, seed=4))  # no prefetching:
+    loader = DataLoader(source, sampler=plan, batch_size=8, num_workers=2, multiprocessing_context="fork")  # workers fetch
+    ids = [int(i) for batch in loader for i in batch["id"]]
+    assert ids == plan
+    assert sorted(ids) == list(range(TOTAL))
