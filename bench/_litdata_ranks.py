@@ -48,6 +48,7 @@ def main() -> None:
         try:
             reports: Any = run_distributed(rank_main, world_size, spec, timeout=900)
         except RuntimeError as error:
+            print(error, file=sys.stderr)
             lines = [line for line in str(error).splitlines() if "Error" in line]
             reports = {"error": (lines[-1] if lines else str(error))[:160]}
         print("REPORTS " + json.dumps(reports))

@@ -9,12 +9,20 @@ Each loader is used as its documentation says:
   ``split_dataset_by_node``;
 - WebDataset: ``WebDataset(presigned http URLs, nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``.
 
-Figures: steps per rank (min/max) at W = 3 and 4 (batch 32, ranks simulated by ``RANK``/``WORLD_SIZE``
-or explicit rank arguments in this process); shuffle quality of one epoch's order against a uniform
-permutation (fraction of consecutive samples from one shard, mean |id difference| over n, Spearman
-correlation of position and id); samples/s of one rank reading every sample (``num_workers=0``),
-cold and warm; bytes shardwise fetched over the dataset's size. MosaicML Streaming and LitData are
-left out: they do not install alongside torch 2.13 and this repository's pins (see BENCHMARKS.md).
+Figures, in process (ranks simulated by ``RANK``/``WORLD_SIZE`` or explicit rank arguments): steps
+per rank (min/max) at W = 3 and 4 (batch 32); shuffle quality of one epoch's order against a
+uniform permutation (fraction of consecutive samples from one shard, mean |id difference| over n,
+Spearman correlation of position and id); samples/s of one rank with ``num_workers=0``, cold and
+warm; bytes shardwise fetched over the dataset's size.
+
+Figures with ranks as real processes (``shardwise.tools.launch.run_distributed``, gloo), 2 forked
+DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; samples lost and
+repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
+its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
+batch; peak private memory of a rank plus its workers. LitData joins these when
+``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
+the same rows ``optimize``d into its chunks, on the same S3 endpoint). MosaicML Streaming is not in
+it (BENCHMARKS.md says why).
 
 Run: ``flock /tmp/shardwise-bench.lock python bench/bench_sharded_sources.py``
 """
@@ -141,6 +149,7 @@ def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
         raise RuntimeError(f"LitData's ranks printed no reports: {done.stderr[-2000:]}")
     answer = json.loads(lines[-1].removeprefix("REPORTS "))
     if isinstance(answer, dict):
+        print(done.stderr[-4000:], file=sys.stderr)
         raise RuntimeError(answer["error"])
     return list(answer)
 
@@ -203,7 +212,7 @@ def main() -> None:
         scale_probe()
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--samples", type=int, default=6_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
     parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata",
