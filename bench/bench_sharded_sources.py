@@ -315,6 +315,7 @@ def main() -> None:
         orders["HF datasets"] = np.asarray(ids)
         os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
         ids, seconds = timed(webdataset(0, 1).decode(), lambda row: row["cls"])
+        os.environ.pop("RANK"), os.environ.pop("WORLD_SIZE")  # the ranks below (and LitData's) must not see them
         rates["WebDataset"] = f"{n / seconds:,.0f}"
         orders["WebDataset"] = np.asarray(ids)
         orders["uniform (ShardedSampler)"] = np.asarray(list(ShardedSampler(n, num_replicas=1, rank=0, seed=0)))
