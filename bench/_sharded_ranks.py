@@ -20,7 +20,7 @@ used as its documentation says:
 With ``spec["stop"]`` the rank records the ids of its first ``stop`` batches and the loader's state
 after them, reads on to the end of the epoch (timed: cold) and reads a second epoch (timed: warm).
 With ``spec["state"]`` it resumes from that state and reads to the end of the epoch. A thread
-samples the private memory (``Private_Clean + Private_Dirty`` of ``smaps_rollup``) of the rank
+samples the anonymous memory (``Pss_Anon`` of ``smaps_rollup``) of the rank
 and every process under it (its DataLoader workers) every 0.5 s and every 8th batch (a reading costs
 ~17 ms of system time a process); the peak is returned.
 """
@@ -35,12 +35,16 @@ from typing import Any
 
 
 def private_bytes(pid: int) -> int:
-    """Private (unshared) memory of one process from ``/proc/<pid>/smaps_rollup``; 0 if it has exited."""
+    """Anonymous memory of one process, shared pages split among their sharers (``Pss_Anon``); 0 if it has exited.
+
+    Summed over a rank and its forked workers this counts every anonymous page of the group once:
+    ``Private_*`` would count none of the pages the workers share copy-on-write with the rank.
+    """
     total = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup") as rollup:
             for line in rollup:
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                if line.startswith("Pss_Anon:"):
                     total += int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return 0

@@ -19,7 +19,7 @@ Figures with ranks as real processes (``shardwise.tools.launch.run_distributed``
 DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; samples lost and
 repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
 its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
-batch; peak private memory of a rank plus its workers. LitData joins these when
+batch; peak anonymous memory (``Pss_Anon``) of a rank plus its workers. LitData joins these when
 ``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
 the same rows ``optimize``d into its chunks, on the same S3 endpoint). MosaicML Streaming is not in
 it (BENCHMARKS.md says why).
@@ -198,7 +198,7 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
                          f"{np.mean(rates):,.0f} ({min(rates):,.0f}..{max(rates):,.0f})"))
         peaks = [r["peak"] / 2**20 for r in first]
         bases = [r["base"] / 2**20 for r in first]
-        rows.append(("peak private MiB per rank, rank + 2 workers (max, min..max; before the loader)", name,
+        rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
                      f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
         rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
         if key == "hf":  # its resume with workers fails: the same resume without workers
