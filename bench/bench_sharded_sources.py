@@ -207,6 +207,14 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
     return rows
 
 
+def available(loaders: list[str]) -> list[str]:
+    """The loaders that can run here: LitData only with its scratch venv."""
+    if "litdata" in loaders and not os.path.exists(SCRATCH):
+        print(f"LitData left out: no {SCRATCH} (BENCHMARKS.md shows how to make that venv)")
+        return [name for name in loaders if name != "litdata"]
+    return loaders
+
+
 def main() -> None:
     if "--scale-probe" in sys.argv:
         scale_probe()
@@ -337,7 +345,8 @@ def main() -> None:
         if not args.no_ranks:
             spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
                     "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
-            if "litdata" in args.loaders.split(","):  # LitData reads its own chunks: the same rows, optimized
+            loaders = available(args.loaders.split(","))
+            if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
                 import subprocess
 
                 subprocess.run([SCRATCH, str(Path(__file__).resolve().parent / "_litdata_ranks.py"), "optimize",
@@ -345,7 +354,7 @@ def main() -> None:
                                check=True, timeout=600, capture_output=True)
                 fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
                 spec["litdata_url"] = "s3://bench/litdata"
-            rows.extend(rank_figures(spec, n, args.loaders.split(",")))
+            rows.extend(rank_figures(spec, n, loaders))
 
     rows.extend(scale_rows)
     width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
