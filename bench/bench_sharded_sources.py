@@ -9,12 +9,20 @@ Each loader is used as its documentation says:
   ``split_dataset_by_node``;
 - WebDataset: ``WebDataset(presigned http URLs, nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``.
 
-Figures: steps per rank (min/max) at W = 3 and 4 (batch 32, ranks simulated by ``RANK``/``WORLD_SIZE``
-or explicit rank arguments in this process); shuffle quality of one epoch's order against a uniform
-permutation (fraction of consecutive samples from one shard, mean |id difference| over n, Spearman
-correlation of position and id); samples/s of one rank reading every sample (``num_workers=0``),
-cold and warm; bytes shardwise fetched over the dataset's size. MosaicML Streaming and LitData are
-left out: they do not install alongside torch 2.13 and this repository's pins (see BENCHMARKS.md).
+Figures, in process (ranks simulated by ``RANK``/``WORLD_SIZE`` or explicit rank arguments): steps
+per rank (min/max) at W = 3 and 4 (batch 32); shuffle quality of one epoch's order against a
+uniform permutation (fraction of consecutive samples from one shard, mean |id difference| over n,
+Spearman correlation of position and id); samples/s of one rank with ``num_workers=0``, cold and
+warm; bytes shardwise fetched over the dataset's size.
+
+Figures with ranks as real processes (``shardwise.tools.launch.run_distributed``, gloo), 2 forked
+DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; samples lost and
+repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
+its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
+batch; peak anonymous memory (``Pss_Anon``) of a rank plus its workers. LitData joins these when
+``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
+the same rows ``optimize``d into its chunks, on the same S3 endpoint). MosaicML Streaming is not in
+it (BENCHMARKS.md says why).
 
 Run: ``flock /tmp/shardwise-bench.lock python bench/bench_sharded_sources.py``
 """
@@ -107,14 +115,117 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
+NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData"}
+RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
+              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0"}
+SCRATCH = "/tmp/scratch-venv/bin/python"  # a venv with torch 2.13, litdata and pyarrow (BENCHMARKS.md)
+
+
+def lost_repeated(reads: list[int], n: int) -> str:
+    """Samples of ``range(n)`` never read, and reads beyond the first of a sample."""
+    unique = set(reads)
+    return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
+
+
+def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rank_main`` on ``world_size`` real gloo ranks; LitData's in the scratch venv. RuntimeError if a rank raised."""
+    if spec["loader"] != "litdata":
+        from _sharded_ranks import rank_main
+        from shardwise.tools.launch import run_distributed
+
+        reports: list[dict[str, Any]] = run_distributed(rank_main, world_size, spec, timeout=900)
+        return reports
+    import json
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    spec_file = Path(spec["root"]) / "litdata-spec.json"
+    spec_file.write_text(json.dumps({**spec, "world_size": world_size}))
+    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
+    done = subprocess.run([SCRATCH, str(here / "_litdata_ranks.py"), "ranks", str(spec_file)], env=env,
+                          check=False, capture_output=True, text=True, timeout=1200)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORTS ")]
+    if not lines:
+        raise RuntimeError(f"LitData's ranks printed no reports: {done.stderr[-2000:]}")
+    answer = json.loads(lines[-1].removeprefix("REPORTS "))
+    if isinstance(answer, dict):
+        print(done.stderr[-4000:], file=sys.stderr)
+        raise RuntimeError(answer["error"])
+    return list(answer)
+
+
+def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
+                first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
+    """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
+    spec = {**spec, "loader": key, "cache": "cache-ranks"}
+    if first is None:
+        first = launch(3, {**spec, "stop": stop})
+    before = [i for r in first for i in r["before"]]
+    state = [r["state"] for r in first] if key == "hf" else first[0]["state"]
+    rows = []
+    for resumed in (3, 2):
+        try:
+            second = launch(resumed, {**spec, "state": state})
+            value = lost_repeated(before + [i for r in second for i in r["ids"]], n)
+        except RuntimeError as error:  # a rank raised: say how
+            lines = [line for line in str(error).splitlines() if "Error" in line]
+            value = f"fails: {(lines[-1] if lines else str(error))[:160]}"
+        rows.append((f"lost / repeated, stopped at step {stop} of W=3, resumed at W={resumed}",
+                     f"{name} ({RESUMED_BY[key]})", value))
+    return rows
+
+
+def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple[str, str, str]]:
+    """Ranks as processes, 2 workers each: an epoch at W=3 (cold, stopping point, warm), resumed at W=3 and W=2."""
+    rows: list[tuple[str, str, str]] = []
+    world_size = 3
+    stop = max(1, int(0.4 * n / (world_size * BATCH)))  # 40% into the epoch
+    for key in loaders:
+        name = NAMES[key]
+        began = time.perf_counter()
+        try:
+            first = launch(world_size, {**spec, "loader": key, "stop": stop, "warm": True, "cache": "cache-ranks"})
+        except RuntimeError as error:
+            rows.append(("one epoch at W=3, 2 workers", name, f"fails: {str(error)[-160:]}"))
+            continue
+        counts = [r["steps"] for r in first]
+        rows.append(("steps per rank, W=3, 2 workers (min / max)", name, f"{min(counts)} / {max(counts)}"))
+        rows.append(("one epoch, uninterrupted: lost / repeated", name,
+                     lost_repeated([i for r in first for i in r["ids"]], n)))
+        for label in ("cold", "warm"):
+            rates = [r[label] for r in first]
+            rows.append((f"samples/s per rank, W=3, 2 workers, {label} (mean, min..max)", name,
+                         f"{np.mean(rates):,.0f} ({min(rates):,.0f}..{max(rates):,.0f})"))
+        peaks = [r["peak"] / 2**20 for r in first]
+        bases = [r["base"] / 2**20 for r in first]
+        rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
+                     f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
+        rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
+        if key == "hf":  # its resume with workers fails: the same resume without workers
+            rows.extend(resume_rows({**spec, "workers": 0}, key, n, stop, f"{name}, num_workers=0"))
+        print(f"{name}: ranks done in {time.perf_counter() - began:.0f} s", flush=True)
+    return rows
+
+
+def available(loaders: list[str]) -> list[str]:
+    """The loaders that can run here: LitData only with its scratch venv."""
+    if "litdata" in loaders and not os.path.exists(SCRATCH):
+        print(f"LitData left out: no {SCRATCH} (BENCHMARKS.md shows how to make that venv)")
+        return [name for name in loaders if name != "litdata"]
+    return loaders
+
+
 def main() -> None:
     if "--scale-probe" in sys.argv:
         scale_probe()
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--samples", type=int, default=6_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
+    parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata",
+                        help="loaders of the multi-process figures")
+    parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
     args = parser.parse_args()
 
     import subprocess
@@ -212,6 +323,7 @@ def main() -> None:
         orders["HF datasets"] = np.asarray(ids)
         os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
         ids, seconds = timed(webdataset(0, 1).decode(), lambda row: row["cls"])
+        os.environ.pop("RANK"), os.environ.pop("WORLD_SIZE")  # the ranks below (and LitData's) must not see them
         rates["WebDataset"] = f"{n / seconds:,.0f}"
         orders["WebDataset"] = np.asarray(ids)
         orders["uniform (ShardedSampler)"] = np.asarray(list(ShardedSampler(n, num_replicas=1, rank=0, seed=0)))
@@ -229,6 +341,20 @@ def main() -> None:
             rows.append(("samples/s, one rank, num_workers=0", name, rate))
         rows.append(("bytes fetched / dataset (one epoch, cold)", "shardwise", fetched))
         rows.append(("bytes fetched / dataset (one epoch, cold, two-window budget)", "shardwise", budget_fetched))
+
+        if not args.no_ranks:
+            spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
+                    "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
+            loaders = available(args.loaders.split(","))
+            if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
+                import subprocess
+
+                subprocess.run([SCRATCH, str(Path(__file__).resolve().parent / "_litdata_ranks.py"), "optimize",
+                                str(root / "shards"), str(root / "litdata"), str(n // len(sizes))],
+                               check=True, timeout=600, capture_output=True)
+                fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
+                spec["litdata_url"] = "s3://bench/litdata"
+            rows.extend(rank_figures(spec, n, loaders))
 
     rows.extend(scale_rows)
     width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)

@@ -90,11 +90,12 @@ class ShardCache:
         self._queue: queue.Queue[tuple[str, int] | None] | None = None
         self._thread: threading.Thread | None = None
         self._fs: dict[str, Any] = {}
+        self._fs_pid = os.getpid()  # fsspec's async filesystems (s3, http) refuse use in a forked process
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
         state = self.__dict__.copy()
-        state.update(_queue=None, _thread=None, _fs={}, _upcoming={})
+        state.update(_queue=None, _thread=None, _fs={}, _upcoming={}, _fs_pid=None)
         return state
 
     def filesystem(self, url: str) -> Any:
@@ -102,6 +103,8 @@ class ShardCache:
         import fsspec
 
         protocol = url.split("://", 1)[0] if "://" in url else "file"
+        if self._fs_pid != os.getpid():  # a forked DataLoader worker: open its own filesystems
+            self._fs, self._fs_pid = {}, os.getpid()
         fs = self._fs.get(protocol)
         if fs is None:
             options = self.storage_options if protocol not in ("file", "local") else {}

@@ -1,0 +1,195 @@
+"""One rank of ``bench_sharded_sources.py``'s multi-process figures: a real process with 2 DataLoader workers.
+
+``rank_main(rank, world_size, spec)`` runs under ``shardwise.tools.launch.run_distributed`` (gloo,
+spawned processes). It reads the shards of ``spec["urls"]`` from the S3 endpoint with one loader,
+used as its documentation says:
+
+- ``shardwise``: ``ShardedSource`` + ``LocalitySampler`` in a ``DataLoader``; resume through
+  ``sampler.state_dict()`` / ``load_state_dict()`` (one state for every rank, any world size);
+- ``hf``: ``load_dataset(streaming=True).shuffle(buffer_size=1000)`` + ``split_dataset_by_node`` in
+  torchdata's ``StatefulDataLoader`` (the datasets docs' way to resume with workers); resume
+  through the loader's ``state_dict()`` / ``load_state_dict()``, rank r loading rank r's state
+  (``spec["workers"] = 0`` as well: with 2 workers over a shuffled stream loading fails);
+- ``webdataset``: ``WebDataset(nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``; it has
+  no mid-epoch resume, so a resumed run restarts the epoch;
+- ``litdata``: ``StreamingDataset(shuffle=True)`` over the same samples ``optimize``d into LitData's
+  chunks, in a ``StreamingDataLoader``; resume through the loader's ``state_dict()`` /
+  ``load_state_dict()`` (rank 0's on every rank, as Lightning restores it). It runs in a scratch
+  venv (``bench/_litdata_ranks.py``).
+
+With ``spec["stop"]`` the rank records the ids of its first ``stop`` batches and the loader's state
+after them, reads on to the end of the epoch (timed: cold) and reads a second epoch (timed: warm).
+With ``spec["state"]`` it resumes from that state and reads to the end of the epoch. A thread
+samples the anonymous memory (``Pss_Anon`` of ``smaps_rollup``) of the rank
+and every process under it (its DataLoader workers) every 0.5 s and every 8th batch (a reading costs
+~17 ms of system time a process); the peak is returned.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def private_bytes(pid: int) -> int:
+    """Anonymous memory of one process, shared pages split among their sharers (``Pss_Anon``); 0 if it has exited.
+
+    Summed over a rank and its forked workers this counts every anonymous page of the group once:
+    ``Private_*`` would count none of the pages the workers share copy-on-write with the rank.
+    """
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss_Anon:"):
+                    total += int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (from ``/proc/<pid>/task/*/children``), depth first."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                for child in children.read().split():
+                    found.append(int(child))
+                    found.extend(descendants(int(child)))
+        except FileNotFoundError:
+            continue
+    return found
+
+
+class PeakMemory:
+    """The peak, over time, of the private memory of this process plus every process under it."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval, self.peak, self.start = interval, 0, self.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def now() -> int:
+        pid = os.getpid()
+        return private_bytes(pid) + sum(private_bytes(child) for child in descendants(pid))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        """Read now (also called by the reading loop, so that short epochs are seen while workers live)."""
+        self.peak = max(self.peak, self.now())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return max(self.peak, self.start)
+
+
+def list_collate(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``(loader, set_epoch, id of a row)`` for ``spec["loader"]``, resumed from ``spec["state"]`` if given."""
+    from torch.utils.data import DataLoader
+
+    name, batch, workers, state = spec["loader"], spec["batch"], spec["workers"], spec.get("state")
+    # Workers fork, as under torchrun (a spawned rank would otherwise spawn them: seconds of start-up each).
+    context = "fork" if workers else None
+    if name == "shardwise":
+        from shardwise import LocalitySampler, ShardCache, ShardedSource
+
+        cache = ShardCache(Path(spec["root"]) / spec["cache"], storage_options=spec["options"])
+        source = ShardedSource(spec["urls"], cache=cache, index_dir=Path(spec["root"]) / "index",
+                               open_shards=spec["window"] + 1)
+        sampler = LocalitySampler(source, window=spec["window"], seed=0)
+        if state is not None:
+            sampler.load_state_dict(state)
+        loader = DataLoader(source, sampler=sampler, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                            multiprocessing_context=context)
+        loader.state_dict = sampler.state_dict  # type: ignore[attr-defined]  # what a checkpoint saves
+        return loader, sampler.set_epoch, lambda row: row["id"]
+    if name == "hf":
+        import datasets
+        from datasets.distributed import split_dataset_by_node
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        datasets.disable_progress_bars()
+        ds = datasets.load_dataset("parquet", data_files={"train": spec["urls"]}, split="train", streaming=True,
+                                   storage_options=spec["hf_options"])
+        ds = split_dataset_by_node(ds.shuffle(seed=0, buffer_size=1000), rank=rank, world_size=world_size)
+        loader = StatefulDataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                                    multiprocessing_context=context)
+        if state is not None:
+            loader.load_state_dict(state[rank])
+        return loader, ds.set_epoch, lambda row: row["id"]
+    if name == "webdataset":
+        import webdataset as wds
+
+        # split_by_node reads RANK / WORLD_SIZE, which torchrun sets (the DataLoader workers see them too).
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+
+        ds = wds.WebDataset(spec["tar_urls"], nodesplitter=wds.split_by_node, shardshuffle=100, seed=0,
+                            empty_check=False).shuffle(1000).decode()
+        loader = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                            multiprocessing_context=context)
+        loader.state_dict = lambda: None  # type: ignore[attr-defined]  # no mid-epoch state: restart the epoch
+        return loader, lambda epoch: None, lambda row: int(row["cls"])
+    if name == "litdata":  # runs in the scratch venv (bench/_litdata_ranks.py)
+        import litdata
+
+        ds = litdata.StreamingDataset(spec["litdata_url"], shuffle=True, seed=0,
+                                      cache_dir=str(Path(spec["root"]) / "litdata-cache"),
+                                      storage_options={"endpoint_url": spec["endpoint"]})
+        loader = litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                                             multiprocessing_context=context)
+        if state is not None:
+            loader.load_state_dict(state)
+        return loader, ds.set_epoch, lambda row: int(row["id"])
+    raise ValueError(f"loader should be 'shardwise', 'hf', 'webdataset' or 'litdata', but got loader={name!r}")
+
+
+def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """One rank's report: ids read (before the stop / after the resume), state, steps, rates, peak memory."""
+    memory = PeakMemory()
+    loader, set_epoch, get_id = _loader(rank, world_size, spec)
+    report: dict[str, Any] = {"rank": rank}
+    ids: list[int] = []
+    start, steps, first = time.perf_counter(), 0, 0
+    for batch in loader:
+        ids.extend(int(get_id(row)) for row in batch)
+        steps += 1
+        if steps % 8 == 1:
+            memory.sample()
+        if steps == 1:  # rates are timed from the first batch: the workers' start-up is not in them
+            start, first = time.perf_counter(), len(ids)
+        if steps == spec.get("stop"):
+            report["before"], report["state"] = list(ids), loader.state_dict()
+    report.update(ids=ids, steps=steps, cold=(len(ids) - first) / (time.perf_counter() - start))
+    report.setdefault("before", list(ids))
+    report.setdefault("state", loader.state_dict())
+    if spec.get("warm"):
+        set_epoch(1)
+        read = 0
+        for step, batch in enumerate(loader):
+            if step % 8 == 0:
+                memory.sample()
+            if step == 0:
+                start = time.perf_counter()
+            else:
+                read += len(batch)
+        report["warm"] = read / (time.perf_counter() - start)
+    report["peak"], report["base"] = memory.stop(), memory.start
+    return report
