@@ -159,3 +159,12 @@ def test_a_missing_shard_names_its_url_and_the_sample(s3: dict[str, Any], shards
     with pytest.raises(ShardError, match=rf"s3://{BUCKET}/gone/1.parquet \(needed for sample 39\) does not exist"):
         source.__getitems__(batch)
     assert str(one.value).startswith(f"shard s3://{BUCKET}/gone/1.parquet (needed for sample 39)")
+
+
+def test_parquet_columns_are_kept_and_a_missing_one_is_refused(shards: dict[str, list[str]], tmp_path: Path) -> None:
+    """``columns=`` selects the columns of a row; a column no shard has fails naming the shard, sample and column."""
+    source = _source(shards, "parquet", tmp_path, columns=["tokens", "id"])
+    assert source.__getitems__([40, 2]) == [{"tokens": [0, 1, 2, 3, 4], "id": 40}, {"tokens": [0, 1], "id": 2}]
+    missing = _source(shards, "parquet", tmp_path, columns=["id", "nope"])
+    with pytest.raises(ShardError, match=rf"shard {shards['parquet'][1]} \(needed for sample 40\) .*nope"):
+        missing.__getitems__([40, 2])

@@ -148,9 +148,10 @@ def _parquet_table(path: str, columns: list[str] | None) -> Any:
     """A whole Parquet file, memory-mapped, as a table of ``columns`` (``None``: all).
 
     Read through ``ParquetFile``, not ``parquet.read_table``: the latter goes through
-    ``pyarrow.dataset``, whose import pulls in pandas (~2 s of a loaded 2-core machine in every
-    fresh DataLoader worker, each epoch, and its memory). ``ParquetFile.read`` returns empty columns for names the file
-    lacks, so they are refused here, as ``read_table`` refuses them (a ``ValueError``).
+    ``pyarrow.dataset``, whose import pulls in pandas: seconds and tens of MiB in every fresh
+    DataLoader worker, each epoch (BENCHMARKS.md, "the worker path"). ``ParquetFile.read``
+    returns empty columns for names the file lacks, so they are refused here, as ``read_table``
+    refuses them (a ``ValueError``).
     """
     parquet = pyarrow().parquet.ParquetFile(path, memory_map=True)
     if columns is not None:
