@@ -167,7 +167,8 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     loader, set_epoch, get_id = _loader(rank, world_size, spec)
     report: dict[str, Any] = {"rank": rank}
     ids: list[int] = []
-    start, steps, first = time.perf_counter(), 0, 0
+    began = start = time.perf_counter()
+    steps, first = 0, 0
     for batch in loader:
         ids.extend(int(get_id(row)) for row in batch)
         steps += 1
@@ -175,6 +176,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
             memory.sample()
         if steps == 1:  # rates are timed from the first batch: the workers' start-up is not in them
             start, first = time.perf_counter(), len(ids)
+            report["startup_cold"] = start - began  # the start-up, apart: iter(loader) to the first batch
         if steps == spec.get("stop"):
             report["before"], report["state"] = list(ids), loader.state_dict()
     report.update(ids=ids, steps=steps, cold=(len(ids) - first) / (time.perf_counter() - start))
@@ -183,11 +185,13 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     if spec.get("warm"):
         set_epoch(1)
         read = 0
+        began = time.perf_counter()
         for step, batch in enumerate(loader):
             if step % 8 == 0:
                 memory.sample()
             if step == 0:
                 start = time.perf_counter()
+                report["startup_warm"] = start - began
             else:
                 read += len(batch)
         report["warm"] = read / (time.perf_counter() - start)

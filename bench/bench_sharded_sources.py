@@ -19,7 +19,8 @@ Figures with ranks as real processes (``shardwise.tools.launch.run_distributed``
 DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; samples lost and
 repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
 its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
-batch; peak anonymous memory (``Pss_Anon``) of a rank plus its workers. LitData joins these when
+batch, and the seconds before that first batch (the workers' start-up); peak anonymous memory
+(``Pss_Anon``) of a rank plus its workers. LitData joins these when
 ``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
 the same rows ``optimize``d into its chunks, on the same S3 endpoint). MosaicML Streaming is not in
 it (BENCHMARKS.md says why).
@@ -196,6 +197,10 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
             rates = [r[label] for r in first]
             rows.append((f"samples/s per rank, W=3, 2 workers, {label} (mean, min..max)", name,
                          f"{np.mean(rates):,.0f} ({min(rates):,.0f}..{max(rates):,.0f})"))
+        for label in ("cold", "warm"):
+            waits = [r.get(f"startup_{label}", float("nan")) for r in first]
+            rows.append((f"seconds from iter(loader) to the first batch, W=3, 2 workers, {label} (mean, min..max)",
+                         name, f"{np.mean(waits):.2f} ({min(waits):.2f}..{max(waits):.2f})"))
         peaks = [r["peak"] / 2**20 for r in first]
         bases = [r["base"] / 2**20 for r in first]
         rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,

@@ -45,6 +45,7 @@ def pyarrow() -> Any:
     """The ``pyarrow`` module, or an ImportError saying how to install it."""
     try:
         import pyarrow as pa
+        import pyarrow.compute  # here, not on a worker's first take: forked workers inherit it
         import pyarrow.ipc
         import pyarrow.parquet  # loaded for pa.parquet below
     except ImportError as error:  # pragma: no cover - pyarrow is installed in the test environment
@@ -143,6 +144,26 @@ def read_column(handle: IO[bytes], fmt: Format, name: str) -> np.ndarray:
     return _as_values(table.column(0).combine_chunks(), name)
 
 
+def _parquet_table(path: str, columns: list[str] | None) -> Any:
+    """A whole Parquet file, memory-mapped, as a table of ``columns`` (``None``: all).
+
+    Read through ``ParquetFile``, not ``parquet.read_table``: the latter goes through
+    ``pyarrow.dataset``, whose import pulls in pandas: seconds and tens of MiB in every fresh
+    DataLoader worker, each epoch (BENCHMARKS.md, "the worker path"). ``ParquetFile.read``
+    returns empty columns for names the file lacks, so they are refused here, as ``read_table``
+    refuses them (a ``ValueError``).
+    """
+    parquet = pyarrow().parquet.ParquetFile(path, memory_map=True)
+    if columns is not None:
+        names = parquet.schema_arrow.names
+        missing = [c for c in columns if c not in names and c.split(".", 1)[0] not in names]
+        if missing:
+            raise ValueError(f"no column {missing[0]!r} in {path}; its columns are {names}")
+    # One thread: a DataLoader worker is already one of a process per core; Arrow's thread pools in
+    # every worker cost private memory and, on shards of a few row groups, time.
+    return parquet.read(columns=columns, use_threads=False)
+
+
 class ShardReader:
     """Random access to the rows of one local shard file (memory-mapped where the format allows).
 
@@ -158,7 +179,7 @@ class ShardReader:
         if fmt is Format.PARQUET:
             # Decoded whole, once: the locality-aware plan reads a shard's samples in random order
             # while its window is resident, so decoding a row group per sample would cost ~100x more.
-            self._table = pyarrow().parquet.read_table(path, columns=columns, memory_map=True)
+            self._table = _parquet_table(path, columns)
             self._reader = self._arrow_row
         elif fmt is Format.ARROW:
             pa = pyarrow()
@@ -180,18 +201,37 @@ class ShardReader:
         """Row ``index`` of the shard as a dict (WebDataset: ``{"__key__": key, extension: bytes}``)."""
         return self._reader(index)
 
+    def rows(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Rows ``indices`` of the shard, in that order: what ``[self.row(i) for i in indices]`` returns.
+
+        Parquet, Arrow: one ``take`` and one conversion for all of them (a batch's rows of this
+        shard), not a slice and a conversion per row. WebDataset: the file is opened once.
+        """
+        if self.fmt is not Format.WEBDATASET:
+            positions = np.asarray(indices, dtype=np.int64)
+            # An Arrow array over the numpy buffer: pa.array() would import pandas (seconds per worker).
+            pa = pyarrow()
+            taken = pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)])
+            rows: list[dict[str, Any]] = self._table.take(taken).to_pylist()
+            return rows
+        with open(self.path, "rb") as handle:
+            return [self._tar_read(handle, index) for index in indices]
+
     def _arrow_row(self, index: int) -> dict[str, Any]:
         row: dict[str, Any] = self._table.slice(index, 1).to_pylist()[0]
         return row
 
     def _tar_row(self, index: int) -> dict[str, Any]:
-        key, parts = self._keys[index]
-        row: dict[str, Any] = {"__key__": key}
         # Opened per sample, not kept open: a reader dropped by a worker never leaks a file descriptor.
         with open(self.path, "rb") as handle:
-            for extension, (offset, size) in parts.items():
-                handle.seek(offset)
-                row[extension] = handle.read(size)
+            return self._tar_read(handle, index)
+
+    def _tar_read(self, handle: IO[bytes], index: int) -> dict[str, Any]:
+        key, parts = self._keys[index]
+        row: dict[str, Any] = {"__key__": key}
+        for extension, (offset, size) in parts.items():
+            handle.seek(offset)
+            row[extension] = handle.read(size)
         return row
 
     def close(self) -> None:
