@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
 from shardwise.samplers.locality import LocalitySampler
+from tests.data.shards import write_shards
 from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
 pa = pytest.importorskip("pyarrow")
@@ -33,20 +34,8 @@ def _table(first: int, count: int) -> Any:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """The same samples as local Parquet, Arrow IPC and WebDataset shards."""
-    import webdataset
-
-    root = tmp_path_factory.mktemp("batched")
-    first = 0
-    for s, size in enumerate(SIZES):
-        table = _table(first, size)
-        pq.write_table(table, root / f"{s}.parquet", row_group_size=16)
-        with pa.OSFile(str(root / f"{s}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=10)
-        with webdataset.TarWriter(str(root / f"{s}.tar")) as tar:
-            for i in range(first, first + size):
-                tar.write({"__key__": f"s{i:06d}", "cls": str(i % 3), "txt": "w" * (i % 17 + 1)})
-        first += size
-    return {suffix: [str(root / f"{s}.{suffix}") for s in range(len(SIZES))] for suffix in ("parquet", "arrow", "tar")}
+    written = write_shards(tmp_path_factory.mktemp("batched"), SIZES, _table)
+    return {suffix: [str(path) for path in paths] for suffix, paths in written.items()}
 
 
 def _source(shards: dict[str, list[str]], suffix: str, tmp_path: Path, **kwargs: Any) -> ShardedSource:

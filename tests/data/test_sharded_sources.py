@@ -19,6 +19,7 @@ from shardwise import BucketBatchSampler, ShardedSampler
 from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
 from shardwise.samplers.locality import LocalitySampler
 from shardwise.tools.launch import run_distributed
+from tests.data.shards import write_shards
 from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
 pa = pytest.importorskip("pyarrow")
@@ -38,23 +39,13 @@ def _table(first: int, count: int) -> Any:
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The endpoint, with the same samples as Parquet, Arrow IPC (file format and HF save_to_disk) and WebDataset shards."""
     import datasets
-    import webdataset
 
     local = tmp_path_factory.mktemp("shards")
     with s3_endpoint() as endpoint:
         fs = make_bucket(endpoint, BUCKET)
-        first = 0
-        for s, size in enumerate(SIZES):
-            table = _table(first, size)
-            pq.write_table(table, local / f"{s}.parquet", row_group_size=16)
-            with pa.OSFile(str(local / f"{s}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table, max_chunksize=10)
-            with webdataset.TarWriter(str(local / f"{s}.tar")) as tar:
-                for i in range(first, first + size):
-                    tar.write({"__key__": f"s{i:06d}", "cls": str(i % 3), "txt": "w" * (i % 17 + 1)})
-            for suffix in ("parquet", "arrow", "tar"):
-                fs.put(str(local / f"{s}.{suffix}"), f"{BUCKET}/{suffix}/shard-{s:02d}.{suffix}")
-            first += size
+        for suffix, paths in write_shards(local, SIZES, _table).items():
+            for s, path in enumerate(paths):
+                fs.put(str(path), f"{BUCKET}/{suffix}/shard-{s:02d}.{suffix}")
         datasets.Dataset.from_dict(_table(0, TOTAL).to_pydict()).save_to_disk(str(local / "hf"), num_shards=3)
         fs.put(str(local / "hf"), f"{BUCKET}/hf", recursive=True)
         yield {"endpoint": endpoint, "fs": fs, "local": local}

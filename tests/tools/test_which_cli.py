@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -129,15 +130,20 @@ def test_bad_target_and_state_of_other_data_exit_2(
     assert code == 2 and "no shardwise sampler state" in err
 
 
-def test_skip_edits_a_checkpoint_so_the_steps_never_train(
-    factory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`shardwise skip` adds steps 2-4 after a checkpoint to its ledger: the resumed step 2 is the old step 5."""
+def _state_after_ten_steps() -> dict[str, Any]:
+    """Rank 0 of 2 over 500 samples (seed 7), saved after 10 steps of batch 4 through a DataLoader."""
     sampler = ShardedSampler(500, num_replicas=2, rank=0, seed=7)
     for step, _ in enumerate(DataLoader(range(500), batch_size=4, sampler=sampler)):
         if step == 9:
             break
-    state = sampler.state_dict()
+    return sampler.state_dict()
+
+
+def test_skip_edits_a_checkpoint_so_the_steps_never_train(
+    factory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardwise skip` adds steps 2-4 after a checkpoint to its ledger: the resumed step 2 is the old step 5."""
+    state = _state_after_ten_steps()
     torch.save({"model": {"w": torch.zeros(2)}, "sampler": state}, tmp_path / "ckpt.pt")
     argv = ["skip", f"{factory}:make_loader", "-w", "3", "--state", str(tmp_path / "ckpt.pt"), "--steps", "2:5",
             "--out", str(tmp_path / "edited.pt")]  # fmt: skip
@@ -166,11 +172,7 @@ def test_skip_ids_edits_a_checkpoint_so_the_ids_never_train_again(
     factory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`shardwise skip --ids` records id ranges in a JSON state: a resume at another W and the next epoch lack them."""
-    sampler = ShardedSampler(500, num_replicas=2, rank=0, seed=7)
-    for step, _ in enumerate(DataLoader(range(500), batch_size=4, sampler=sampler)):
-        if step == 9:
-            break
-    state = sampler.state_dict()
+    state = _state_after_ten_steps()
     (tmp_path / "state.json").write_text(json.dumps(state))
     argv = ["skip", f"{factory}:make_loader", "-w", "3", "--state", str(tmp_path / "state.json"), "--ids", "100-149",
             "--ids", "7,300-301", "--out", str(tmp_path / "edited.json")]  # fmt: skip
