@@ -40,3 +40,37 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    A reader of either path sees the old entry or the new one, never neither: what replacing a
+    non-empty directory with two renames cannot give. False where the platform or file system
+    cannot exchange (not Linux, a glibc before 2.28, ``EINVAL``/``ENOSYS``), or when either path
+    is gone (``ENOENT``); the caller falls back to its renames.
+    """
+    import ctypes
+    import ctypes.util
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOENT, errno.EXDEV, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))

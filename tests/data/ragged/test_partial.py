@@ -117,3 +117,28 @@ def test_racing_writers_remove_stale_partials_once_and_both_publish(tmp_path: Pa
     store.verify()
     assert store.lengths.tolist() in ([1] * 20, [2] * 20)
     assert _leftovers(tmp_path) == []
+
+
+def _overwrite(path: str, start: Any, rounds: int) -> None:
+    start.wait(60)
+    for round_ in range(rounds):
+        RaggedArray.write(path, [np.full((1, 2), round_, np.int16)] * 4, overwrite=True)
+
+
+def test_an_overwrite_never_leaves_the_path_missing_for_a_reader(tmp_path: Path) -> None:
+    """A reader polling the store while another process overwrites it 200 times always finds a store there."""
+    path = tmp_path / "s"
+    RaggedArray.write(path, [np.zeros((1, 2), np.int16)] * 4)
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    writer = context.Process(target=_overwrite, args=(str(path), start, 200))
+    writer.start()
+    start.set()
+    missing, polls, deadline = 0, 0, time.monotonic() + 120
+    while writer.is_alive() and time.monotonic() < deadline:
+        polls += 1
+        missing += not os.path.isdir(path)
+    writer.join(60)
+    assert writer.exitcode == 0 and polls > 0
+    assert missing == 0, f"the store was missing at {missing} of {polls} polls during overwrites"
+    assert RaggedArray(path).lengths.tolist() == [1] * 4

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..._core.arrays import as_array
 from ..._core.errors import check_bool, check_iterable, check_path
-from ..._core.files import fsync_path, sampled_crc
+from ..._core.files import exchange, fsync_path, sampled_crc
 from ...index.lengths import prebuild_store_index
 from .format import (
     FORMAT,
@@ -260,6 +260,9 @@ class RaggedWriter:
                     break
                 continue  # another writer published first: replace its store
             check_target(self.path, self.overwrite)
+            if exchange(self._tmp, self.path):  # one atomic step: readers never find path missing
+                shutil.rmtree(self._tmp, ignore_errors=True)  # the previous store, swapped into our directory
+                break
             shutil.rmtree(old, ignore_errors=True)
             old.mkdir()
             if not _renamed(self.path, old / "store"):
