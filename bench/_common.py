@@ -103,3 +103,17 @@ def function_lengths(root: str = STDLIB) -> np.ndarray:
     os.makedirs(OUT, exist_ok=True)
     np.save(cache, lengths)
     return lengths
+
+
+def shuffle_quality(ids: np.ndarray, shard_of: np.ndarray) -> dict[str, float]:
+    """How well an order of ids is mixed: same-shard consecutive pairs, mean |id step| / n, Spearman(position, id).
+
+    ``shard_of`` maps every sample id of the dataset to its shard; ``n`` is the dataset's size, also for
+    one rank's order (a uniform one scores 1/3 either way).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    shards = shard_of[ids]
+    ranks = np.argsort(np.argsort(ids))
+    return {"same_shard": float(np.mean(shards[1:] == shards[:-1])),
+            "id_step": float(np.mean(np.abs(np.diff(ids)))) / len(shard_of),  # over the dataset's n, for a rank too
+            "spearman": float(np.corrcoef(np.arange(len(ids)), ranks)[0, 1])}  # fmt: skip

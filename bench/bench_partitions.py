@@ -36,21 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from _common import shuffle_quality
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
 G = 2  # ranks per node
-
-
-def shuffle_quality(ids: np.ndarray, shard_of: np.ndarray) -> dict[str, float]:
-    """Same-shard consecutive pairs, mean |id step| / n, Spearman(position, id) (as bench_sharded_sources).
-
-    ``n`` is the dataset's size, also for one rank's order (a uniform one scores 1/3 either way).
-    """
-    ids = np.asarray(ids, dtype=np.int64)
-    shards = shard_of[ids]
-    ranks = np.argsort(np.argsort(ids))
-    return {"same_shard": float(np.mean(shards[1:] == shards[:-1])),
-            "id_step": float(np.mean(np.abs(np.diff(ids)))) / len(shard_of),  # over the dataset's n, for a rank too
-            "spearman": float(np.corrcoef(np.arange(len(ids)), ranks)[0, 1])}  # fmt: skip
 
 
 EPOCHS = 10  # shuffle figures are averaged over this many epochs (one epoch's shard order is one draw)

@@ -1,0 +1,168 @@
+"""The locality-aware shuffle against MosaicML Streaming's ``py1e`` at the same cache budget (issue 22, point 2).
+
+A loader over shard files can only shuffle as well as the shards it keeps at once allow. This compares
+global orders of one epoch over the same uneven shards:
+
+- ``uniform``: a uniform permutation (every shard resident);
+- ``windows``: ``LocalityPermutation`` (``LocalitySampler(mixing="windows")``, the default) with
+  ``window = 2, 4, ...`` shards mixed, one window after the other;
+- ``streams``: ``StreamPermutation`` (``LocalitySampler(mixing="streams")``) with ``window = 2, 4, ...``
+  streams, each reading one shard at a time, interleaved (NOTE [ Staggered streams ]);
+- ``py1e``: Streaming's default shuffle (``get_shuffle_py1e``, one canonical node), swept over
+  ``shuffle_block_size``, computed by Streaming itself in its scratch venv (BENCHMARKS.md shows how to
+  make it; without it the py1e rows are left out with one printed line).
+
+Shuffle figures (as ``bench_sharded_sources.py``): consecutive samples from one shard, mean |id step| /
+n (uniform: 1/3), |Spearman(position, id)| (uniform: 0), each the mean over ``--epochs`` epochs.
+
+The cache budget of an order is what a loader must hold to read it without fetching a shard twice:
+a shard is resident from ``lookahead`` positions before its first read to its last read, and the
+budget is the peak, over positions, of the resident shards' samples over ``n`` (bytes, for equal-size
+samples) and their count. ``lookahead = 0`` is the least any cache can hold; the table uses one mean
+shard of lookahead (a loader that prefetches; it costs a window's shards all at once at each window
+boundary, and py1e's staggered spans about one shard). Each shardwise window is matched with the
+py1e block size of the largest budget not above shardwise's (bytes with lookahead).
+
+Run: ``python bench/bench_shuffle_locality.py`` (pure numpy; ~1 min, most of it py1e at 1e6 samples)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from _common import shuffle_quality
+
+SCRATCH = "/tmp/scratch-venv-streaming/bin/python"  # mosaicml-streaming 0.13.0 (BENCHMARKS.md)
+WINDOWS = (2, 4, 8, 16)
+STREAMS = (2, 3, 4, 6, 8, 12, 16)
+BLOCKS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)  # x the mean shard size
+
+PY1E = """
+import json, sys
+import numpy as np
+from streaming.base.shuffle.py1e import get_shuffle_py1e
+sizes, out, blocks, epochs = np.load(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+np.savez(out, **{f"{b}-{e}": get_shuffle_py1e(sizes, 1, 0, e, b) for b in blocks for e in range(epochs)})
+"""
+
+
+def uneven_sizes(n: int, shards: int, seed: int = 0) -> np.ndarray:
+    """Samples per shard from uniform random cuts of ``[0, n)`` (as ``bench_sharded_sources.write_shards``)."""
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=shards - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [n]])).astype(np.int64)
+
+
+def budget(ids: np.ndarray, sizes: np.ndarray, lookahead: int) -> tuple[float, int]:
+    """Peak resident samples / n and peak resident shards of reading ``ids`` in order (see the module doc)."""
+    n, shard_of = len(ids), np.repeat(np.arange(len(sizes)), sizes)
+    shards = shard_of[ids]
+    first, last = np.full(len(sizes), n), np.full(len(sizes), -1)
+    np.minimum.at(first, shards, np.arange(n))
+    np.maximum.at(last, shards, np.arange(n))
+    read = sizes > 0
+    begin = np.maximum(first[read] - lookahead, 0)
+    samples, count = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
+    np.add.at(samples, begin, sizes[read])
+    np.add.at(samples, last[read] + 1, -sizes[read])
+    np.add.at(count, begin, 1)
+    np.add.at(count, last[read] + 1, -1)
+    return float(np.cumsum(samples).max()) / n, int(np.cumsum(count).max())
+
+
+def row(orders: list[np.ndarray], sizes: np.ndarray, lookahead: int) -> dict[str, float]:
+    """Mean shuffle figures and worst budgets over the epochs' ``orders``."""
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)
+    found = [shuffle_quality(order, shard_of) for order in orders]
+    out = {k: float(np.mean([abs(q[k]) for q in found])) for k in found[0]}
+    live = [budget(order, sizes, 0) for order in orders]
+    ahead = [budget(order, sizes, lookahead) for order in orders]
+    out.update(live_bytes=max(b for b, _ in live), live_shards=max(s for _, s in live),
+               bytes=max(b for b, _ in ahead), shards=max(s for _, s in ahead))
+    return out
+
+
+def py1e_orders(sizes: np.ndarray, blocks: list[int], epochs: int) -> dict[int, list[np.ndarray]] | None:
+    """Streaming's py1e orders per block size, or None without the scratch venv."""
+    if not os.path.exists(SCRATCH):
+        print(f"py1e left out: no {SCRATCH} (BENCHMARKS.md shows how to make that venv)")
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(Path(tmp) / "sizes.npy", sizes)
+        subprocess.run([SCRATCH, "-c", PY1E, str(Path(tmp) / "sizes.npy"), str(Path(tmp) / "out.npz"),
+                        json.dumps(blocks), str(epochs)], check=True, timeout=1800)
+        with np.load(Path(tmp) / "out.npz") as found:
+            return {b: [found[f"{b}-{e}"].astype(np.int64) for e in range(epochs)] for b in blocks}
+
+
+def figures(q: dict[str, float]) -> str:
+    return (f"{q['same_shard']:.3f} | {q['id_step']:.3f} | {q['spearman']:.3f} | "
+            f"{q['live_shards']} / {q['live_bytes']:.3f} | {q['shards']} / {q['bytes']:.3f}")
+
+
+def compare(n: int, shards: int, epochs: int) -> None:
+    from shardwise._core.locality import LocalityPermutation
+    from shardwise._core.seeds import derive_seed
+    from shardwise._core.streams import StreamPermutation
+
+    sizes = uneven_sizes(n, shards)
+    lookahead = n // shards
+    print(f"\n### {n:,} samples in {shards} uneven shards (sizes {sizes.min()}..{sizes.max()}), "
+          f"{epochs} epochs, lookahead {lookahead} positions\n")
+    print("| order | same-shard pairs | mean \\|id step\\| / n | \\|Spearman\\| | live shards / samples | "
+          "with lookahead: shards / samples |")
+    print("|---|---|---|---|---|---|")
+    uniform = row([np.random.default_rng(e).permutation(n) for e in range(epochs)], sizes, lookahead)
+    print(f"| uniform | {figures(uniform)} |")
+    ours: dict[str, dict[str, float]] = {}
+    for window in WINDOWS:
+        plans = [LocalityPermutation(sizes, window=window, key=derive_seed(0, "bench", e)) for e in range(epochs)]
+        ours[f"windows {window}"] = row([plan(np.arange(n)) for plan in plans], sizes, lookahead)
+    for streams in STREAMS:
+        plans = [StreamPermutation(sizes, streams=streams, key=derive_seed(0, "bench", e)) for e in range(epochs)]
+        ours[f"streams {streams}"] = row([plan(np.arange(n)) for plan in plans], sizes, lookahead)
+    for name, q in ours.items():
+        print(f"| shardwise {name} | {figures(q)} |")
+    blocks = sorted({int(lookahead * b) for b in BLOCKS})
+    orders = py1e_orders(sizes, blocks, epochs)
+    if orders is None:
+        return
+    theirs = {b: row(orders[b], sizes, lookahead) for b in blocks}
+    for b in blocks:
+        print(f"| py1e block {b} | {figures(theirs[b])} |")
+    print("\nMatched budgets (py1e: the largest block whose budget with lookahead is not above shardwise's):\n")
+    print("| shardwise | budget (samples / n) | py1e block | its budget | same-shard: shardwise / py1e | "
+          "\\|id step\\|: shardwise / py1e | \\|Spearman\\|: shardwise / py1e |")
+    print("|---|---|---|---|---|---|---|")
+    for name, q in ours.items():
+        fits = [b for b in blocks if theirs[b]["bytes"] <= q["bytes"]]
+        if not fits:
+            print(f"| {name} | {q['bytes']:.3f} | none fits | | | | |")
+            continue
+        b = max(fits, key=lambda block: theirs[block]["bytes"])
+        t = theirs[b]
+        print(f"| {name} | {q['bytes']:.3f} | {b} | {t['bytes']:.3f} | "
+              f"{q['same_shard']:.3f} / {t['same_shard']:.3f} | {q['id_step']:.3f} / {t['id_step']:.3f} | "
+              f"{q['spearman']:.3f} / {t['spearman']:.3f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="6000x37,200000x37,1000000x1000",
+                        help="comma-separated SAMPLESxSHARDS (default: the loader bench's, the issue's, many shards)")
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    for case in args.cases.split(","):
+        n, shards = (int(x) for x in case.split("x"))
+        compare(n, shards, args.epochs)
+
+
+if __name__ == "__main__":
+    main()
