@@ -137,7 +137,7 @@ class StreamPermutation:
         totals = np.maximum(self._totals[streams], 1).astype(np.float64)
         top = self._blocks - 1
         estimate = np.ceil((elements + 1).astype(np.float64) * self._blocks / totals) - 1
-        blocks = np.clip(estimate.astype(np.int64), 0, top)
+        blocks: np.ndarray = np.clip(estimate.astype(np.int64), 0, top)
         for _ in range(64):
             down = self._chunk_start(streams, blocks) > elements
             up = (blocks < top) & (self._chunk_start(streams, blocks + 1) <= elements)
@@ -204,7 +204,7 @@ class StreamPermutation:
         index = np.searchsorted(self._sm_starts, sm, side="right") - 1
         shards = self._order[self._sm_slot[index]]
         offsets = sm - self._sm_starts[index]
-        ids = np.empty_like(offsets)
+        ids: np.ndarray = np.empty_like(offsets)
         for shard in np.unique(shards).tolist():
             at = np.flatnonzero(shards == shard)
             ids[at] = self._shard_starts[shard] + self._shard_permutation(shard)(offsets[at])
