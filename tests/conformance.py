@@ -52,6 +52,11 @@ CASES: list[Case] = [
          lambda n: Counter(range(n))),
     Case("LocalitySampler-partitions", lambda n, **kw: LocalitySampler([1] * (n % 5) + [0] + [5] * (n // 5), window=2,
          partitions=2, ranks_per_partition=2, **kw), lambda n: Counter(range(n))),
+    Case("LocalitySampler-streams", lambda n, **kw: LocalitySampler([3] * (n // 3) + [0, n % 3], window=3,
+         mixing="streams", **kw), lambda n: Counter(range(n))),
+    Case("LocalitySampler-streams-partitions", lambda n, **kw: LocalitySampler(
+         [1] * (n % 5) + [0] + [5] * (n // 5), window=2, mixing="streams", partitions=2, ranks_per_partition=2, **kw),
+         lambda n: Counter(range(n))),
     Case("ShardedSampler-drop", lambda n, **kw: ShardedSampler(n, drop_last=True, **kw), lambda n: Counter(range(n))),
     Case("shard-RandomSampler", lambda n, **kw: shard(RandomSampler(range(n)), **kw), lambda n: Counter(range(n)),
          min_n=1),

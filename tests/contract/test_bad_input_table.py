@@ -410,6 +410,8 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
      ("sample ids", "[0, 9]")),
     # -- sharded sources (issue 22) -------------------------------------------------------------------
     ("locality-window-zero", lambda tmp: shardwise.LocalitySampler([3, 4], window=0), V, ("window", "0")),
+    ("locality-mixing-unknown", lambda tmp: shardwise.LocalitySampler([3, 4], mixing="stream"), V,
+     ("mixing", "'stream'", "'streams'")),
     ("locality-sizes-negative", lambda tmp: shardwise.LocalitySampler([3, -4]), V, ("dataset[1]", "-4")),
     ("locality-sizes-str", lambda tmp: shardwise.LocalitySampler("abc"), T, ("dataset", "'abc'")),
     ("locality-shuffle-str", lambda tmp: shardwise.LocalitySampler([3, 4], shuffle="yes"), T, ("shuffle", "'yes'")),

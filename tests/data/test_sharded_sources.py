@@ -105,11 +105,12 @@ def test_other_samplers_work_over_the_source(s3: dict[str, Any], tmp_path: Path)
 
 
 def _ranks_main(
-    rank: int, world_size: int, endpoint: str, root: str, steps: int, state: Any, workers: int
+    rank: int, world_size: int, endpoint: str, root: str, steps: int, state: Any, workers: int,
+    mixing: str = "windows",
 ) -> dict[str, Any]:
     cache = ShardCache(Path(root) / "cache", storage_options=storage_options(endpoint))
     source = ShardedSource(f"s3://{BUCKET}/parquet/", cache=cache, index_dir=Path(root) / "index")
-    sampler = LocalitySampler(source, window=3, seed=5)
+    sampler = LocalitySampler(source, window=3, mixing=mixing, seed=5)
     if state is not None:
         sampler.load_state_dict(state)
     context = "spawn" if workers else None
@@ -136,12 +137,16 @@ def test_equal_steps_on_every_rank(s3: dict[str, Any], tmp_path: Path, world_siz
 
 
 def test_exact_resume_at_another_world_size(s3: dict[str, Any], tmp_path: Path) -> None:
-    """3 ranks stop after 5 steps with workers; 4 ranks resume from rank 0's state: nothing lost or repeated."""
-    first = run_distributed(_ranks_main, 3, s3["endpoint"], str(tmp_path), 5, None, 2, timeout=240)
+    """3 ranks stop after 5 steps with workers; 4 ranks resume from rank 0's state: nothing lost or repeated.
+
+    With staggered streams (the window plan resumes 4 -> 2 on real ranks in test_sharded_partitions).
+    """
+    mixing = "streams"
+    first = run_distributed(_ranks_main, 3, s3["endpoint"], str(tmp_path), 5, None, 2, mixing, timeout=240)
     state = first[0]["state"]
     assert all(r["state"] == state for r in first)
     assert state["consumed"] == 5 * 4 * 3
-    second = run_distributed(_ranks_main, 4, s3["endpoint"], str(tmp_path), 0, state, 0, timeout=240)
+    second = run_distributed(_ranks_main, 4, s3["endpoint"], str(tmp_path), 0, state, 0, mixing, timeout=240)
     seen = Counter(i for r in first + second for i in r["ids"])
     assert set(seen) == set(range(TOTAL))
     assert sum(seen.values()) - TOTAL < 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 import shardwise
 from shardwise import LocalitySampler
@@ -70,3 +71,15 @@ def test_when_inverts_the_partitioned_plan() -> None:
         for step, index in enumerate(list(sampler)):
             found = shardwise.when(sampler, index, epochs=0, batch_size=1)
             assert (found[0].rank, found[0].step) == (rank, step) or (rank, step) in [(t.rank, t.step) for t in found]
+
+
+def test_mixing_is_part_of_the_plan_and_the_state() -> None:
+    """mixing="streams" changes the plan; a state resumes only with the same mixing, and says which to use."""
+    windows = LocalitySampler(SIZES, window=3, num_replicas=2, rank=0, seed=2)
+    streams = LocalitySampler(SIZES, window=3, mixing="streams", num_replicas=2, rank=0, seed=2)
+    assert list(windows) != list(streams)
+    assert "mixing" not in windows.state_dict()["fingerprint"]  # states saved before mixing existed still load
+    with pytest.raises(ValueError, match="mixing"):
+        windows.load_state_dict(streams.state_dict())
+    with pytest.raises(ValueError, match="mixing should be one of 'windows', 'streams'"):
+        LocalitySampler(SIZES, mixing="stream")

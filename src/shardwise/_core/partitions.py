@@ -45,6 +45,7 @@ from .errors import check_int
 from .locality import LocalityPermutation, check_shard_sizes, split_wrap
 from .permutation import Permutation
 from .seeds import derive_seed
+from .streams import Mixing, StreamPermutation, locality_plan
 
 LAYOUT = "shard-partition"
 STREAM = "partition-stream"
@@ -162,6 +163,7 @@ class PartitionedPermutation:
         layout: the partitions (fixed for the run).
         window: shards mixed together within a partition's stream.
         key: 64-bit key of the epoch; ``None``: no shuffle (each stream in layout order).
+        mixing: how each partition mixes its ``window`` shards (windows, or staggered streams).
 
     Example:
         >>> layout = PartitionLayout([5, 3, 4, 4], partitions=2, ranks_per_partition=1, key=3)
@@ -172,15 +174,17 @@ class PartitionedPermutation:
 
     __slots__ = ("_layout", "_streams", "_window")
 
-    def __init__(self, layout: PartitionLayout, *, window: int, key: int | None) -> None:
+    def __init__(self, layout: PartitionLayout, *, window: int, key: int | None,
+                 mixing: Mixing = Mixing.WINDOWS) -> None:
         self._layout = layout
         self._window = check_int("window", window, minimum=1)
-        self._streams: list[LocalityPermutation | None] = []
+        self._streams: list[LocalityPermutation | StreamPermutation | None] = []
         for k in range(layout.partitions):
             first, stop = layout.partition_pieces(k)
             pieces = np.diff(layout.piece_bounds[first : stop + 1]) if stop > first else np.zeros(1, np.int64)
             keyed = None if key is None else derive_seed(key, STREAM, k)
-            self._streams.append(None if keyed is None else LocalityPermutation(pieces, window=window, key=keyed))
+            plan = None if keyed is None else locality_plan(pieces, window=window, mixing=mixing, key=keyed)
+            self._streams.append(plan)
 
     def __len__(self) -> int:
         return int(self._layout.cuts[-1])
@@ -257,8 +261,10 @@ class PartitionedPermutation:
         return np.asarray(list(dict.fromkeys(taken)), dtype=np.int64)
 
     def mixed_shards(self, positions: np.ndarray) -> int:
-        """Shards a reader of ``positions`` mixes at once: ``window`` per partition read (padding aside)."""
-        return self._window * len(np.unique(self.partition_of(split_wrap(positions)[0])))
+        """Shards a reader of ``positions`` mixes at once: those of each partition read (padding aside)."""
+        read = np.unique(self.partition_of(split_wrap(positions)[0])).tolist()
+        return sum(self._window if stream is None else stream.mixed_shards(positions)
+                   for stream in (self._streams[k] for k in read))
 
     def __repr__(self) -> str:
         layout = self._layout

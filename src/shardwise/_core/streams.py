@@ -28,10 +28,12 @@ network in O(1) memory). Numpy only.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 from .errors import check_int
-from .locality import check_shard_sizes, split_wrap
+from .locality import LocalityPermutation, check_shard_sizes, split_wrap
 from .permutation import GOLDEN, Permutation, mix64, positions_of
 from .seeds import derive_seed
 
@@ -42,6 +44,15 @@ PER_STREAM = 4  # positions a stream holds in a block: the interleave's granular
 _MAX_BLOCKS = (1 << 31) - 1  # keeps floor(T_i * b / K) exact in int64 (r_i * b < K**2 < 2**62)
 _CACHED_SHARDS = 256  # per-shard sample orders kept (the shards being read, and room to spare)
 _ROWS = 1 << 20  # position x stream cells computed at once (bounds temporaries to ~8 MB an array)
+
+
+class Mixing(str, enum.Enum):
+    """How a locality plan mixes the shards it holds (``LocalitySampler(mixing=...)``)."""
+
+    WINDOWS = "windows"
+    """``window`` shards mixed together, then the next ``window`` (NOTE [ Locality-aware shuffle ])."""
+    STREAMS = "streams"
+    """``window`` streams, each reading one shard at a time, interleaved (NOTE [ Staggered streams ])."""
 
 
 class StreamPermutation:
@@ -278,3 +289,10 @@ class StreamPermutation:
 
     def __repr__(self) -> str:
         return f"StreamPermutation(n={self._n}, shards={len(self._order)}, streams={self._streams})"
+
+
+def locality_plan(sizes: object, *, window: int, mixing: Mixing, key: int) -> LocalityPermutation | StreamPermutation:
+    """The epoch's locality plan over ``sizes``: ``window`` shards at a time, mixed as ``mixing`` says."""
+    if mixing is Mixing.STREAMS:
+        return StreamPermutation(sizes, streams=window, key=key)
+    return LocalityPermutation(sizes, window=window, key=key)

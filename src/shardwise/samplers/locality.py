@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from .._core.arrays import digest
-from .._core.errors import check_int
+from .._core.errors import check_choice, check_int
 from .._core.locality import LocalityPermutation, check_shard_sizes
 from .._core.partitions import PartitionedPermutation, PartitionLayout
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
+from .._core.streams import Mixing, StreamPermutation, locality_plan
 from .._core.world import World
 from .base import UnitSource
 from .identity import with_data
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 SHUFFLE = "locality-shuffle"
 LAYOUT = "locality-partitions"
-Plan = LocalityPermutation | PartitionedPermutation
+Plan = LocalityPermutation | StreamPermutation | PartitionedPermutation
 
 
 @runtime_checkable
@@ -46,7 +47,12 @@ class LocalitySampler(SizedPlanSampler):
 
     The plan is :class:`~shardwise._core.locality.LocalityPermutation` (NOTE [ Locality-aware
     shuffle ]): shard order permuted per epoch, samples mixed within consecutive windows of
-    ``window`` shards. Like every shardwise plan it is a function of ``(seed, epoch, position)``
+    ``window`` shards. With ``mixing="streams"`` the plan is
+    :class:`~shardwise._core.streams.StreamPermutation` (NOTE [ Staggered streams ]): ``window``
+    streams each read one shard at a time, interleaved, so shards start and end one at a time and
+    the cache holds about ``window + 2`` shards instead of two windows; at the same cache bytes it
+    has fewer same-shard neighbours than the windows and than MosaicML Streaming's ``py1e``
+    (``bench/bench_shuffle_locality.py``). Like every shardwise plan it is a function of ``(seed, epoch, position)``
     only: equal steps on every rank, exact resume at any world size, in O(1). When the dataset
     can prefetch (``ShardedSource``), each pass tells it which shards this rank reads next.
 
@@ -66,8 +72,11 @@ class LocalitySampler(SizedPlanSampler):
 
     Args:
         dataset: a source with ``shard_sizes`` (``ShardedSource``) or the samples per shard.
-        window: shards mixed together (the node cache should hold two windows); ``>=`` the number
-            of shards is a uniform shuffle.
+        window: shards mixed together (the node cache should hold two windows, or ``window + 2``
+            shards with ``mixing="streams"``); ``>=`` the number of shards is a uniform shuffle.
+        mixing: ``"windows"`` (default: one window of shards, then the next) or ``"streams"``
+            (staggered: each of ``window`` streams reads one shard at a time; a better shuffle for the
+            same cache). Part of the plan: a checkpoint resumes only with the same ``mixing``.
         partitions: partitions of the shards (``P``); 1: one global stream (the plain plan).
         ranks_per_partition: consecutive positions reading one partition (``G``, the ranks of a
             node); ignored when ``partitions=1``.
@@ -92,6 +101,7 @@ class LocalitySampler(SizedPlanSampler):
         dataset: Any,
         *,
         window: int = 8,
+        mixing: str = "windows",
         partitions: int = 1,
         ranks_per_partition: int = 1,
         **options: Unpack[ShuffledKeywords],
@@ -102,6 +112,7 @@ class LocalitySampler(SizedPlanSampler):
         # torch's attribute is the data: the source, or (given samples per shard) the number of samples.
         self.dataset: Any = dataset if isinstance(dataset, ShardedData) else self._size
         self.window = check_int("window", window, minimum=1)
+        self.mixing = check_choice("mixing", mixing, Mixing)
         self.partitions = check_int("partitions", partitions, minimum=1)
         self.ranks_per_partition = check_int("ranks_per_partition", ranks_per_partition, minimum=1)
         self._layout: tuple[int, PartitionLayout] | None = None  # (seed, layout): fixed for the run
@@ -128,8 +139,8 @@ class LocalitySampler(SizedPlanSampler):
         key = derive_seed(seed, epoch, SHUFFLE) if self.shuffle else None
         layout = self.partition_layout(seed)
         if layout is not None:
-            return PartitionedPermutation(layout, window=self.window, key=key)
-        return None if key is None else LocalityPermutation(self._sizes, window=self.window, key=key)
+            return PartitionedPermutation(layout, window=self.window, key=key, mixing=self.mixing)
+        return None if key is None else locality_plan(self._sizes, window=self.window, mixing=self.mixing, key=key)
 
     def _plan_size(self, epoch: int) -> int:
         return self._size
@@ -169,12 +180,16 @@ class LocalitySampler(SizedPlanSampler):
                                     "window": self.window, "shuffle": self.shuffle}
         if self.partitions > 1:  # absent for one partition: states saved before partitions existed still load
             fingerprint.update(partitions=self.partitions, ranks_per_partition=self.ranks_per_partition)
+        if self.mixing is not Mixing.WINDOWS:  # absent for windows, likewise
+            fingerprint.update(mixing=self.mixing.value)
         return with_data(fingerprint, self.dataset)
 
     def _config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"window": self.window, "shuffle": self.shuffle, "drop_last": self.drop_last}
         if self.partitions > 1:
             config.update(partitions=self.partitions, ranks_per_partition=self.ranks_per_partition)
+        if self.mixing is not Mixing.WINDOWS:
+            config.update(mixing=self.mixing.value)
         return config
 
     def _data_repr(self) -> str:
