@@ -20,8 +20,8 @@ a shard is resident from ``lookahead`` positions before its first read to its la
 budget is the peak, over positions, of the resident shards' samples over ``n`` (bytes, for equal-size
 samples) and their count. ``lookahead = 0`` is the least any cache can hold; the table uses one mean
 shard of lookahead (a loader that prefetches; it costs a window's shards all at once at each window
-boundary, and py1e's staggered spans about one shard). Each shardwise window is matched with the
-py1e block size of the largest budget not above shardwise's (bytes with lookahead).
+boundary, and py1e's staggered spans about one shard). py1e's figures at each shardwise budget are
+interpolated between the block sizes whose budgets bracket it.
 
 Run: ``python bench/bench_shuffle_locality.py`` (pure numpy; ~1 min, most of it py1e at 1e6 samples)
 """
@@ -42,7 +42,7 @@ from _common import shuffle_quality
 SCRATCH = "/tmp/scratch-venv-streaming/bin/python"  # mosaicml-streaming 0.13.0 (BENCHMARKS.md)
 WINDOWS = (2, 4, 8, 16)
 STREAMS = (2, 3, 4, 6, 8, 12, 16)
-BLOCKS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)  # x the mean shard size
+BLOCKS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)  # x the mean shard size
 
 PY1E = """
 import json, sys
@@ -137,27 +137,34 @@ def compare(n: int, shards: int, epochs: int) -> None:
     theirs = {b: row(orders[b], sizes, lookahead) for b in blocks}
     for b in blocks:
         print(f"| py1e block {b} | {figures(theirs[b])} |")
-    print("\nMatched budgets (py1e: the largest block whose budget with lookahead is not above shardwise's):\n")
-    print("| shardwise | budget (samples / n) | py1e block | its budget | same-shard: shardwise / py1e | "
-          "\\|id step\\|: shardwise / py1e | \\|Spearman\\|: shardwise / py1e |")
-    print("|---|---|---|---|---|---|---|")
+    print("\nAt shardwise's budget (py1e's figures interpolated between the two block sizes whose budgets, with "
+          "lookahead, bracket it):\n")
+    print("| shardwise | budget (samples / n) | same-shard: shardwise / py1e | \\|id step\\|: shardwise / py1e | "
+          "\\|Spearman\\|: shardwise / py1e |")
+    print("|---|---|---|---|---|")
+    budgets = np.array([theirs[b]["bytes"] for b in blocks])
     for name, q in ours.items():
-        fits = [b for b in blocks if theirs[b]["bytes"] <= q["bytes"]]
-        if not fits:
-            print(f"| {name} | {q['bytes']:.3f} | none fits | | | | |")
+        if not budgets.min() <= q["bytes"] <= budgets.max():
+            print(f"| {name} | {q['bytes']:.3f} | outside py1e's range | | |")
             continue
-        b = max(fits, key=lambda block: theirs[block]["bytes"])
-        t = theirs[b]
-        print(f"| {name} | {q['bytes']:.3f} | {b} | {t['bytes']:.3f} | "
-              f"{q['same_shard']:.3f} / {t['same_shard']:.3f} | {q['id_step']:.3f} / {t['id_step']:.3f} | "
-              f"{q['spearman']:.3f} / {t['spearman']:.3f} |")
+        at = {k: at_budget(budgets, [theirs[b][k] for b in blocks], q["bytes"]) for k in ("same_shard", "id_step",
+                                                                                       "spearman")}
+        print(f"| {name} | {q['bytes']:.3f} | {q['same_shard']:.3f} / {at['same_shard']:.3f} | "
+              f"{q['id_step']:.3f} / {at['id_step']:.3f} | {q['spearman']:.3f} / {at['spearman']:.3f} |")
+
+
+def at_budget(budgets: np.ndarray, values: list[float], budget: float) -> float:
+    """A figure at ``budget``, interpolated linearly over the rows sorted by budget (equal budgets averaged)."""
+    xs = np.unique(budgets)
+    ys = [float(np.mean([v for b, v in zip(budgets, values, strict=True) if b == x])) for x in xs]
+    return float(np.interp(budget, xs, ys))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="6000x37,200000x37,1000000x1000",
                         help="comma-separated SAMPLESxSHARDS (default: the loader bench's, the issue's, many shards)")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args()
     for case in args.cases.split(","):
         n, shards = (int(x) for x in case.split("x"))
