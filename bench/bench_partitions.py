@@ -77,7 +77,10 @@ def write_shards(root: Path, n: int, shards: int, seed: int) -> np.ndarray:
 
 
 def scale_probe() -> None:
-    """Private memory and build time of a partitioned LocalitySampler at 1e9 samples in 1e5 shards."""
+    """Private memory, build time and draws/s of a LocalitySampler at 1e9 samples in 1e5 shards.
+
+    ``--scale-probe PARTITIONS [MIXING]`` (``bench_shuffle_locality.py`` runs it with each mixing).
+    """
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import smaps_rollup
     from shardwise import LocalitySampler
@@ -85,9 +88,11 @@ def scale_probe() -> None:
     before = smaps_rollup()["Anonymous"]
     sizes = np.random.default_rng(0).integers(5_000, 15_001, size=100_000)  # ~1e9 samples, uneven
     start = time.perf_counter()
-    partitions = int(sys.argv[-1])
-    sampler = LocalitySampler(sizes, window=8, partitions=partitions, ranks_per_partition=8, num_replicas=64, rank=9,
-                              seed=0)  # fmt: skip
+    at = sys.argv.index("--scale-probe")
+    partitions = int(sys.argv[at + 1])
+    mixing = sys.argv[at + 2] if len(sys.argv) > at + 2 else "windows"
+    sampler = LocalitySampler(sizes, window=8, mixing=mixing, partitions=partitions, ranks_per_partition=8,
+                              num_replicas=64, rank=9, seed=0)  # fmt: skip
     units = iter(sampler)
     next(units)
     built = time.perf_counter() - start

@@ -23,6 +23,10 @@ shard of lookahead (a loader that prefetches; it costs a window's shards all at 
 boundary, and py1e's staggered spans about one shard). py1e's figures at each shardwise budget are
 interpolated between the block sizes whose budgets bracket it.
 
+Scale: private memory (smaps_rollup Anonymous), time to the first index and indices/s of one rank
+(64 ranks) of ``LocalitySampler(window=8)`` at 1e9 samples in 1e5 shards, each mixing in a fresh
+process (``bench_partitions.py --scale-probe``).
+
 Run: ``python bench/bench_shuffle_locality.py`` (pure numpy; ~1 min, most of it py1e at 1e6 samples)
 """
 
@@ -160,6 +164,19 @@ def at_budget(budgets: np.ndarray, values: list[float], budget: float) -> float:
     return float(np.interp(budget, xs, ys))
 
 
+def scale() -> None:
+    import sys
+
+    print("\n### Scale: one rank of 64, window 8, 1e9 samples in 1e5 shards, a fresh process each\n")
+    print("| mixing | first index (s) | indices/s | private MiB |")
+    print("|---|---|---|---|")
+    probe = str(Path(__file__).resolve().parent / "bench_partitions.py")
+    for mixing in ("windows", "streams"):
+        out = subprocess.run([sys.executable, probe, "--scale-probe", "1", mixing], capture_output=True, text=True,
+                             check=True, timeout=600).stdout.split("SCALE ")[1].split()
+        print(f"| {mixing} | {float(out[1]):.3f} | {float(out[2]):,.0f} | {int(out[3]) / 2**20:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="6000x37,200000x37,1000000x1000",
@@ -169,6 +186,7 @@ def main() -> None:
     for case in args.cases.split(","):
         n, shards = (int(x) for x in case.split("x"))
         compare(n, shards, args.epochs)
+    scale()
 
 
 if __name__ == "__main__":

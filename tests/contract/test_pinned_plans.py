@@ -51,8 +51,8 @@ def digest(case: Case) -> str:
 PINNED: dict[str, str] = {
     "LocalitySampler": "6db9af52b6e191af",
     "LocalitySampler-partitions": "a6938269917be2c4",
-    "LocalitySampler-streams": "f8f883879209bcdc",
-    "LocalitySampler-streams-partitions": "8f2a04ea152b9566",
+    "LocalitySampler-streams": "e2e2f8e29606809e",
+    "LocalitySampler-streams-partitions": "78f874608642ee93",
     "ShardedSampler": "64d76a5d097740b7",
     "ShardedSampler-noshuffle": "97be88a4ce1058b2",
     "ShardedSampler-drop": "b296eee9f898885f",

@@ -21,9 +21,8 @@ plan it is a bijection on ``[0, n)`` and a pure function of ``(key, position)``:
 world size, exact to resume, invertible (``positions_of``).
 
 Cost: ``O(S + k)`` memory (shard order, slot and stream offsets: 32 bytes a shard, 3.2 MB at 1e5
-shards, 1e9 samples included), ``O(k + log S)`` per position, plus one materialised order per block
-touched (about ``4k`` hashes) and one per shard being read (up to 65,536 samples, else a Feistel
-network in O(1) memory). Numpy only.
+shards, 1e9 samples included), ``O(k + log S)`` per position: the block and shard orders are keyed
+bijections computed per element (``groups.permute_within``), nothing materialised. Numpy only.
 """
 
 from __future__ import annotations
@@ -33,8 +32,9 @@ import enum
 import numpy as np
 
 from .errors import check_int
+from .groups import group_keys, permute_within, unpermute_within
 from .locality import LocalityPermutation, check_shard_sizes, split_wrap
-from .permutation import GOLDEN, Permutation, mix64, positions_of
+from .permutation import Permutation
 from .seeds import derive_seed
 
 SHARDS = "stream-shard-order"
@@ -42,7 +42,6 @@ BLOCK = "stream-block"
 SAMPLES = "stream-shard-samples"
 PER_STREAM = 4  # positions a stream holds in a block: the interleave's granularity
 _MAX_BLOCKS = (1 << 31) - 1  # keeps floor(T_i * b / K) exact in int64 (r_i * b < K**2 < 2**62)
-_CACHED_SHARDS = 256  # per-shard sample orders kept (the shards being read, and room to spare)
 _ROWS = 1 << 20  # position x stream cells computed at once (bounds temporaries to ~8 MB an array)
 
 
@@ -72,7 +71,7 @@ class StreamPermutation:
         True
     """
 
-    __slots__ = ("_block_key", "_blocks", "_key", "_n", "_order", "_q", "_r", "_shard_perms", "_shard_starts",
+    __slots__ = ("_block_key", "_blocks", "_key", "_n", "_order", "_q", "_r", "_shard_key", "_shard_starts",
                  "_sm_slot", "_sm_starts", "_stream_first", "_streams", "_totals")  # fmt: skip
 
     def __init__(self, sizes: object, *, streams: int, key: int) -> None:
@@ -97,7 +96,7 @@ class StreamPermutation:
         self._blocks = max(1, min(n // (PER_STREAM * k), _MAX_BLOCKS))  # K
         self._q, self._r = np.divmod(self._totals, self._blocks)  # T_i = q_i K + r_i
         self._block_key = derive_seed(self._key, BLOCK)
-        self._shard_perms: dict[int, Permutation] = {}
+        self._shard_key = derive_seed(self._key, SAMPLES)
 
     def __len__(self) -> int:
         return self._n
@@ -157,32 +156,18 @@ class StreamPermutation:
             blocks = blocks - down + up
         raise AssertionError("StreamPermutation: block search did not converge")  # pragma: no cover
 
-    def _block_order(self, blocks: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each touched block's keyed order: ``(firsts, order)``, block ``u``'s at ``order[firsts[u]:...]``.
+    def _in_block(self, blocks: np.ndarray, sizes: np.ndarray, values: np.ndarray, *, inverse: bool) -> np.ndarray:
+        """Each block's keyed order (``_core.groups``): the slot at position ``values`` (or, inverted, the position)."""
+        keys = group_keys(self._block_key, blocks)
+        way = unpermute_within if inverse else permute_within
+        return way(values, sizes, keys)
 
-        A block's order sorts its slots ``t`` by a keyed 64-bit hash of ``(block, t)`` (ties by ``t``):
-        one vectorised sort for every block touched.
-        """
-        firsts = np.zeros(len(blocks) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=firsts[1:])
-        owner = np.repeat(np.arange(len(blocks)), sizes)
-        slot = np.arange(int(firsts[-1]), dtype=np.int64) - firsts[owner]
-        seed = np.full(len(blocks), self._block_key, dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            salted = mix64(seed ^ (blocks.astype(np.uint64) * GOLDEN))
-            hashes = mix64(salted[owner] + (slot.astype(np.uint64) + np.uint64(1)) * GOLDEN)
-        order = np.lexsort((slot, hashes, owner))
-        within: np.ndarray = slot[order]
-        return firsts, within
-
-    def _shard_permutation(self, shard: int) -> Permutation:
-        perm = self._shard_perms.get(shard)
-        if perm is None:
-            if len(self._shard_perms) >= _CACHED_SHARDS:
-                self._shard_perms.pop(next(iter(self._shard_perms)))
-            size = int(self._shard_starts[shard + 1] - self._shard_starts[shard])
-            perm = self._shard_perms[shard] = Permutation(size, derive_seed(self._key, SAMPLES, shard))
-        return perm
+    def _in_shard(self, shards: np.ndarray, offsets: np.ndarray, *, inverse: bool) -> np.ndarray:
+        """Each shard's keyed sample order: the sample read ``offsets``-th (or, inverted, when a sample is read)."""
+        sizes = self._shard_starts[shards + 1] - self._shard_starts[shards]
+        keys = group_keys(self._shard_key, shards)
+        way = unpermute_within if inverse else permute_within
+        return way(offsets, sizes, keys)
 
     # -- the plan ---------------------------------------------------------------------------------
     def __call__(self, positions: np.ndarray) -> np.ndarray:
@@ -202,8 +187,7 @@ class StreamPermutation:
         ends = self._chunks(touched + 1)
         starts = chunks.sum(axis=1)
         sizes = ends.sum(axis=1) - starts
-        firsts, order = self._block_order(touched, sizes)
-        slot = order[firsts[which] + (flat - starts[which])]  # each position's slot within its block
+        slot = self._in_block(touched[which], sizes[which], flat - starts[which], inverse=False)
         widths = np.cumsum(ends - chunks, axis=1)  # (u, k) slots of streams 0..i in each block
         streams = (widths[which] <= slot[:, None]).sum(axis=1)  # the stream of each slot
         before = np.where(streams > 0, widths[which, np.maximum(streams - 1, 0)], 0)
@@ -215,10 +199,7 @@ class StreamPermutation:
         index = np.searchsorted(self._sm_starts, sm, side="right") - 1
         shards = self._order[self._sm_slot[index]]
         offsets = sm - self._sm_starts[index]
-        ids: np.ndarray = np.empty_like(offsets)
-        for shard in np.unique(shards).tolist():
-            at = np.flatnonzero(shards == shard)
-            ids[at] = self._shard_starts[shard] + self._shard_permutation(shard)(offsets[at])
+        ids: np.ndarray = self._shard_starts[shards] + self._in_shard(shards, offsets, inverse=False)
         return ids
 
     def positions_of(self, ids: np.ndarray) -> np.ndarray:
@@ -233,10 +214,7 @@ class StreamPermutation:
 
     def _positions(self, flat: np.ndarray) -> np.ndarray:
         shards = self.shard_of(flat)
-        offsets = np.empty_like(flat)
-        for shard in np.unique(shards).tolist():
-            at = np.flatnonzero(shards == shard)
-            offsets[at] = positions_of(self._shard_permutation(shard), flat[at] - self._shard_starts[shard])
+        offsets = self._in_shard(shards, flat - self._shard_starts[shards], inverse=True)
         slot_of_shard = np.empty_like(self._order)
         slot_of_shard[self._order] = np.arange(self._order.size, dtype=np.int64)
         slots = slot_of_shard[shards]
@@ -251,11 +229,7 @@ class StreamPermutation:
         sizes = ends.sum(axis=1) - starts
         before = np.cumsum(ends - chunks, axis=1) - (ends - chunks)  # (u, k) slots of streams before i
         slot = before[which, streams] + elements - chunks[which, streams]
-        firsts, order = self._block_order(touched, sizes)
-        rank = np.empty_like(order)  # the inverse of each block's order
-        rank[firsts[np.repeat(np.arange(len(touched)), sizes)] + order] = np.arange(order.size) - np.repeat(
-            firsts[:-1], sizes)
-        found: np.ndarray = starts[which] + rank[firsts[which] + slot]
+        found: np.ndarray = starts[which] + self._in_block(touched[which], sizes[which], slot, inverse=True)
         return found
 
     # -- what a cache needs -----------------------------------------------------------------------

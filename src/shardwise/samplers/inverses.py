@@ -27,8 +27,8 @@ import numpy as np
 
 from .._core.batching import BatchPlan
 from .._core.errors import check_int
+from .._core.groups import group_keys, unpermute_within
 from ..index import read_checked
-from ..index.grouped import group_keys, unpermute_within
 
 _CHUNK = 1 << 20
 """Positions compared at a time by the O(n) searches (8 MiB of int64)."""
