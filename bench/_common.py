@@ -117,3 +117,10 @@ def shuffle_quality(ids: np.ndarray, shard_of: np.ndarray) -> dict[str, float]:
     return {"same_shard": float(np.mean(shards[1:] == shards[:-1])),
             "id_step": float(np.mean(np.abs(np.diff(ids)))) / len(shard_of),  # over the dataset's n, for a rank too
             "spearman": float(np.corrcoef(np.arange(len(ids)), ranks)[0, 1])}  # fmt: skip
+
+
+def uneven_sizes(n: int, shards: int, seed: int = 0) -> np.ndarray:
+    """Samples per shard from uniform random cuts of ``[0, n)``: ``shards`` uneven shards (the sharded benches')."""
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=shards - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [n]])).astype(np.int64)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import shuffle_quality
+from _common import shuffle_quality, uneven_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
 G = 2  # ranks per node
@@ -63,9 +63,8 @@ def write_shards(root: Path, n: int, shards: int, seed: int) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rng = np.random.default_rng(seed)
-    cuts = np.sort(rng.choice(np.arange(1, n), size=shards - 1, replace=False))
-    sizes = np.diff(np.concatenate([[0], cuts, [n]]))
+    sizes = uneven_sizes(n, shards, seed)
+    rng = np.random.default_rng(seed + 1)
     first = 0
     for s, size in enumerate(sizes.tolist()):
         ids = np.arange(first, first + size)

@@ -23,6 +23,10 @@ shard of lookahead (a loader that prefetches; it costs a window's shards all at 
 boundary, and py1e's staggered spans about one shard). py1e's figures at each shardwise budget are
 interpolated between the block sizes whose budgets bracket it.
 
+The node cache, for real: one rank reads every sample of an epoch through ``ShardedSource`` and a
+``ShardCache(budget_bytes=...)`` on moto's S3 server (``tests/s3_server.py``), with the plan's prefetch
+on; the table gives the bytes fetched over the dataset's, per plan and budget (1.000: each shard once).
+
 Scale: private memory (smaps_rollup Anonymous), time to the first index and indices/s of one rank
 (64 ranks) of ``LocalitySampler(window=8)`` at 1e9 samples in 1e5 shards, each mixing in a fresh
 process (``bench_partitions.py --scale-probe``).
@@ -41,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import shuffle_quality
+from _common import shuffle_quality, uneven_sizes
 
 SCRATCH = "/tmp/scratch-venv-streaming/bin/python"  # mosaicml-streaming 0.13.0 (BENCHMARKS.md)
 WINDOWS = (2, 4, 8, 16)
@@ -55,13 +59,6 @@ from streaming.base.shuffle.py1e import get_shuffle_py1e
 sizes, out, blocks, epochs = np.load(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 np.savez(out, **{f"{b}-{e}": get_shuffle_py1e(sizes, 1, 0, e, b) for b in blocks for e in range(epochs)})
 """
-
-
-def uneven_sizes(n: int, shards: int, seed: int = 0) -> np.ndarray:
-    """Samples per shard from uniform random cuts of ``[0, n)`` (as ``bench_sharded_sources.write_shards``)."""
-    rng = np.random.default_rng(seed)
-    cuts = np.sort(rng.choice(np.arange(1, n), size=shards - 1, replace=False))
-    return np.diff(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
 
 def budget(ids: np.ndarray, sizes: np.ndarray, lookahead: int) -> tuple[float, int]:
@@ -164,6 +161,45 @@ def at_budget(budgets: np.ndarray, values: list[float], budget: float) -> float:
     return float(np.interp(budget, xs, ys))
 
 
+def real_cache(n: int, shards: int) -> None:
+    """Bytes a node fetches in one epoch through ``ShardCache(budget_bytes=...)`` on moto's S3, per plan and budget."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
+    from bench_partitions import write_shards
+    from tests.s3_server import make_bucket, s3_endpoint, storage_options
+
+    from shardwise import LocalitySampler, ShardCache, ShardedSource
+
+    plans = [("windows", w) for w in (2, 4, 8)] + [("streams", k) for k in (2, 4, 8)]
+    budgets = (0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6)
+    with tempfile.TemporaryDirectory(prefix="bench-shuffle-") as tmp, s3_endpoint() as endpoint:
+        root = Path(tmp)
+        (root / "shards").mkdir()
+        write_shards(root / "shards", n, shards, seed=0)
+        fs = make_bucket(endpoint, "bench")
+        fs.put(str(root / "shards") + "/", "bench/train/", recursive=True)
+        urls = [f"s3://bench/train/train-{s:03d}.parquet" for s in range(shards)]
+        options = storage_options(endpoint)
+        total = int(ShardedSource(urls, cache=ShardCache(root / "probe", storage_options=options),
+                                  index_dir=root / "index").file_sizes.sum())  # fmt: skip
+        print(f"\n### The node cache on S3: bytes fetched in one epoch / dataset, {n:,} samples in {shards} shards "
+              f"({total / 2**20:.1f} MiB), one rank reading every sample in plan order\n")
+        print("| plan | " + " | ".join(f"budget {b:.0%}" for b in budgets) + " |")
+        print("|---|" + "---|" * len(budgets))
+        for run, (mixing, window) in enumerate(plans):
+            cells = []
+            for b, fraction in enumerate(budgets):
+                cache = ShardCache(root / f"cache-{run}-{b}", budget_bytes=int(total * fraction), storage_options=options)
+                source = ShardedSource(urls, cache=cache, index_dir=root / "index")
+                sampler = LocalitySampler(source, window=window, mixing=mixing, num_replicas=1, rank=0, seed=0)
+                for i in sampler:
+                    source[i]
+                cache.close()
+                cells.append(f"{cache.fetched_bytes / total:.3f}")
+            print(f"| {mixing} {window} | " + " | ".join(cells) + " |")
+
+
 def scale() -> None:
     import sys
 
@@ -182,10 +218,13 @@ def main() -> None:
     parser.add_argument("--cases", default="6000x37,200000x37,1000000x1000",
                         help="comma-separated SAMPLESxSHARDS (default: the loader bench's, the issue's, many shards)")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--s3", default="6000x37", help="SAMPLESxSHARDS for the node-cache section ('' to skip)")
     args = parser.parse_args()
     for case in args.cases.split(","):
         n, shards = (int(x) for x in case.split("x"))
         compare(n, shards, args.epochs)
+    if args.s3:
+        real_cache(*(int(x) for x in args.s3.split("x")))
     scale()
 
 

@@ -293,3 +293,20 @@ def test_mixture_and_class_balanced_over_sources(s3: dict[str, Any], tmp_path: P
     for batch in list(batches)[:5]:
         labels = Counter(int(parquet[i]["label"]) for i in batch)
         assert sorted(labels.values()) == [3, 3]
+
+
+def test_a_pinned_shard_is_not_evicted_before_its_reader_opens_it(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Between fetching a shard and opening it, this process's own downloads (the prefetch thread's) never evict it.
+
+    Under a budget of about one shard, the prefetch thread's next download used to delete the shard the
+    reader had just fetched: the bench's tight-budget epochs died with a raw FileNotFoundError.
+    """
+    plain = _source(s3, tmp_path, "parquet")
+    urls, sizes = plain.urls, [int(s) for s in plain.file_sizes]
+    cache = ShardCache(tmp_path / "tight", budget_bytes=max(sizes[:2]), storage_options=storage_options(s3["endpoint"]))
+    with cache.pinned(urls[0]):
+        path = cache.path(urls[0], sizes[0])
+        cache.path(urls[1], sizes[1])  # over budget: evicts what it may, never the pinned shard
+        assert os.path.exists(path)
+    cache.path(urls[2], sizes[2])
+    assert not os.path.exists(path)  # unpinned, it is evicted like any other

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -40,6 +41,41 @@ class PlanListener(Protocol):
     """A source that prefetches shards in plan order (``shardwise.data.sharded.ShardedSource``)."""
 
     def follow_plan(self, permutation: Plan, positions: np.ndarray) -> None: ...
+
+
+class _Followed(list[int]):
+    """A chunk's ids that tell the plan's listener where the reading is, every ``step`` ids, as they are read."""
+
+    def __init__(self, ids: list[int], positions: np.ndarray, step: int, follow: Callable[[np.ndarray], None]) -> None:
+        super().__init__(ids)
+        self._positions, self._step, self._follow = positions, step, follow
+
+    def __iter__(self) -> Iterator[int]:
+        return _Following(self, self._positions, self._step, self._follow)
+
+
+class _Following:
+    """The iterator of :class:`_Followed`: a list iterator (``__length_hint__`` included) that follows the plan."""
+
+    __slots__ = ("_follow", "_ids", "_next", "_positions", "_step")
+
+    def __init__(self, ids: list[int], positions: np.ndarray, step: int, follow: Callable[[np.ndarray], None]) -> None:
+        self._ids, self._positions, self._step, self._follow, self._next = ids, positions, step, follow, 0
+
+    def __iter__(self) -> _Following:
+        return self
+
+    def __next__(self) -> int:
+        i = self._next
+        if i >= len(self._ids):
+            raise StopIteration
+        if i % self._step == 0:
+            self._follow(self._positions[i : i + 8 * self._step])  # about two windows ahead
+        self._next = i + 1
+        return self._ids[i]
+
+    def __length_hint__(self) -> int:
+        return len(self._ids) - self._next
 
 
 class LocalitySampler(SizedPlanSampler):
@@ -151,12 +187,15 @@ class LocalitySampler(SizedPlanSampler):
             return np.ndarray.tolist
         # A query (shardwise.which) asks about every rank's positions: nothing to prefetch for it.
         listener = self.dataset if isinstance(self.dataset, PlanListener) and world.source != "query" else None
+        # The cache is told where the reading is every quarter of a window's samples on this rank,
+        # so that it evicts what was read, not what comes next (a chunk spans many windows).
+        step = max(32, self.window * self._size // max(1, 4 * len(self._sizes) * world.world_size))
 
         def units(positions: np.ndarray) -> list[int]:
-            if listener is not None:
-                listener.follow_plan(permutation, positions)
             ids: list[int] = permutation(positions).tolist()
-            return ids
+            if listener is None:
+                return ids
+            return _Followed(ids, positions, step, lambda rest: listener.follow_plan(permutation, rest))
 
         return units
 

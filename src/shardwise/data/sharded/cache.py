@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,7 @@ class ShardCache:
         self.storage_options = dict(storage_options or {})
         self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
         self._upcoming: dict[str, int] = {}  # file name -> rank in the plan's reading order
+        self._pinned: dict[str, int] = {}  # file name -> readers of this process between download and open
         self._queue: queue.Queue[tuple[str, int] | None] | None = None
         self._thread: threading.Thread | None = None
         self._fs: dict[str, Any] = {}
@@ -95,7 +96,7 @@ class ShardCache:
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
         state = self.__dict__.copy()
-        state.update(_queue=None, _thread=None, _fs={}, _upcoming={}, _fs_pid=None)
+        state.update(_queue=None, _thread=None, _fs={}, _upcoming={}, _pinned={}, _fs_pid=None)
         return state
 
     def filesystem(self, url: str) -> Any:
@@ -115,6 +116,22 @@ class ShardCache:
         """The cached file's name: a hash of the URL, keeping its suffix (formats are told by suffix)."""
         digest = hashlib.blake2b(url.encode(), digest_size=12).hexdigest()
         return f"{digest}-{url.rstrip('/').rpartition('/')[2][-60:]}"
+
+    @contextlib.contextmanager
+    def pinned(self, url: str) -> Iterator[None]:
+        """Within the block, this process never evicts ``url``'s shard: a reader opens what it just fetched.
+
+        (The prefetch thread's downloads evict too; another process of the node may still evict it,
+        so a reader retries a shard that vanished before it was opened.)
+        """
+        name = self.name(url)
+        self._pinned[name] = self._pinned.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._pinned.pop(name) - 1
+            if left:
+                self._pinned[name] = left
 
     def path(self, url: str, size: int, *, sample: int | None = None) -> str:
         """A local path holding the whole shard ``url`` (``size`` bytes), downloading it if needed.
@@ -249,7 +266,8 @@ class ShardCache:
             return True
         never = len(self._upcoming)
         rank = self._upcoming.get(name, never)
-        kept = sum(f[2] for f in self._cached() if f[0] != name and self._upcoming.get(f[0], never) < rank)
+        kept = sum(f[2] for f in self._cached()
+                   if f[0] != name and (self._upcoming.get(f[0], never) < rank or f[0] in self._pinned))  # fmt: skip
         return kept + size <= budget
 
     def _evict(self, keep: str) -> None:
@@ -268,7 +286,7 @@ class ShardCache:
         for name, path, size, _ in files:
             if total <= budget:
                 break
-            if name == keep:
+            if name == keep or name in self._pinned:
                 continue
             Path(path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
             total -= size

@@ -37,6 +37,7 @@ from .formats import Format, ShardError, ShardReader, count_rows, format_of, rea
 KIND = "sharded-meta"
 OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
 _PREFETCH_AHEAD = 1  # windows prefetched after the ones being read
+_OPEN_ATTEMPTS = 3  # fetches of a shard that other processes evict before it is opened
 
 
 def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
@@ -235,14 +236,18 @@ class ShardedSource(Dataset[dict[str, Any]]):
             self._readers.move_to_end(shard)
             return reader
         url = self.urls[shard]
-        for attempt in range(2):
-            path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample)
+        for attempt in range(_OPEN_ATTEMPTS):
             try:
-                reader = ShardReader(path, self.format, self.columns)
+                with self.cache.pinned(url):
+                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample)
+                    reader = ShardReader(path, self.format, self.columns)
                 break
-            except FileNotFoundError:
-                if attempt:  # evicted by another process between download and open, twice
-                    raise
+            except FileNotFoundError as error:  # evicted by another process of the node between download and open
+                if attempt == _OPEN_ATTEMPTS - 1:
+                    raise ShardError(
+                        f"shard {url} (needed for sample {sample}) was evicted by another process before it could be "
+                        f"opened, {_OPEN_ATTEMPTS} times: give ShardCache(budget_bytes=...) room for the shards the "
+                        f"node's ranks read at once (two windows each)") from error
             except (OSError, ValueError) as error:
                 raise ShardError(f"shard {url} (needed for sample {sample}) is not a readable "
                                  f"{self.format.value} file: {error}") from error
