@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--s3", default="6000x37", help="SAMPLESxSHARDS for the node-cache section ('' to skip)")
     args = parser.parse_args()
-    for case in args.cases.split(","):
+    for case in filter(None, args.cases.split(",")):
         n, shards = (int(x) for x in case.split("x"))
         compare(n, shards, args.epochs)
     if args.s3:
