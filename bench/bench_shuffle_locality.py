@@ -166,9 +166,9 @@ def real_cache(n: int, shards: int) -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
-    from bench_partitions import write_shards
     from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
+    from bench_partitions import write_shards
     from shardwise import LocalitySampler, ShardCache, ShardedSource
 
     plans = [("windows", w) for w in (2, 4, 8)] + [("streams", k) for k in (2, 4, 8)]
@@ -190,7 +190,8 @@ def real_cache(n: int, shards: int) -> None:
         for run, (mixing, window) in enumerate(plans):
             cells = []
             for b, fraction in enumerate(budgets):
-                cache = ShardCache(root / f"cache-{run}-{b}", budget_bytes=int(total * fraction), storage_options=options)
+                budget = int(total * fraction)
+                cache = ShardCache(root / f"cache-{run}-{b}", budget_bytes=budget, storage_options=options)
                 source = ShardedSource(urls, cache=cache, index_dir=root / "index")
                 sampler = LocalitySampler(source, window=window, mixing=mixing, num_replicas=1, rank=0, seed=0)
                 for i in sampler:

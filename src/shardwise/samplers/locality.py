@@ -88,8 +88,9 @@ class LocalitySampler(SizedPlanSampler):
     streams each read one shard at a time, interleaved, so shards start and end one at a time and
     the cache holds about ``window + 2`` shards instead of two windows; at the same cache bytes it
     has about half the same-shard neighbours of the windows, and about as few as MosaicML
-    Streaming's ``py1e`` (``bench/bench_shuffle_locality.py``). Like every shardwise plan it is a function of ``(seed, epoch, position)``
-    only: equal steps on every rank, exact resume at any world size, in O(1). When the dataset
+    Streaming's ``py1e`` (``bench/bench_shuffle_locality.py``). Like every shardwise plan it is a
+    function of ``(seed, epoch, position)`` only: equal steps on every rank, exact resume at any
+    world size, in O(1). When the dataset
     can prefetch (``ShardedSource``), each pass tells it which shards this rank reads next.
 
     Many nodes (NOTE [ Shard partitions ] in ``shardwise._core.partitions``): with ``partitions=P``
