@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from shardwise._core.locality import LocalityPermutation
 from shardwise._core.seeds import derive_seed
+from shardwise._core.streams import StreamPermutation
 
 shard_sizes = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=30).filter(lambda s: sum(s) > 0)
 windows = st.integers(min_value=1, max_value=40)
@@ -24,14 +25,19 @@ def test_is_a_permutation(sizes: list[int], window: int, key: int) -> None:
     assert sorted(ids.tolist()) == list(range(sum(sizes)))
 
 
+PLANS = {"windows": lambda sizes, window, key: LocalityPermutation(sizes, window=window, key=key),
+         "streams": lambda sizes, window, key: StreamPermutation(sizes, streams=window, key=key)}
+
+
+@pytest.mark.parametrize("mixing", sorted(PLANS))
 @settings(max_examples=100, deadline=None)
 @given(shard_sizes, windows, keys, st.data())
-def test_function_of_position_only(sizes: list[int], window: int, key: int, data: st.DataObject) -> None:
+def test_function_of_position_only(mixing: str, sizes: list[int], window: int, key: int, data: st.DataObject) -> None:
     """Ids depend only on (key, position): any subset, in any order, at any world size's stride, agrees."""
     n = sum(sizes)
-    whole = LocalityPermutation(sizes, window=window, key=key)(np.arange(n))
+    whole = PLANS[mixing](sizes, window, key)(np.arange(n))
     world_size = data.draw(st.integers(1, 8))
-    fresh = LocalityPermutation(sizes, window=window, key=key)
+    fresh = PLANS[mixing](sizes, window, key)
     for rank in range(world_size):
         positions = np.arange(rank, n, world_size)[::-1]
         np.testing.assert_array_equal(fresh(positions), whole[positions])

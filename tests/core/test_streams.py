@@ -1,4 +1,7 @@
-"""Properties of the staggered-streams keyed permutation (``_core.streams``, NOTE [ Staggered streams ])."""
+"""Properties of the staggered-streams keyed permutation (``_core.streams``, NOTE [ Staggered streams ]).
+
+That ids depend on the position only is tested for both locality plans in test_locality.py.
+"""
 
 from __future__ import annotations
 
@@ -23,19 +26,6 @@ def test_is_a_permutation_and_positions_of_inverts_it(sizes: list[int], k: int, 
     ids = perm(np.arange(n))
     assert sorted(ids.tolist()) == list(range(n))
     np.testing.assert_array_equal(perm.positions_of(ids), np.arange(n))
-
-
-@settings(max_examples=100, deadline=None)
-@given(shard_sizes, streams, keys, st.data())
-def test_function_of_position_only(sizes: list[int], k: int, key: int, data: st.DataObject) -> None:
-    """Ids depend only on (key, position): any rank's stride, in any order, agrees with the whole epoch."""
-    n = sum(sizes)
-    whole = StreamPermutation(sizes, streams=k, key=key)(np.arange(n))
-    world_size = data.draw(st.integers(1, 8))
-    fresh = StreamPermutation(sizes, streams=k, key=key)
-    for rank in range(world_size):
-        positions = np.arange(rank, n, world_size)[::-1]
-        np.testing.assert_array_equal(fresh(positions), whole[positions])
 
 
 def live_shards(shards: np.ndarray) -> np.ndarray:

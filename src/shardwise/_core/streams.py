@@ -30,6 +30,7 @@ bijections computed per element (``groups.permute_within``), nothing materialise
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import numpy as np
 
@@ -133,26 +134,24 @@ class StreamPermutation:
         return found
 
     def _block_of(self, positions: np.ndarray) -> np.ndarray:
-        """The block holding each plan position: an estimate, corrected by the exact block starts."""
-        top = self._blocks - 1
-        blocks = np.clip((positions.astype(np.float64) * self._blocks / max(self._n, 1)).astype(np.int64), 0, top)
-        for _ in range(64):  # each step moves every block by one; the estimate is off by a block or two
-            down = self._block_start(blocks) > positions
-            up = (blocks < top) & (self._block_start(blocks + 1) <= positions)
-            if not (down.any() or up.any()):
-                return blocks
-            blocks = blocks - down + up
-        raise AssertionError("StreamPermutation: block search did not converge")  # pragma: no cover
+        """The block holding each plan position: the last ``b`` with ``B(b) <= p``."""
+        estimate = positions.astype(np.float64) * self._blocks / max(self._n, 1)
+        return self._settle(estimate, positions, self._block_start)
 
     def _stream_block_of(self, streams: np.ndarray, elements: np.ndarray) -> np.ndarray:
         """The block holding element ``e`` of stream ``i``: the last ``b`` with ``floor(T_i b / K) <= e``."""
         totals = np.maximum(self._totals[streams], 1).astype(np.float64)
-        top = self._blocks - 1
         estimate = np.ceil((elements + 1).astype(np.float64) * self._blocks / totals) - 1
+        return self._settle(estimate, elements, lambda blocks: self._chunk_start(streams, blocks))
+
+    def _settle(self, estimate: np.ndarray, values: np.ndarray, start: Callable[[np.ndarray], np.ndarray]
+                ) -> np.ndarray:
+        """The last block ``b`` with ``start(b) <= value``, from a floating-point estimate a block or two off."""
+        top = self._blocks - 1
         blocks: np.ndarray = np.clip(estimate.astype(np.int64), 0, top)
-        for _ in range(64):
-            down = self._chunk_start(streams, blocks) > elements
-            up = (blocks < top) & (self._chunk_start(streams, blocks + 1) <= elements)
+        for _ in range(64):  # each step moves every block by one
+            down = start(blocks) > values
+            up = (blocks < top) & (start(blocks + 1) <= values)
             if not (down.any() or up.any()):
                 return blocks
             blocks = blocks - down + up
@@ -174,13 +173,17 @@ class StreamPermutation:
     # -- the plan ---------------------------------------------------------------------------------
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """Global sample ids at plan ``positions`` (int array, each in ``[0, n)``), int64 of the same shape."""
-        positions = np.asarray(positions, dtype=np.int64)
-        flat = positions.ravel()
-        ids = np.empty_like(flat)
+        return self._in_pieces(self._ids, positions)
+
+    def _in_pieces(self, function: Callable[[np.ndarray], np.ndarray], values: np.ndarray) -> np.ndarray:
+        """``function`` over ``values``, a piece at a time (a piece's ``(m, k)`` temporaries stay bounded)."""
+        values = np.asarray(values, dtype=np.int64)
+        flat = values.ravel()
+        out = np.empty_like(flat)
         step = max(1, _ROWS // self._streams)
         for begin in range(0, flat.size, step):
-            ids[begin : begin + step] = self._ids(flat[begin : begin + step])
-        return ids.reshape(positions.shape)
+            out[begin : begin + step] = function(flat[begin : begin + step])
+        return out.reshape(values.shape)
 
     def _ids(self, flat: np.ndarray) -> np.ndarray:
         blocks = self._block_of(flat)
@@ -206,13 +209,7 @@ class StreamPermutation:
 
     def positions_of(self, ids: np.ndarray) -> np.ndarray:
         """The plan positions holding global sample ``ids`` (the inverse of calling the plan)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        flat = ids.ravel()
-        out = np.empty_like(flat)
-        step = max(1, _ROWS // self._streams)
-        for begin in range(0, flat.size, step):
-            out[begin : begin + step] = self._positions(flat[begin : begin + step])
-        return out.reshape(ids.shape)
+        return self._in_pieces(self._positions, ids)
 
     def _positions(self, flat: np.ndarray) -> np.ndarray:
         shards = self.shard_of(flat)
