@@ -5,9 +5,10 @@ PyPI's torchvision does not import beside this machine's torch 2.13.0, so it run
 with torch 2.14.1 and torchvision 0.29.1 (``/tmp/scratch-venv-streaming``; BENCHMARKS.md gives the
 commands), with this worktree's ``src`` and ``bench`` on ``PYTHONPATH``. Commands:
 
-- ``python _streaming_ranks.py mds SHARDS OUT SIZE_LIMIT``: the Parquet shards' rows written with
-  ``streaming.MDSWriter`` (columns ``id: int64``, ``tokens: ndarray:int32``, no compression,
-  shards of at most ``SIZE_LIMIT`` bytes); prints ``MDS <json>``: samples and bytes of each shard;
+- ``python _streaming_ranks.py mds SHARDS OUT COUNT``: the Parquet shards' rows written with
+  ``streaming.MDSWriter`` (columns ``id: int64``, ``tokens: ndarray:int32``, no compression) as
+  about ``COUNT`` shards of even bytes (``size_limit`` = the rows' bytes / ``COUNT``); prints
+  ``MDS <json>``: samples and bytes of each shard;
 - ``python _streaming_ranks.py ranks SPEC.json``: ``rank_main`` over the ``streaming`` loader on real
   gloo ranks; prints one JSON line of the ranks' reports (``bench/_scratch_ranks.py``);
 - ``python _streaming_ranks.py py1e SIZES.npy OUT.npy --block-size B --canonical-nodes C --seed S
@@ -38,10 +39,19 @@ from _scratch_ranks import parquet_shards, rows_of, run_ranks
 COLUMNS = {"id": "int64", "tokens": "ndarray:int32"}
 
 
-def write_mds(shards: str, out: str, size_limit: int) -> list[dict[str, int]]:
-    """The rows of the Parquet shards of ``shards``, in id order, as MDS shards of at most ``size_limit`` bytes."""
+ROW_OVERHEAD = 16  # bytes an MDS sample of COLUMNS takes beyond its id and tokens: offsets, a size, a shape
+
+
+def write_mds(shards: str, out: str, count: int) -> list[dict[str, int]]:
+    """The rows of the Parquet shards of ``shards``, in id order, as about ``count`` MDS shards of even bytes.
+
+    ``size_limit`` is the rows' bytes over ``count``: the shards hold the mean shard's bytes, where
+    the Parquet shards are uneven (MDSWriter cuts by bytes only).
+    """
     from streaming import MDSWriter
 
+    payload = sum(8 + row["tokens"].nbytes + ROW_OVERHEAD for path in parquet_shards(shards) for row in rows_of(path))
+    size_limit = -(-payload // count)
     with MDSWriter(out=out, columns=COLUMNS, size_limit=size_limit) as writer:
         for path in parquet_shards(shards):
             for row in rows_of(path):
@@ -73,6 +83,33 @@ def columns_collate(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {"id": [int(row["id"]) for row in rows], "tokens": [row["tokens"] for row in rows]}
 
 
+def log_downloads(folder: str) -> None:
+    """Append the bytes of every shard file this process (and the workers it forks) downloads to a file in ``folder``.
+
+    Wraps ``Stream._download_file``, through which Streaming fetches each file: it counts, changes nothing.
+    """
+    from streaming.base.stream import Stream
+
+    download = Stream._download_file
+    if getattr(download, "logged", False):
+        return
+
+    def logged(self: Any, from_basename: str, to_basename: str | None = None) -> str:
+        local: str = download(self, from_basename, to_basename)
+        if from_basename.startswith("shard."):
+            with open(Path(folder) / f"{os.getpid()}.log", "a") as log:
+                log.write(f"{os.path.getsize(local)}\n")
+        return local
+
+    logged.logged = True  # type: ignore[attr-defined]
+    Stream._download_file = logged  # type: ignore[method-assign]
+
+
+def fetched_bytes(folder: str) -> int:
+    """What ``log_downloads`` logged in ``folder``: bytes of shard files downloaded."""
+    return sum(int(line) for log in Path(folder).glob("*.log") for line in log.read_text().split())
+
+
 def streaming_loader(rank: int, world_size: int, spec: dict[str, Any], context: Any) -> tuple[Any, Any, Any]:
     """``(loader, set_epoch, id of a row)`` for Streaming, resumed from ``spec["state"]`` if given."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -80,6 +117,9 @@ def streaming_loader(rank: int, world_size: int, spec: dict[str, Any], context: 
     from streaming import StreamingDataLoader, StreamingDataset
 
     local = Path(spec["root"]) / "streaming-cache" / spec["streaming_local"]
+    if spec.get("fetch_log"):  # the bench's count of downloads (bytes fetched over the dataset's)
+        Path(spec["fetch_log"]).mkdir(parents=True, exist_ok=True)
+        log_downloads(spec["fetch_log"])
     ds = StreamingDataset(remote=spec["streaming_url"], local=str(local), shuffle=True, shuffle_algo="py1e",
                           shuffle_seed=0, batch_size=spec["batch"], cache_limit=spec.get("cache_limit"))
     loader = StreamingDataLoader(ds, batch_size=spec["batch"], num_workers=spec["workers"],
@@ -130,8 +170,8 @@ def py1e(argv: list[str]) -> None:
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "mds":
-        shards, out, size_limit = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        print("MDS " + json.dumps(write_mds(shards, out, size_limit)))
+        shards, out, count = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        print("MDS " + json.dumps(write_mds(shards, out, count)))
         return
     if command == "ranks":
         from streaming.base.util import clean_stale_shared_memory

@@ -116,10 +116,16 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
-NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData"}
+NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData",
+         "streaming": "Streaming", "streaming-limit": "Streaming, cache_limit = window"}
 RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
-              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0"}
-SCRATCH = "/tmp/scratch-venv/bin/python"  # a venv with torch 2.13, litdata and pyarrow (BENCHMARKS.md)
+              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0",
+              "streaming": "StreamingDataLoader state of rank 0"}
+RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming"]
+# Loaders that run in a scratch venv of their own (BENCHMARKS.md shows how each is made): interpreter, script.
+SCRATCH = {"litdata": ("/tmp/scratch-venv/bin/python", "_litdata_ranks.py"),  # torch 2.13, litdata, pyarrow
+           "streaming": ("/tmp/scratch-venv-streaming/bin/python", "_streaming_ranks.py")}  # torch 2.14.1
+SCRATCH["streaming-limit"] = SCRATCH["streaming"]
 
 
 def lost_repeated(reads: list[int], n: int) -> str:
@@ -128,26 +134,45 @@ def lost_repeated(reads: list[int], n: int) -> str:
     return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
 
 
-def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """``rank_main`` on ``world_size`` real gloo ranks; LitData's in the scratch venv. RuntimeError if a rank raised."""
-    if spec["loader"] != "litdata":
+def loader_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    """``spec`` for the loader named ``key`` (``streaming-limit``: Streaming with a node cache of a window's bytes)."""
+    if key == "streaming-limit":
+        return {**spec, "loader": "streaming", "cache_limit": spec["streaming_window_bytes"],
+                "streaming_local": "limit"}
+    return {**spec, "loader": key, "streaming_local": "default"}
+
+
+def scratch_run(key: str, *args: str, timeout: float = 1200) -> Any:
+    """Run ``key``'s script in its scratch venv (this worktree's ``src`` and ``bench`` on its path)."""
+    import subprocess
+
+    python, script = SCRATCH[key]
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
+    return subprocess.run([python, str(here / script), *args], env=env, check=False, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def launch(world_size: int, spec: dict[str, Any], key: str | None = None) -> list[dict[str, Any]]:
+    """``rank_main`` on ``world_size`` real gloo ranks; LitData's and Streaming's in their scratch venvs.
+
+    RuntimeError if a rank raised.
+    """
+    key = key or spec["loader"]
+    if key not in SCRATCH:
         from _sharded_ranks import rank_main
         from shardwise.tools.launch import run_distributed
 
         reports: list[dict[str, Any]] = run_distributed(rank_main, world_size, spec, timeout=900)
         return reports
     import json
-    import subprocess
 
-    here = Path(__file__).resolve().parent
-    spec_file = Path(spec["root"]) / "litdata-spec.json"
+    spec_file = Path(spec["root"]) / f"{key}-spec.json"
     spec_file.write_text(json.dumps({**spec, "world_size": world_size}))
-    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
-    done = subprocess.run([SCRATCH, str(here / "_litdata_ranks.py"), "ranks", str(spec_file)], env=env,
-                          check=False, capture_output=True, text=True, timeout=1200)
+    done = scratch_run(key, "ranks", str(spec_file))
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORTS ")]
     if not lines:
-        raise RuntimeError(f"LitData's ranks printed no reports: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{NAMES[key]}'s ranks printed no reports: {done.stderr[-2000:]}")
     answer = json.loads(lines[-1].removeprefix("REPORTS "))
     if isinstance(answer, dict):
         print(done.stderr[-4000:], file=sys.stderr)
@@ -158,15 +183,15 @@ def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
 def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
                 first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
     """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
-    spec = {**spec, "loader": key, "cache": "cache-ranks"}
+    spec = {**loader_spec(spec, key), "cache": "cache-ranks"}
     if first is None:
-        first = launch(3, {**spec, "stop": stop})
+        first = launch(3, {**spec, "stop": stop}, key)
     before = [i for r in first for i in r["before"]]
     state = [r["state"] for r in first] if key == "hf" else first[0]["state"]
     rows = []
     for resumed in (3, 2):
         try:
-            second = launch(resumed, {**spec, "state": state})
+            second = launch(resumed, {**spec, "state": state}, key)
             value = lost_repeated(before + [i for r in second for i in r["ids"]], n)
         except RuntimeError as error:  # a rank raised: say how
             lines = [line for line in str(error).splitlines() if "Error" in line]
@@ -176,7 +201,21 @@ def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
     return rows
 
 
-def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple[str, str, str]]:
+def step_order(reports: list[dict[str, Any]]) -> np.ndarray:
+    """The ids the ranks read in one epoch in training order: step 0's batches of rank 0, 1, ..., then step 1's."""
+    order = []
+    for step in range(max(r["steps"] for r in reports)):
+        for r in reports:
+            order.extend(r["ids"][step * BATCH : (step + 1) * BATCH])
+    return np.asarray(order, dtype=np.int64)
+
+
+def quality_text(order: np.ndarray, shard_of: np.ndarray) -> str:
+    quality = shuffle_quality(order, shard_of)
+    return f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"
+
+
+def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.ndarray) -> list[tuple[str, str, str]]:
     """Ranks as processes, 2 workers each: an epoch at W=3 (cold, stopping point, warm), resumed at W=3 and W=2."""
     rows: list[tuple[str, str, str]] = []
     world_size = 3
@@ -185,7 +224,9 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
         name = NAMES[key]
         began = time.perf_counter()
         try:
-            first = launch(world_size, {**spec, "loader": key, "stop": stop, "warm": True, "cache": "cache-ranks"})
+            fetch_log = str(Path(spec["root"]) / f"fetched-{key}")  # Streaming logs its downloads there
+            first = launch(world_size, {**loader_spec(spec, key), "stop": stop, "warm": True, "cache": "cache-ranks",
+                                        "fetch_log": fetch_log}, key)
         except RuntimeError as error:
             rows.append(("one epoch at W=3, 2 workers", name, f"fails: {str(error)[-160:]}"))
             continue
@@ -193,6 +234,8 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
         rows.append(("steps per rank, W=3, 2 workers (min / max)", name, f"{min(counts)} / {max(counts)}"))
         rows.append(("one epoch, uninterrupted: lost / repeated", name,
                      lost_repeated([i for r in first for i in r["ids"]], n)))
+        rows.append(("same-shard pairs / mean |id step|/n / Spearman, the W=3 ranks' reads step by step", name,
+                     quality_text(step_order(first), shard_of)))
         for label in ("cold", "warm"):
             rates = [r[label] for r in first]
             rows.append((f"samples/s per rank, W=3, 2 workers, {label} (mean, min..max)", name,
@@ -205,6 +248,13 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
         bases = [r["base"] / 2**20 for r in first]
         rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
                      f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
+        if key in ("streaming", "streaming-limit"):
+            from _streaming_ranks import fetched_bytes
+
+            local = Path(spec["root"]) / "streaming-cache" / loader_spec(spec, key)["streaming_local"]
+            held = sum(p.stat().st_size for p in local.glob("shard.*"))
+            rows.append(("bytes fetched / dataset, W=3, both epochs (cold + warm); shard bytes in its cache after",
+                         name, f"{fetched_bytes(fetch_log) / spec['streaming_bytes']:.3f}; {held:,}"))
         rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
         if key == "hf":  # its resume with workers fails: the same resume without workers
             rows.extend(resume_rows({**spec, "workers": 0}, key, n, stop, f"{name}, num_workers=0"))
@@ -213,11 +263,74 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
 
 
 def available(loaders: list[str]) -> list[str]:
-    """The loaders that can run here: LitData only with its scratch venv."""
-    if "litdata" in loaders and not os.path.exists(SCRATCH):
-        print(f"LitData left out: no {SCRATCH} (BENCHMARKS.md shows how to make that venv)")
-        return [name for name in loaders if name != "litdata"]
-    return loaders
+    """The loaders that can run here: LitData and Streaming only with their scratch venvs."""
+    unknown = sorted(set(loaders) - set(NAMES))
+    if unknown:
+        raise SystemExit(f"--loaders should name some of {', '.join(NAMES)}, but got {', '.join(unknown)}")
+    kept = []
+    for name in loaders:
+        if name in SCRATCH and not os.path.exists(SCRATCH[name][0]):
+            print(f"{NAMES[name]} left out: no {SCRATCH[name][0]} (BENCHMARKS.md shows how to make that venv)")
+            continue
+        kept.append(name)
+    return kept
+
+
+def scratch_setup(spec: dict[str, Any], loaders: list[str], root: Path, fs: Any, sizes: np.ndarray, window: int,
+                  shard_of: np.ndarray) -> list[tuple[str, str, str]]:
+    """LitData's and Streaming's own formats of the rows, on the endpoint, for the loaders that run."""
+    if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
+        litdata_setup(spec, root, fs, int(sizes.sum()) // len(sizes))
+    if {"streaming", "streaming-limit"} & set(loaders):  # Streaming reads MDS shards: the same rows
+        return streaming_setup(spec, root, fs, len(sizes), window, shard_of)
+    return []
+
+
+def litdata_setup(spec: dict[str, Any], root: Path, fs: Any, chunk: int) -> None:
+    """The rows ``optimize``d into LitData's chunks of ``chunk`` samples, on the endpoint (``spec`` gets their URL)."""
+    done = scratch_run("litdata", "optimize", str(root / "shards"), str(root / "litdata"), str(chunk), timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"litdata optimize failed: {done.stderr[-2000:]}")
+    fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
+    spec["litdata_url"] = "s3://bench/litdata"
+
+
+def streaming_setup(spec: dict[str, Any], root: Path, fs: Any, shards: int, window: int,
+                    shard_of: np.ndarray) -> list[tuple[str, str, str]]:
+    """The rows as MDS shards on the endpoint (``spec`` gets their URL and a window's bytes); py1e's own order."""
+    import json
+
+    done = scratch_run("streaming", "mds", str(root / "shards"), str(root / "mds"), str(shards), timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("MDS ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"MDS conversion failed: {done.stderr[-2000:]}")
+    mds = json.loads(lines[-1].removeprefix("MDS "))
+    fs.put(str(root / "mds") + "/", "bench/mds/", recursive=True)
+    spec["streaming_url"] = "s3://bench/mds"
+    counts = np.asarray([s["samples"] for s in mds], dtype=np.int64)
+    sizes = np.sort([s["bytes"] for s in mds])
+    spec["streaming_bytes"] = int(sizes.sum())
+    # What shardwise's window holds: the `window` largest shards (Streaming refuses less than 4 of its largest).
+    spec["streaming_window_bytes"] = max(int(sizes[-window:].sum()), 4 * int(sizes[-1]) + 1)
+    np.save(root / "mds-sizes.npy", counts)
+    order_file = root / "py1e-order.npy"
+    done = scratch_run("streaming", "py1e", str(root / "mds-sizes.npy"), str(order_file), "--seed", "0", timeout=300)
+    if done.returncode:
+        raise RuntimeError(f"py1e order failed: {done.stderr[-2000:]}")
+    order = np.load(order_file)
+    mds_shard_of = np.repeat(np.arange(len(counts)), counts)
+    print(f"MDS: {len(counts)} shards of {counts.min()}..{counts.max()} samples, {sizes[0]}..{sizes[-1]} bytes; "
+          f"cache_limit for a window: {spec['streaming_window_bytes']} bytes", flush=True)
+    return [
+        ("MDS shards: count, samples min..max, bytes min..max", "Streaming",
+         f"{len(counts)}, {counts.min()}..{counts.max()}, {sizes[0]:,}..{sizes[-1]:,}"),
+        ("cache_limit of the second Streaming row (bytes; the window's largest MDS shards)", "Streaming",
+         f"{spec['streaming_window_bytes']:,}"),
+        ("same-shard pairs / mean |id step|/n / Spearman", "Streaming py1e global order (1 canonical node, defaults)",
+         quality_text(order, shard_of)),
+        ("same, same-shard pairs counted on its MDS shards", "Streaming py1e global order (1 canonical node, defaults)",
+         quality_text(order, mds_shard_of)),
+    ]
 
 
 def main() -> None:
@@ -351,15 +464,8 @@ def main() -> None:
             spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
                     "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
             loaders = available(args.loaders.split(","))
-            if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
-                import subprocess
-
-                subprocess.run([SCRATCH, str(Path(__file__).resolve().parent / "_litdata_ranks.py"), "optimize",
-                                str(root / "shards"), str(root / "litdata"), str(n // len(sizes))],
-                               check=True, timeout=600, capture_output=True)
-                fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
-                spec["litdata_url"] = "s3://bench/litdata"
-            rows.extend(rank_figures(spec, n, loaders))
+            rows.extend(scratch_setup(spec, loaders, root, fs, sizes, args.window, shard_of))
+            rows.extend(rank_figures(spec, n, loaders, shard_of))
 
     rows.extend(scale_rows)
     width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
