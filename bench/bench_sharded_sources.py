@@ -20,10 +20,28 @@ DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; sa
 repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
 its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
 batch, and the seconds before that first batch (the workers' start-up); peak anonymous memory
-(``Pss_Anon``) of a rank plus its workers. LitData joins these when
+(``Pss_Anon``) of a rank plus its workers; the shuffle quality of the order the W=3 ranks read
+(step by step: step 0's batches of rank 0, 1, 2, then step 1's). LitData joins these when
 ``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
-the same rows ``optimize``d into its chunks, on the same S3 endpoint). MosaicML Streaming is not in
-it (BENCHMARKS.md says why).
+the same rows ``optimize``d into its chunks, on the same S3 endpoint).
+
+MosaicML Streaming joins them when ``/tmp/scratch-venv-streaming`` has mosaicml-streaming 0.13.0
+(``bench/_streaming_ranks.py``): the same rows written as MDS shards of about the mean shard's bytes
+(``MDSWriter``) on the same S3 endpoint, read by ``StreamingDataset(remote="s3://...", local=<node
+cache>, shuffle=True, shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader``, resumed
+with its ``state_dict()``/``load_state_dict()``; two rows: its defaults (``num_canonical_nodes`` =
+physical nodes = 1, ``shuffle_block_size`` = max(4_000_000 // nodes, 1 << 18), no
+``cache_limit``) and ``cache_limit`` = the bytes of the window's largest MDS shards (what
+shardwise's window holds); plus the bytes it downloads and py1e's own global order. Streaming
+imports torchvision, and PyPI's torchvision does not import beside this machine's torch 2.13.0,
+so that venv has torch 2.14.1 (CPU use; BENCHMARKS.md gives the commands that make it):
+
+    python3 -m venv /tmp/scratch-venv-streaming
+    /tmp/scratch-venv-streaming/bin/pip install --no-deps mosaicml-streaming==0.13.0
+    /tmp/scratch-venv-streaming/bin/pip install torch==2.14.1 torchvision==0.29.1 'numpy<2.2' \\
+        boto3 zstd xxhash python-snappy Brotli tqdm 'transformers<5' catalogue pyarrow
+
+Either venv missing: that loader is left out with one printed line.
 
 Run: ``flock /tmp/shardwise-bench.lock python bench/bench_sharded_sources.py``
 """
@@ -264,13 +282,13 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.
 
 def available(loaders: list[str]) -> list[str]:
     """The loaders that can run here: LitData and Streaming only with their scratch venvs."""
-    unknown = sorted(set(loaders) - set(NAMES))
-    if unknown:
-        raise SystemExit(f"--loaders should name some of {', '.join(NAMES)}, but got {', '.join(unknown)}")
-    kept = []
+    kept, missing = [], set()
     for name in loaders:
-        if name in SCRATCH and not os.path.exists(SCRATCH[name][0]):
-            print(f"{NAMES[name]} left out: no {SCRATCH[name][0]} (BENCHMARKS.md shows how to make that venv)")
+        python = SCRATCH.get(name, ("",))[0]
+        if python and not os.path.exists(python):
+            if python not in missing:  # one line a venv
+                print(f"{NAMES[name.split('-')[0]]} left out: no {python} (BENCHMARKS.md shows how to make that venv)")
+            missing.add(python)
             continue
         kept.append(name)
     return kept
@@ -341,10 +359,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=6_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
-    parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata",
-                        help="loaders of the multi-process figures")
+    parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata,streaming,streaming-limit",
+                        help="loaders of the multi-process figures, some of: %(default)s (streaming-limit: "
+                             "Streaming with cache_limit = the bytes of the window's largest MDS shards)")
     parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
     args = parser.parse_args()
+    unknown = sorted(set(args.loaders.split(",")) - set(NAMES))
+    if unknown:
+        parser.error(f"--loaders should name some of {','.join(NAMES)}, but got {','.join(unknown)}")
 
     import subprocess
 
