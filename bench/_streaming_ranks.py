@@ -121,7 +121,8 @@ def streaming_loader(rank: int, world_size: int, spec: dict[str, Any], context: 
         Path(spec["fetch_log"]).mkdir(parents=True, exist_ok=True)
         log_downloads(spec["fetch_log"])
     ds = StreamingDataset(remote=spec["streaming_url"], local=str(local), shuffle=True, shuffle_algo="py1e",
-                          shuffle_seed=0, batch_size=spec["batch"], cache_limit=spec.get("cache_limit"))
+                          shuffle_seed=0, batch_size=spec["batch"], cache_limit=spec.get("cache_limit"),
+                          shuffle_block_size=spec.get("shuffle_block_size"))
     loader = StreamingDataLoader(ds, batch_size=spec["batch"], num_workers=spec["workers"],
                                  collate_fn=columns_collate, multiprocessing_context=context)
     if spec.get("state") is not None:

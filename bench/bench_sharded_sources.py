@@ -31,8 +31,9 @@ MosaicML Streaming joins them when ``/tmp/scratch-venv-streaming`` has mosaicml-
 cache>, shuffle=True, shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader``, resumed
 with its ``state_dict()``/``load_state_dict()``; two rows: its defaults (``num_canonical_nodes`` =
 physical nodes = 1, ``shuffle_block_size`` = max(4_000_000 // nodes, 1 << 18), no
-``cache_limit``) and ``cache_limit`` = the bytes of the window's largest MDS shards (what
-shardwise's window holds); plus the bytes it downloads and py1e's own global order. Streaming
+``cache_limit``); ``cache_limit`` = the bytes of the window's largest MDS shards (what
+shardwise's window holds); and that with ``shuffle_block_size`` = the window's samples (window x
+the mean MDS shard's samples); plus the bytes it downloads and py1e's own global order. Streaming
 imports torchvision, and PyPI's torchvision does not import beside this machine's torch 2.13.0,
 so that venv has torch 2.14.1 (CPU use; BENCHMARKS.md gives the commands that make it):
 
@@ -135,15 +136,17 @@ def scale_probe() -> None:
 
 
 NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData",
-         "streaming": "Streaming", "streaming-limit": "Streaming, cache_limit = window"}
+         "streaming": "Streaming", "streaming-limit": "Streaming, cache_limit = window",
+         "streaming-block": "Streaming, cache_limit = window, shuffle_block_size = window"}
 RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
               "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0",
               "streaming": "StreamingDataLoader state of rank 0"}
-RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming"]
+RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming-block"] = RESUMED_BY["streaming"]
 # Loaders that run in a scratch venv of their own (BENCHMARKS.md shows how each is made): interpreter, script.
 SCRATCH = {"litdata": ("/tmp/scratch-venv/bin/python", "_litdata_ranks.py"),  # torch 2.13, litdata, pyarrow
            "streaming": ("/tmp/scratch-venv-streaming/bin/python", "_streaming_ranks.py")}  # torch 2.14.1
-SCRATCH["streaming-limit"] = SCRATCH["streaming"]
+SCRATCH["streaming-limit"] = SCRATCH["streaming-block"] = SCRATCH["streaming"]
+STREAMING = ("streaming", "streaming-limit", "streaming-block")
 
 
 def lost_repeated(reads: list[int], n: int) -> str:
@@ -153,10 +156,17 @@ def lost_repeated(reads: list[int], n: int) -> str:
 
 
 def loader_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
-    """``spec`` for the loader named ``key`` (``streaming-limit``: Streaming with a node cache of a window's bytes)."""
+    """``spec`` for the loader named ``key``.
+
+    ``streaming-limit``: Streaming with a node cache of a window's bytes; ``streaming-block``: the
+    same, and py1e blocks of a window's samples (``window`` x the mean shard's samples).
+    """
     if key == "streaming-limit":
         return {**spec, "loader": "streaming", "cache_limit": spec["streaming_window_bytes"],
                 "streaming_local": "limit"}
+    if key == "streaming-block":
+        return {**spec, "loader": "streaming", "cache_limit": spec["streaming_window_bytes"],
+                "shuffle_block_size": spec["streaming_window_samples"], "streaming_local": "block"}
     return {**spec, "loader": key, "streaming_local": "default"}
 
 
@@ -266,7 +276,7 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.
         bases = [r["base"] / 2**20 for r in first]
         rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
                      f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
-        if key in ("streaming", "streaming-limit"):
+        if key in STREAMING:
             from _streaming_ranks import fetched_bytes
 
             local = Path(spec["root"]) / "streaming-cache" / loader_spec(spec, key)["streaming_local"]
@@ -299,7 +309,7 @@ def scratch_setup(spec: dict[str, Any], loaders: list[str], root: Path, fs: Any,
     """LitData's and Streaming's own formats of the rows, on the endpoint, for the loaders that run."""
     if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
         litdata_setup(spec, root, fs, int(sizes.sum()) // len(sizes))
-    if {"streaming", "streaming-limit"} & set(loaders):  # Streaming reads MDS shards: the same rows
+    if set(STREAMING) & set(loaders):  # Streaming reads MDS shards: the same rows
         return streaming_setup(spec, root, fs, len(sizes), window, shard_of)
     return []
 
@@ -330,6 +340,7 @@ def streaming_setup(spec: dict[str, Any], root: Path, fs: Any, shards: int, wind
     spec["streaming_bytes"] = int(sizes.sum())
     # What shardwise's window holds: the `window` largest shards (Streaming refuses less than 4 of its largest).
     spec["streaming_window_bytes"] = max(int(sizes[-window:].sum()), 4 * int(sizes[-1]) + 1)
+    spec["streaming_window_samples"] = window * -(-int(counts.sum()) // len(counts))
     np.save(root / "mds-sizes.npy", counts)
     order_file = root / "py1e-order.npy"
     done = scratch_run("streaming", "py1e", str(root / "mds-sizes.npy"), str(order_file), "--seed", "0", timeout=300)
@@ -342,8 +353,8 @@ def streaming_setup(spec: dict[str, Any], root: Path, fs: Any, shards: int, wind
     return [
         ("MDS shards: count, samples min..max, bytes min..max", "Streaming",
          f"{len(counts)}, {counts.min()}..{counts.max()}, {sizes[0]:,}..{sizes[-1]:,}"),
-        ("cache_limit of the second Streaming row (bytes; the window's largest MDS shards)", "Streaming",
-         f"{spec['streaming_window_bytes']:,}"),
+        ("cache_limit = window: bytes (the window's largest MDS shards); shuffle_block_size = window: samples",
+         "Streaming", f"{spec['streaming_window_bytes']:,}; {spec['streaming_window_samples']:,}"),
         ("same-shard pairs / mean |id step|/n / Spearman", "Streaming py1e global order (1 canonical node, defaults)",
          quality_text(order, shard_of)),
         ("same, same-shard pairs counted on its MDS shards", "Streaming py1e global order (1 canonical node, defaults)",
@@ -359,9 +370,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=6_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
-    parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata,streaming,streaming-limit",
+    parser.add_argument("--loaders", default=",".join(NAMES),
                         help="loaders of the multi-process figures, some of: %(default)s (streaming-limit: "
-                             "Streaming with cache_limit = the bytes of the window's largest MDS shards)")
+                             "Streaming with cache_limit = the bytes of the window's largest MDS shards; "
+                             "streaming-block: that and shuffle_block_size = window x the mean MDS shard's samples)")
     parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
     args = parser.parse_args()
     unknown = sorted(set(args.loaders.split(",")) - set(NAMES))
