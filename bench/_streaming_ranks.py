@@ -19,7 +19,9 @@ commands), with this worktree's ``src`` and ``bench`` on ``PYTHONPATH``. Command
 
 The loader (``streaming_loader``, called by ``_sharded_ranks._loader`` for ``loader="streaming"``):
 ``StreamingDataset(remote="s3://...", local=<one cache dir for the node>, shuffle=True,
-shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader``, rank and world from
+shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader`` (``spec`` may add ``cache_limit`` and
+``shuffle_block_size``; ``fetch_log``: a folder where ``log_downloads`` counts the shard bytes
+downloaded), rank and world from
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (all ranks on one node), the S3
 endpoint from ``S3_ENDPOINT_URL`` and the credentials from ``AWS_*``, as Streaming's docs say;
 resume through the loader's ``state_dict()`` / ``load_state_dict()`` (rank 0's state on every rank).
