@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
+from _scratch_loaders import SCRATCH, STREAMING, available, loader_spec, scratch_run, scratch_setup
 
 BATCH = 32
 
@@ -142,43 +143,10 @@ RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, ran
               "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0",
               "streaming": "StreamingDataLoader state of rank 0"}
 RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming-block"] = RESUMED_BY["streaming"]
-# Loaders that run in a scratch venv of their own (BENCHMARKS.md shows how each is made): interpreter, script.
-SCRATCH = {"litdata": ("/tmp/scratch-venv/bin/python", "_litdata_ranks.py"),  # torch 2.13, litdata, pyarrow
-           "streaming": ("/tmp/scratch-venv-streaming/bin/python", "_streaming_ranks.py")}  # torch 2.14.1
-SCRATCH["streaming-limit"] = SCRATCH["streaming-block"] = SCRATCH["streaming"]
-STREAMING = ("streaming", "streaming-limit", "streaming-block")
-
-
 def lost_repeated(reads: list[int], n: int) -> str:
     """Samples of ``range(n)`` never read, and reads beyond the first of a sample."""
     unique = set(reads)
     return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
-
-
-def loader_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
-    """``spec`` for the loader named ``key``.
-
-    ``streaming-limit``: Streaming with a node cache of a window's bytes; ``streaming-block``: the
-    same, and py1e blocks of a window's samples (``window`` x the mean shard's samples).
-    """
-    if key == "streaming-limit":
-        return {**spec, "loader": "streaming", "cache_limit": spec["streaming_window_bytes"],
-                "streaming_local": "limit"}
-    if key == "streaming-block":
-        return {**spec, "loader": "streaming", "cache_limit": spec["streaming_window_bytes"],
-                "shuffle_block_size": spec["streaming_window_samples"], "streaming_local": "block"}
-    return {**spec, "loader": key, "streaming_local": "default"}
-
-
-def scratch_run(key: str, *args: str, timeout: float = 1200) -> Any:
-    """Run ``key``'s script in its scratch venv (this worktree's ``src`` and ``bench`` on its path)."""
-    import subprocess
-
-    python, script = SCRATCH[key]
-    here = Path(__file__).resolve().parent
-    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
-    return subprocess.run([python, str(here / script), *args], env=env, check=False, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def launch(world_size: int, spec: dict[str, Any], key: str | None = None) -> list[dict[str, Any]]:
@@ -288,78 +256,6 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.
             rows.extend(resume_rows({**spec, "workers": 0}, key, n, stop, f"{name}, num_workers=0"))
         print(f"{name}: ranks done in {time.perf_counter() - began:.0f} s", flush=True)
     return rows
-
-
-def available(loaders: list[str]) -> list[str]:
-    """The loaders that can run here: LitData and Streaming only with their scratch venvs."""
-    kept, missing = [], set()
-    for name in loaders:
-        python = SCRATCH.get(name, ("",))[0]
-        if python and not os.path.exists(python):
-            if python not in missing:  # one line a venv
-                print(f"{NAMES[name.split('-')[0]]} left out: no {python} (BENCHMARKS.md shows how to make that venv)")
-            missing.add(python)
-            continue
-        kept.append(name)
-    return kept
-
-
-def scratch_setup(spec: dict[str, Any], loaders: list[str], root: Path, fs: Any, sizes: np.ndarray, window: int,
-                  shard_of: np.ndarray) -> list[tuple[str, str, str]]:
-    """LitData's and Streaming's own formats of the rows, on the endpoint, for the loaders that run."""
-    if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
-        litdata_setup(spec, root, fs, int(sizes.sum()) // len(sizes))
-    if set(STREAMING) & set(loaders):  # Streaming reads MDS shards: the same rows
-        return streaming_setup(spec, root, fs, len(sizes), window, shard_of)
-    return []
-
-
-def litdata_setup(spec: dict[str, Any], root: Path, fs: Any, chunk: int) -> None:
-    """The rows ``optimize``d into LitData's chunks of ``chunk`` samples, on the endpoint (``spec`` gets their URL)."""
-    done = scratch_run("litdata", "optimize", str(root / "shards"), str(root / "litdata"), str(chunk), timeout=600)
-    if done.returncode:
-        raise RuntimeError(f"litdata optimize failed: {done.stderr[-2000:]}")
-    fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
-    spec["litdata_url"] = "s3://bench/litdata"
-
-
-def streaming_setup(spec: dict[str, Any], root: Path, fs: Any, shards: int, window: int,
-                    shard_of: np.ndarray) -> list[tuple[str, str, str]]:
-    """The rows as MDS shards on the endpoint (``spec`` gets their URL and a window's bytes); py1e's own order."""
-    import json
-
-    done = scratch_run("streaming", "mds", str(root / "shards"), str(root / "mds"), str(shards), timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("MDS ")]
-    if done.returncode or not lines:
-        raise RuntimeError(f"MDS conversion failed: {done.stderr[-2000:]}")
-    mds = json.loads(lines[-1].removeprefix("MDS "))
-    fs.put(str(root / "mds") + "/", "bench/mds/", recursive=True)
-    spec["streaming_url"] = "s3://bench/mds"
-    counts = np.asarray([s["samples"] for s in mds], dtype=np.int64)
-    sizes = np.sort([s["bytes"] for s in mds])
-    spec["streaming_bytes"] = int(sizes.sum())
-    # What shardwise's window holds: the `window` largest shards (Streaming refuses less than 4 of its largest).
-    spec["streaming_window_bytes"] = max(int(sizes[-window:].sum()), 4 * int(sizes[-1]) + 1)
-    spec["streaming_window_samples"] = window * -(-int(counts.sum()) // len(counts))
-    np.save(root / "mds-sizes.npy", counts)
-    order_file = root / "py1e-order.npy"
-    done = scratch_run("streaming", "py1e", str(root / "mds-sizes.npy"), str(order_file), "--seed", "0", timeout=300)
-    if done.returncode:
-        raise RuntimeError(f"py1e order failed: {done.stderr[-2000:]}")
-    order = np.load(order_file)
-    mds_shard_of = np.repeat(np.arange(len(counts)), counts)
-    print(f"MDS: {len(counts)} shards of {counts.min()}..{counts.max()} samples, {sizes[0]}..{sizes[-1]} bytes; "
-          f"cache_limit for a window: {spec['streaming_window_bytes']} bytes", flush=True)
-    return [
-        ("MDS shards: count, samples min..max, bytes min..max", "Streaming",
-         f"{len(counts)}, {counts.min()}..{counts.max()}, {sizes[0]:,}..{sizes[-1]:,}"),
-        ("cache_limit = window: bytes (the window's largest MDS shards); shuffle_block_size = window: samples",
-         "Streaming", f"{spec['streaming_window_bytes']:,}; {spec['streaming_window_samples']:,}"),
-        ("same-shard pairs / mean |id step|/n / Spearman", "Streaming py1e global order (1 canonical node, defaults)",
-         quality_text(order, shard_of)),
-        ("same, same-shard pairs counted on its MDS shards", "Streaming py1e global order (1 canonical node, defaults)",
-         quality_text(order, mds_shard_of)),
-    ]
 
 
 def main() -> None:
@@ -498,7 +394,7 @@ def main() -> None:
             spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
                     "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
             loaders = available(args.loaders.split(","))
-            rows.extend(scratch_setup(spec, loaders, root, fs, sizes, args.window, shard_of))
+            rows.extend(scratch_setup(spec, loaders, root, fs, sizes, args.window, shard_of, quality_text))
             rows.extend(rank_figures(spec, n, loaders, shard_of))
 
     rows.extend(scale_rows)
