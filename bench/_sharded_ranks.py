@@ -15,7 +15,11 @@ used as its documentation says:
 - ``litdata``: ``StreamingDataset(shuffle=True)`` over the same samples ``optimize``d into LitData's
   chunks, in a ``StreamingDataLoader``; resume through the loader's ``state_dict()`` /
   ``load_state_dict()`` (rank 0's on every rank, as Lightning restores it). It runs in a scratch
-  venv (``bench/_litdata_ranks.py``).
+  venv (``bench/_litdata_ranks.py``);
+- ``streaming``: MosaicML Streaming's ``StreamingDataset(remote=s3, local=node cache, shuffle=True,
+  shuffle_algo="py1e", batch_size=32)`` over the same samples written as MDS shards, in a
+  ``StreamingDataLoader``; resume through the loader's ``state_dict()`` / ``load_state_dict()``
+  (rank 0's on every rank). It runs in its own scratch venv (``bench/_streaming_ranks.py``).
 
 With ``spec["stop"]`` the rank records the ids of its first ``stop`` batches and the loader's state
 after them, reads on to the end of the epoch (timed: cold) and reads a second epoch (timed: warm).
@@ -158,7 +162,12 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         if state is not None:
             loader.load_state_dict(state)
         return loader, ds.set_epoch, lambda row: int(row["id"])
-    raise ValueError(f"loader should be 'shardwise', 'hf', 'webdataset' or 'litdata', but got loader={name!r}")
+    if name == "streaming":  # runs in its scratch venv (bench/_streaming_ranks.py, which builds it)
+        from _streaming_ranks import streaming_loader
+
+        return streaming_loader(rank, world_size, spec, context)
+    raise ValueError(f"loader should be 'shardwise', 'hf', 'webdataset', 'litdata' or 'streaming', "
+                     f"but got loader={name!r}")
 
 
 def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:

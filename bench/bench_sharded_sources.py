@@ -20,10 +20,29 @@ DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; sa
 repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
 its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
 batch, and the seconds before that first batch (the workers' start-up); peak anonymous memory
-(``Pss_Anon``) of a rank plus its workers. LitData joins these when
+(``Pss_Anon``) of a rank plus its workers; the shuffle quality of the order the W=3 ranks read
+(step by step: step 0's batches of rank 0, 1, 2, then step 1's). LitData joins these when
 ``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
-the same rows ``optimize``d into its chunks, on the same S3 endpoint). MosaicML Streaming is not in
-it (BENCHMARKS.md says why).
+the same rows ``optimize``d into its chunks, on the same S3 endpoint).
+
+MosaicML Streaming joins them when ``/tmp/scratch-venv-streaming`` has mosaicml-streaming 0.13.0
+(``bench/_streaming_ranks.py``): the same rows written as MDS shards of about the mean shard's bytes
+(``MDSWriter``) on the same S3 endpoint, read by ``StreamingDataset(remote="s3://...", local=<node
+cache>, shuffle=True, shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader``, resumed
+with its ``state_dict()``/``load_state_dict()``; two rows: its defaults (``num_canonical_nodes`` =
+physical nodes = 1, ``shuffle_block_size`` = max(4_000_000 // nodes, 1 << 18), no
+``cache_limit``); ``cache_limit`` = the bytes of the window's largest MDS shards (what
+shardwise's window holds); and that with ``shuffle_block_size`` = the window's samples (window x
+the mean MDS shard's samples); plus the bytes it downloads and py1e's own global order. Streaming
+imports torchvision, and PyPI's torchvision does not import beside this machine's torch 2.13.0,
+so that venv has torch 2.14.1 (CPU use; BENCHMARKS.md gives the commands that make it):
+
+    python3 -m venv /tmp/scratch-venv-streaming
+    /tmp/scratch-venv-streaming/bin/pip install --no-deps mosaicml-streaming==0.13.0
+    /tmp/scratch-venv-streaming/bin/pip install torch==2.14.1 torchvision==0.29.1 'numpy<2.2' \\
+        boto3 zstd xxhash python-snappy Brotli tqdm 'transformers<5' catalogue pyarrow
+
+Either venv missing: that loader is left out with one printed line.
 
 Run: ``flock /tmp/shardwise-bench.lock python bench/bench_sharded_sources.py``
 """
@@ -43,6 +62,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
+from _scratch_loaders import SCRATCH, STREAMING, available, loader_spec, scratch_run, scratch_setup
 
 BATCH = 32
 
@@ -116,38 +136,39 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
-NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData"}
+NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData",
+         "streaming": "Streaming", "streaming-limit": "Streaming, cache_limit = window",
+         "streaming-block": "Streaming, cache_limit = window, shuffle_block_size = window"}
 RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
-              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0"}
-SCRATCH = "/tmp/scratch-venv/bin/python"  # a venv with torch 2.13, litdata and pyarrow (BENCHMARKS.md)
-
-
+              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0",
+              "streaming": "StreamingDataLoader state of rank 0"}
+RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming-block"] = RESUMED_BY["streaming"]
 def lost_repeated(reads: list[int], n: int) -> str:
     """Samples of ``range(n)`` never read, and reads beyond the first of a sample."""
     unique = set(reads)
     return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
 
 
-def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """``rank_main`` on ``world_size`` real gloo ranks; LitData's in the scratch venv. RuntimeError if a rank raised."""
-    if spec["loader"] != "litdata":
+def launch(world_size: int, spec: dict[str, Any], key: str | None = None) -> list[dict[str, Any]]:
+    """``rank_main`` on ``world_size`` real gloo ranks; LitData's and Streaming's in their scratch venvs.
+
+    RuntimeError if a rank raised.
+    """
+    key = key or spec["loader"]
+    if key not in SCRATCH:
         from _sharded_ranks import rank_main
         from shardwise.tools.launch import run_distributed
 
         reports: list[dict[str, Any]] = run_distributed(rank_main, world_size, spec, timeout=900)
         return reports
     import json
-    import subprocess
 
-    here = Path(__file__).resolve().parent
-    spec_file = Path(spec["root"]) / "litdata-spec.json"
+    spec_file = Path(spec["root"]) / f"{key}-spec.json"
     spec_file.write_text(json.dumps({**spec, "world_size": world_size}))
-    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
-    done = subprocess.run([SCRATCH, str(here / "_litdata_ranks.py"), "ranks", str(spec_file)], env=env,
-                          check=False, capture_output=True, text=True, timeout=1200)
+    done = scratch_run(key, "ranks", str(spec_file))
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORTS ")]
     if not lines:
-        raise RuntimeError(f"LitData's ranks printed no reports: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{NAMES[key]}'s ranks printed no reports: {done.stderr[-2000:]}")
     answer = json.loads(lines[-1].removeprefix("REPORTS "))
     if isinstance(answer, dict):
         print(done.stderr[-4000:], file=sys.stderr)
@@ -158,15 +179,15 @@ def launch(world_size: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
 def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
                 first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
     """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
-    spec = {**spec, "loader": key, "cache": "cache-ranks"}
+    spec = {**loader_spec(spec, key), "cache": "cache-ranks"}
     if first is None:
-        first = launch(3, {**spec, "stop": stop})
+        first = launch(3, {**spec, "stop": stop}, key)
     before = [i for r in first for i in r["before"]]
     state = [r["state"] for r in first] if key == "hf" else first[0]["state"]
     rows = []
     for resumed in (3, 2):
         try:
-            second = launch(resumed, {**spec, "state": state})
+            second = launch(resumed, {**spec, "state": state}, key)
             value = lost_repeated(before + [i for r in second for i in r["ids"]], n)
         except RuntimeError as error:  # a rank raised: say how
             lines = [line for line in str(error).splitlines() if "Error" in line]
@@ -176,7 +197,21 @@ def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
     return rows
 
 
-def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple[str, str, str]]:
+def step_order(reports: list[dict[str, Any]]) -> np.ndarray:
+    """The ids the ranks read in one epoch in training order: step 0's batches of rank 0, 1, ..., then step 1's."""
+    order = []
+    for step in range(max(r["steps"] for r in reports)):
+        for r in reports:
+            order.extend(r["ids"][step * BATCH : (step + 1) * BATCH])
+    return np.asarray(order, dtype=np.int64)
+
+
+def quality_text(order: np.ndarray, shard_of: np.ndarray) -> str:
+    quality = shuffle_quality(order, shard_of)
+    return f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"
+
+
+def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.ndarray) -> list[tuple[str, str, str]]:
     """Ranks as processes, 2 workers each: an epoch at W=3 (cold, stopping point, warm), resumed at W=3 and W=2."""
     rows: list[tuple[str, str, str]] = []
     world_size = 3
@@ -185,7 +220,9 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
         name = NAMES[key]
         began = time.perf_counter()
         try:
-            first = launch(world_size, {**spec, "loader": key, "stop": stop, "warm": True, "cache": "cache-ranks"})
+            fetch_log = str(Path(spec["root"]) / f"fetched-{key}")  # Streaming logs its downloads there
+            first = launch(world_size, {**loader_spec(spec, key), "stop": stop, "warm": True, "cache": "cache-ranks",
+                                        "fetch_log": fetch_log}, key)
         except RuntimeError as error:
             rows.append(("one epoch at W=3, 2 workers", name, f"fails: {str(error)[-160:]}"))
             continue
@@ -193,6 +230,8 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
         rows.append(("steps per rank, W=3, 2 workers (min / max)", name, f"{min(counts)} / {max(counts)}"))
         rows.append(("one epoch, uninterrupted: lost / repeated", name,
                      lost_repeated([i for r in first for i in r["ids"]], n)))
+        rows.append(("same-shard pairs / mean |id step|/n / Spearman, the W=3 ranks' reads step by step", name,
+                     quality_text(step_order(first), shard_of)))
         for label in ("cold", "warm"):
             rates = [r[label] for r in first]
             rows.append((f"samples/s per rank, W=3, 2 workers, {label} (mean, min..max)", name,
@@ -205,19 +244,18 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str]) -> list[tuple
         bases = [r["base"] / 2**20 for r in first]
         rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
                      f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
+        if key in STREAMING:
+            from _streaming_ranks import fetched_bytes
+
+            local = Path(spec["root"]) / "streaming-cache" / loader_spec(spec, key)["streaming_local"]
+            held = sum(p.stat().st_size for p in local.glob("shard.*"))
+            rows.append(("bytes fetched / dataset, W=3, both epochs (cold + warm); shard bytes in its cache after",
+                         name, f"{fetched_bytes(fetch_log) / spec['streaming_bytes']:.3f}; {held:,}"))
         rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
         if key == "hf":  # its resume with workers fails: the same resume without workers
             rows.extend(resume_rows({**spec, "workers": 0}, key, n, stop, f"{name}, num_workers=0"))
         print(f"{name}: ranks done in {time.perf_counter() - began:.0f} s", flush=True)
     return rows
-
-
-def available(loaders: list[str]) -> list[str]:
-    """The loaders that can run here: LitData only with its scratch venv."""
-    if "litdata" in loaders and not os.path.exists(SCRATCH):
-        print(f"LitData left out: no {SCRATCH} (BENCHMARKS.md shows how to make that venv)")
-        return [name for name in loaders if name != "litdata"]
-    return loaders
 
 
 def main() -> None:
@@ -228,10 +266,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=6_000)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
-    parser.add_argument("--loaders", default="shardwise,hf,webdataset,litdata",
-                        help="loaders of the multi-process figures")
+    parser.add_argument("--loaders", default=",".join(NAMES),
+                        help="loaders of the multi-process figures, some of: %(default)s (streaming-limit: "
+                             "Streaming with cache_limit = the bytes of the window's largest MDS shards; "
+                             "streaming-block: that and shuffle_block_size = window x the mean MDS shard's samples)")
     parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
     args = parser.parse_args()
+    unknown = sorted(set(args.loaders.split(",")) - set(NAMES))
+    if unknown:
+        parser.error(f"--loaders should name some of {','.join(NAMES)}, but got {','.join(unknown)}")
 
     import subprocess
 
@@ -351,15 +394,8 @@ def main() -> None:
             spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
                     "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
             loaders = available(args.loaders.split(","))
-            if "litdata" in loaders:  # LitData reads its own chunks: the same rows, optimized
-                import subprocess
-
-                subprocess.run([SCRATCH, str(Path(__file__).resolve().parent / "_litdata_ranks.py"), "optimize",
-                                str(root / "shards"), str(root / "litdata"), str(n // len(sizes))],
-                               check=True, timeout=600, capture_output=True)
-                fs.put(str(root / "litdata") + "/", "bench/litdata/", recursive=True)
-                spec["litdata_url"] = "s3://bench/litdata"
-            rows.extend(rank_figures(spec, n, loaders))
+            rows.extend(scratch_setup(spec, loaders, root, fs, sizes, args.window, shard_of, quality_text))
+            rows.extend(rank_figures(spec, n, loaders, shard_of))
 
     rows.extend(scale_rows)
     width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
