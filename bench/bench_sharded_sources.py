@@ -62,21 +62,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
+from _common import shuffle_quality, uneven_sizes
 from _scratch_loaders import SCRATCH, STREAMING, available, loader_spec, scratch_run, scratch_setup
 
 BATCH = 32
-
-
-def shuffle_quality(ids: np.ndarray, shard_of: np.ndarray) -> dict[str, float]:
-    """How well an order of ids is mixed: same-shard pairs, mean |id step| / n, Spearman(position, id)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    n = len(ids)
-    shards = shard_of[ids]
-    same = float(np.mean(shards[1:] == shards[:-1]))
-    spread = float(np.mean(np.abs(np.diff(ids)))) / n
-    ranks = np.argsort(np.argsort(ids))
-    spearman = float(np.corrcoef(np.arange(n), ranks)[0, 1])
-    return {"same_shard": same, "id_step": spread, "spearman": spearman}
 
 
 def write_shards(root: Path, n: int, shards: int, seed: int) -> tuple[np.ndarray, int, int]:
@@ -85,9 +74,8 @@ def write_shards(root: Path, n: int, shards: int, seed: int) -> tuple[np.ndarray
     import pyarrow.parquet as pq
     import webdataset
 
-    rng = np.random.default_rng(seed)
-    cuts = np.sort(rng.choice(np.arange(1, n), size=shards - 1, replace=False))
-    sizes = np.diff(np.concatenate([[0], cuts, [n]]))
+    sizes = uneven_sizes(n, shards, seed)
+    rng = np.random.default_rng(seed + 1)
     lengths = rng.integers(100, 500, size=n)
     first = 0
     for s, size in enumerate(sizes.tolist()):
