@@ -171,10 +171,14 @@ class ShardReader:
         path: a local file.
         fmt: its format.
         columns: the columns to return (Parquet, Arrow); ``None`` for all.
+        output: a table's rows as dicts (Parquet, Arrow; ``rows.table_rows`` in an output
+            format); default: ``Table.to_pylist``. WebDataset rows are bytes as read.
     """
 
-    def __init__(self, path: str, fmt: Format, columns: list[str] | None = None) -> None:
+    def __init__(self, path: str, fmt: Format, columns: list[str] | None = None,
+                 output: Callable[[Any], list[dict[str, Any]]] | None = None) -> None:
         self.path, self.fmt, self.columns = path, fmt, columns
+        self._convert: Callable[[Any], list[dict[str, Any]]] = output or (lambda table: table.to_pylist())
         self._reader: Callable[[int], dict[str, Any]]
         if fmt is Format.PARQUET:
             # Decoded whole, once: the locality-aware plan reads a shard's samples in random order
@@ -212,14 +216,12 @@ class ShardReader:
             # An Arrow array over the numpy buffer: pa.array() would import pandas (seconds per worker).
             pa = pyarrow()
             taken = pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)])
-            rows: list[dict[str, Any]] = self._table.take(taken).to_pylist()
-            return rows
+            return self._convert(self._table.take(taken))
         with open(self.path, "rb") as handle:
             return [self._tar_read(handle, index) for index in indices]
 
     def _arrow_row(self, index: int) -> dict[str, Any]:
-        row: dict[str, Any] = self._table.slice(index, 1).to_pylist()[0]
-        return row
+        return self._convert(self._table.slice(index, 1))[0]
 
     def _tar_row(self, index: int) -> dict[str, Any]:
         # Opened per sample, not kept open: a reader dropped by a worker never leaks a file descriptor.

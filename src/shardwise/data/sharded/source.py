@@ -17,6 +17,8 @@ the node; a length or label column is 8 bytes a sample, memory-mapped (shared, n
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +34,8 @@ from ..._core.errors import check_cache_dir, check_choice, check_int, check_iter
 from ...index import build_or_open
 from ...index.cache import CacheDir
 from .cache import ShardCache, is_local
-from .formats import Format, ShardError, ShardReader, count_rows, format_of, read_column
+from .formats import Format, ShardError, ShardReader, count_rows, format_of, pyarrow, read_column
+from .rows import OutputFormat, table_rows
 
 KIND = "sharded-meta"
 OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
@@ -76,6 +79,14 @@ class ShardedSource(Dataset[dict[str, Any]]):
         index_dir: where the metadata index lives (``shardwise.index`` cache); ``False``: in memory.
         open_shards: shards kept open (decoded) per process; raised to ``window + 1`` when a
             ``LocalitySampler`` drives the source. Private memory grows with it, not with n.
+        output_format: what a sample's values are, as HF ``datasets``' ``with_format`` types:
+            ``"python"`` (default: ints, floats, strings, lists), ``"numpy"`` (numbers as numpy
+            scalars, lists of numbers as 1-D arrays) or ``"torch"`` (the same as tensors).
+            Strings, binaries, nested lists and columns with missing values stay Python values;
+            WebDataset rows are bytes in every format. Arrays cross from DataLoader workers as
+            one buffer each, where lists pickle element by element (``"numpy"`` read a 32-sample
+            batch of 300 ints ~6x faster in the main process). :meth:`with_format` gives a copy
+            in another format.
 
     Example:
         >>> source = ShardedSource(["s3://bucket/train-0.parquet", "s3://bucket/train-1.parquet"])  # doctest: +SKIP
@@ -94,9 +105,11 @@ class ShardedSource(Dataset[dict[str, Any]]):
         storage_options: dict[str, Any] | None = None,
         index_dir: CacheDir = None,
         open_shards: int = OPEN_SHARDS,
+        output_format: str | OutputFormat = "python",
     ) -> None:
         # Every argument is checked before any I/O (listing the URLs, reading metadata).
         self.open_shards = check_int("open_shards", open_shards, minimum=1)
+        self.output_format = check_choice("output_format", output_format, OutputFormat)
         given_format = None if format is None else check_choice("format", format, Format)
         self.columns = None if columns is None else [
             check_str("columns[]", c) for c in check_iterable("columns", columns, of="column names (str)")
@@ -120,6 +133,11 @@ class ShardedSource(Dataset[dict[str, Any]]):
                 )
             given_format = found.pop()
         self.format = check_choice("format", given_format, Format)
+        if self.format is not Format.WEBDATASET:
+            # Imported here, in the process that builds the DataLoader, so that forked workers
+            # inherit it: imported in each worker instead, it cost ~0.13 s of CPU per worker per
+            # epoch (workers are forked anew each epoch), most of a warm epoch's start-up.
+            pyarrow()
         self.cache = cache if cache is not None else ShardCache(storage_options=self.storage_options)
         arrays = self._metadata(index_dir)
         self.shard_sizes: np.ndarray = arrays["counts"]
@@ -238,7 +256,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
         for attempt in range(2):
             path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample)
             try:
-                reader = ShardReader(path, self.format, self.columns)
+                reader = ShardReader(path, self.format, self.columns,
+                                     functools.partial(table_rows, output=self.output_format))
                 break
             except FileNotFoundError:
                 if attempt:  # evicted by another process between download and open, twice
@@ -271,10 +290,23 @@ class ShardedSource(Dataset[dict[str, Any]]):
         order = permutation.upcoming_shards(positions, _PREFETCH_AHEAD)
         self.cache.follow([(self.urls[s], int(self.file_sizes[s])) for s in order.tolist()])
 
+    def with_format(self, type: str | OutputFormat) -> ShardedSource:  # HF's name for it
+        """A copy of this source whose samples are in output format ``type`` (``"python"``, ``"numpy"``, ``"torch"``).
+
+        Like HF ``datasets``' ``Dataset.with_format``: the shards, index and cache are shared, no
+        I/O is done. Cost: O(1).
+        """
+        output = check_choice("type", type, OutputFormat)
+        other = copy.copy(self)
+        other.output_format = output
+        other._readers = OrderedDict()  # readers convert to their source's format
+        return other
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # open files stay with their process
         return state
 
     def __repr__(self) -> str:
-        return f"ShardedSource(samples={len(self)}, shards={len(self.urls)}, format={self.format.value!r})"
+        shown = "" if self.output_format is OutputFormat.PYTHON else f", output_format={self.output_format.value!r}"
+        return f"ShardedSource(samples={len(self)}, shards={len(self.urls)}, format={self.format.value!r}{shown})"
