@@ -84,9 +84,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
             scalars, lists of numbers as 1-D arrays) or ``"torch"`` (the same as tensors).
             Strings, binaries, nested lists and columns with missing values stay Python values;
             WebDataset rows are bytes in every format. Arrays cross from DataLoader workers as
-            one buffer each, where lists pickle element by element (``"numpy"`` read a 32-sample
-            batch of 300 ints ~6x faster in the main process). :meth:`with_format` gives a copy
-            in another format.
+            one buffer each, where lists pickle element by element (a batch of 32 samples of 300
+            ints: 0.35 ms to convert, pickle and unpickle as numpy, 0.62 ms as lists).
+            :meth:`with_format` gives a copy in another format.
 
     Example:
         >>> source = ShardedSource(["s3://bucket/train-0.parquet", "s3://bucket/train-1.parquet"])  # doctest: +SKIP
