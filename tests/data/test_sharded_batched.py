@@ -114,6 +114,16 @@ def test_each_output_format_is_the_python_rows_converted(shards: dict[str, list[
         row["tokens"][0] = 99  # writable, and a copy: the shard's rows are unchanged
         assert built[40]["tokens"][0] == 0
     assert repr(built).endswith(f"output_format={output!r})")
+    if suffix != "tar":  # only numbers and lists of numbers: rows are cut from numpy views of each shard
+        numbers = _source(shards, suffix, tmp_path, open_shards=2, output_format=output, columns=["tokens", "id"])
+        narrow = _source(shards, suffix, tmp_path, open_shards=2, columns=["tokens", "id"]).__getitems__(ids)
+        assert [_typed(row, output, suffix) for row in numbers.__getitems__(ids)] == narrow
+        assert [_typed(numbers[i], output, suffix) for i in ids[:20]] == narrow[:20]
+        assert all(reader.numeric is not None for reader in numbers._readers.values())
+        assert all(reader.numeric is None for reader in built._readers.values())  # strings: Arrow's take
+        row = numbers[40]
+        row["tokens"][0] = 99
+        assert numbers[40]["tokens"][0] == 0 and list(row) == ["tokens", "id"]
 
 
 def test_output_formats_of_every_column_kind() -> None:
@@ -171,19 +181,21 @@ def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return batch
 
 
-@pytest.mark.parametrize(("suffix", "output"), [("parquet", "numpy"), ("arrow", "torch"), ("tar", "python")])
+@pytest.mark.parametrize(("suffix", "output", "columns"),
+                         [("parquet", "numpy", ["id", "tokens"]), ("arrow", "torch", None), ("tar", "python", None)])
 def test_dataloader_workers_read_batches_the_same(shards: dict[str, list[str]], tmp_path: Path, suffix: str,
-                                                  output: str) -> None:
+                                                  output: str, columns: list[str] | None) -> None:
     """2 forked workers under a LocalitySampler: the batches are those of a one-by-one dataset, via __getitems__,
-    in every output format (arrays and tensors cross from the workers intact)."""
+    in every output format (arrays and tensors cross from the workers intact; numbers only: cut from numpy views)."""
     source = _OnlyBatched(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index",
-                          output_format=output)
+                          output_format=output, columns=columns)
     def sampler() -> LocalitySampler:  # a fresh one per loader: the same plan
         return LocalitySampler(source, window=2, num_replicas=2, rank=1, seed=4)
 
     batched = list(DataLoader(source, sampler=sampler(), batch_size=8, num_workers=2, collate_fn=_rows,
                               multiprocessing_context="fork", timeout=120))
-    reference = ShardedSource(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index")
+    reference = ShardedSource(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index",
+                              columns=columns)
     one_by_one = list(DataLoader(_OneByOne(reference), sampler=sampler(), batch_size=8, collate_fn=_rows))
     assert [[_typed(row, output, suffix) for row in batch] for batch in batched] == one_by_one
     assert sum(len(batch) for batch in batched) == len(sampler()) > 8

@@ -180,6 +180,7 @@ class ShardReader:
         self.path, self.fmt, self.columns = path, fmt, columns
         self._convert: Callable[[Any], list[dict[str, Any]]] = output or (lambda table: table.to_pylist())
         self._reader: Callable[[int], dict[str, Any]]
+        self.numeric: Any = None  # set by ShardedSource: the shard as numpy views (rows.NumericColumns), if it can be
         if fmt is Format.PARQUET:
             # Decoded whole, once: the locality-aware plan reads a shard's samples in random order
             # while its window is resident, so decoding a row group per sample would cost ~100x more.
@@ -212,13 +213,22 @@ class ShardReader:
         shard), not a slice and a conversion per row. WebDataset: the file is opened once.
         """
         if self.fmt is not Format.WEBDATASET:
-            positions = np.asarray(indices, dtype=np.int64)
-            # An Arrow array over the numpy buffer: pa.array() would import pandas (seconds per worker).
-            pa = pyarrow()
-            taken = pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)])
-            return self._convert(self._table.take(taken))
+            return self._convert(self.take(indices))
         with open(self.path, "rb") as handle:
             return [self._tar_read(handle, index) for index in indices]
+
+    @property
+    def table(self) -> Any:
+        """The decoded shard (Parquet, Arrow): a ``pyarrow.Table``."""
+        return self._table
+
+    def take(self, indices: list[int]) -> Any:
+        """Rows ``indices`` of a Parquet or Arrow shard as a ``pyarrow.Table`` (one ``take``), unconverted."""
+        positions = np.asarray(indices, dtype=np.int64)
+        # An Arrow array over the numpy buffer: pa.array() would import pandas (seconds per worker).
+        pa = pyarrow()
+        taken = pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)])
+        return self._table.take(taken)
 
     def _arrow_row(self, index: int) -> dict[str, Any]:
         return self._convert(self._table.slice(index, 1))[0]

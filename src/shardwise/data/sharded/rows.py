@@ -13,6 +13,7 @@ copies, writable and owning their memory: a row never pins its decoded shard.
 
 Each column of a batch is converted at once (one copy of its values' buffer); rows are then
 views cut at the column's offsets, never a Python loop over elements. Cost: O(values in the batch).
+A shard of only numbers and lists of numbers skips Arrow altogether per batch (:class:`NumericColumns`).
 """
 
 from __future__ import annotations
@@ -109,3 +110,68 @@ def table_rows(table: Any, output: OutputFormat) -> list[dict[str, Any]]:
         return [{} for _ in range(table.num_rows)]
     columns = [_column(pa, column.combine_chunks(), output) for column in table.columns]
     return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+class NumericColumns:
+    """A decoded shard whose columns are all numbers or lists of numbers, as numpy views of its buffers.
+
+    Rows are then cut straight from the buffers (one fancy index a number column, one slice a row
+    of a list column): no Arrow ``take`` and no conversion per batch. Zero-copy: the views share
+    the table's memory. :func:`numeric_columns` builds it, or returns ``None`` for other tables.
+    """
+
+    def __init__(self, names: list[str], columns: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        self.names, self.columns = names, columns  # (values, offsets or None) a column
+
+    def rows(self, indices: list[int], output: OutputFormat) -> list[dict[str, Any]]:
+        """Rows ``indices``, in that order, as ``table_rows`` gives them in ``output`` (numpy or torch)."""
+        positions = np.asarray(indices, dtype=np.int64)
+        columns: list[Any] = []
+        for values, offsets in self.columns:
+            if offsets is None:
+                picked = values[positions]  # a copy
+                columns.append(picked if output is OutputFormat.NUMPY else _torch(picked))
+                continue
+            starts, stops = offsets[positions].tolist(), offsets[positions + 1].tolist()
+            pieces = [values[start:stop].copy() for start, stop in zip(starts, stops, strict=True)]
+            columns.append(pieces if output is OutputFormat.NUMPY else [_torch(piece) for piece in pieces])
+        if not columns:
+            return [{} for _ in indices]
+        return [dict(zip(self.names, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+def _view(pa: Any, array: Any) -> np.ndarray | None:
+    """A numeric Arrow array without nulls as a numpy view of its buffer (``None``: booleans, nulls)."""
+    kind = array.type
+    if array.null_count or pa.types.is_boolean(kind) or not _numeric(pa, kind):
+        return None
+    if pa.types.is_floating(kind):
+        dtype = np.dtype(f"f{kind.bit_width // 8}")
+    else:
+        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
+    data = array.buffers()[1]
+    if data is None:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(data, dtype=dtype)[array.offset : array.offset + len(array)]
+
+
+def numeric_columns(table: Any) -> NumericColumns | None:
+    """``table``'s columns as numpy views, if each is numbers or (variable-length) lists of numbers, without nulls."""
+    pa = pyarrow()
+    columns: list[tuple[np.ndarray, np.ndarray | None]] = []
+    for column in table.columns:
+        array = column.combine_chunks()  # a copy only if the table has several row groups
+        kind = array.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            if array.null_count:
+                return None
+            offsets, values = _view(pa, array.offsets), _view(pa, array.values)
+            if offsets is None or values is None:
+                return None
+            columns.append((values, offsets.astype(np.int64, copy=False)))
+            continue
+        values = _view(pa, array)
+        if values is None:
+            return None
+        columns.append((values, None))
+    return NumericColumns(list(table.column_names), columns)

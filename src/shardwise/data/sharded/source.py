@@ -35,7 +35,7 @@ from ...index import build_or_open
 from ...index.cache import CacheDir
 from .cache import ShardCache, is_local
 from .formats import Format, ShardError, ShardReader, count_rows, format_of, pyarrow, read_column
-from .rows import OutputFormat, table_rows
+from .rows import OutputFormat, numeric_columns, table_rows
 
 KIND = "sharded-meta"
 OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
@@ -207,6 +207,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
         shard = self.shard_of(index)
         reader = self._reader(shard, index)
         try:
+            if reader.numeric is not None:
+                row: dict[str, Any] = reader.numeric.rows([index - int(self._starts[shard])], self.output_format)[0]
+                return row
             return reader.row(index - int(self._starts[shard]))
         except (OSError, ValueError) as error:
             raise ShardError(f"could not read sample {index} from shard {self.urls[shard]}: {error}") from error
@@ -216,8 +219,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
 
         The DataLoader's fetcher calls it with a batch's indices (in every worker). The indices are
         grouped by shard, shards taken in the order they first appear; each shard's rows are taken
-        with one ``take`` and one conversion. Errors name the same sample and shard as reading one
-        by one would (the first index of the first shard that fails). Cost: O(batch) per call.
+        with one ``take``, and the batch converted at once (Parquet, Arrow: one conversion a
+        column, not one a shard). Errors name the same sample and shard as reading one by one
+        would (the first index of the first shard that fails). Cost: O(batch) per call.
         """
         try:
             ids = np.asarray(indices)
@@ -236,15 +240,50 @@ class ShardedSource(Dataset[dict[str, Any]]):
         local = (ids - self._starts[shards]).tolist()
         wanted = ids.tolist()
         rows: list[dict[str, Any]] = [{}] * len(wanted)
+        tables: list[tuple[int, Any]] = []  # (shard, its rows unconverted), in order of first appearance
         for shard, positions in groups.items():
             sample = wanted[positions[0]]
             reader = self._reader(shard, sample)
             try:
-                taken = reader.rows([local[p] for p in positions])
+                taken = self._take(reader, [local[p] for p in positions])
             except (OSError, ValueError) as error:
                 raise ShardError(f"could not read sample {sample} from shard {self.urls[shard]}: {error}") from error
-            for position, row in zip(positions, taken, strict=True):
+            if isinstance(taken, list):
+                for position, row in zip(positions, taken, strict=True):
+                    rows[position] = row
+            else:
+                tables.append((shard, taken))
+        if tables:
+            order = [p for positions in groups.values() for p in positions]
+            for position, row in zip(order, self._convert(tables, groups, wanted), strict=True):
                 rows[position] = row
+        return rows
+
+    def _take(self, reader: ShardReader, indices: list[int]) -> list[dict[str, Any]] | Any:
+        """One shard's rows ``indices``: as rows (numpy views of the shard, WebDataset), else an Arrow table."""
+        if reader.numeric is not None:  # rows cut straight from numpy views of the shard
+            rows: list[dict[str, Any]] = reader.numeric.rows(indices, self.output_format)
+            return rows
+        if self.format is Format.WEBDATASET:
+            return reader.rows(indices)
+        return reader.take(indices)  # converted with the batch's other shards
+
+    def _convert(self, tables: list[tuple[int, Any]], groups: dict[int, list[int]],
+                 wanted: list[int]) -> list[dict[str, Any]]:
+        """The rows of ``tables`` (each shard's taken rows), in order: one conversion when their schemas agree."""
+        first = tables[0][1].schema
+        if len(tables) > 1 and all(table.schema.equals(first) for _, table in tables):
+            try:
+                return table_rows(pyarrow().concat_tables([table for _, table in tables]), self.output_format)
+            except (ValueError, TypeError):  # a shard's rows would not convert: say which, below
+                pass
+        rows: list[dict[str, Any]] = []
+        for shard, table in tables:
+            try:
+                rows.extend(table_rows(table, self.output_format))
+            except (ValueError, TypeError) as error:
+                sample = wanted[groups[shard][0]]
+                raise ShardError(f"could not read sample {sample} from shard {self.urls[shard]}: {error}") from error
         return rows
 
     def _reader(self, shard: int, sample: int) -> ShardReader:
@@ -271,6 +310,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
             reader.close()
             raise ShardError(f"shard {url} (needed for sample {sample}) now has {len(reader)} samples, but its "
                              f"metadata says {int(self.shard_sizes[shard])}: it changed since the index was built")
+        if self.output_format is not OutputFormat.PYTHON and self.format is not Format.WEBDATASET:
+            # A shard of numbers and lists of numbers: rows cut from numpy views of it, no take per batch.
+            reader.numeric = numeric_columns(reader.table)
         self._readers[shard] = reader
         while len(self._readers) > self.open_shards:
             self._readers.popitem(last=False)[1].close()
