@@ -116,10 +116,22 @@ def test_each_output_format_is_the_python_rows_converted(shards: dict[str, list[
     assert repr(built).endswith(f"output_format={output!r})")
     if suffix != "tar":  # only numbers and lists of numbers: rows are cut from numpy views of each shard
         numbers = _source(shards, suffix, tmp_path, open_shards=2, output_format=output, columns=["tokens", "id"])
-        narrow = _source(shards, suffix, tmp_path, open_shards=2, columns=["tokens", "id"]).__getitems__(ids)
+        narrow_source = _source(shards, suffix, tmp_path, open_shards=2, columns=["tokens", "id"])
+        narrow = narrow_source.__getitems__(ids)
+
+        def narrow_row(i: int) -> dict[str, Any]:
+            return narrow_source[i]
+
         assert [_typed(row, output, suffix) for row in numbers.__getitems__(ids)] == narrow
         assert [_typed(numbers[i], output, suffix) for i in ids[:20]] == narrow[:20]
-        assert all(reader.numeric is not None for reader in numbers._readers.values())
+        # Parquet: compacted to one chunk a column; an Arrow file of several record batches stays mapped, uncopied
+        assert all((reader.numeric is not None) == (suffix == "parquet" or reader.table.column(0).num_chunks == 1)
+                   for reader in numbers._readers.values())
+        # one batch from a shard read from views (shard 1: 5 rows, one chunk) and one read with take (shard 0)
+        assert [_typed(row, output, suffix) for row in numbers.__getitems__([38, 0, 39])] == [narrow_row(i)
+                                                                                          for i in (38, 0, 39)]
+        assert numbers._readers[1].numeric is not None
+        assert (numbers._readers[0].numeric is None) == (suffix == "arrow")
         assert all(reader.numeric is None for reader in built._readers.values())  # strings: Arrow's take
         row = numbers[40]
         row["tokens"][0] = 99

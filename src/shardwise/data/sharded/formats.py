@@ -222,6 +222,11 @@ class ShardReader:
         """The decoded shard (Parquet, Arrow): a ``pyarrow.Table``."""
         return self._table
 
+    def compact(self) -> None:
+        """Parquet: one chunk a column (a shard of several row groups is copied once, the chunks freed)."""
+        if self.fmt is Format.PARQUET and any(column.num_chunks > 1 for column in self._table.columns):
+            self._table = self._table.combine_chunks()
+
     def take(self, indices: list[int]) -> Any:
         """Rows ``indices`` of a Parquet or Arrow shard as a ``pyarrow.Table`` (one ``take``), unconverted."""
         positions = np.asarray(indices, dtype=np.int64)

@@ -156,11 +156,13 @@ def _view(pa: Any, array: Any) -> np.ndarray | None:
 
 
 def numeric_columns(table: Any) -> NumericColumns | None:
-    """``table``'s columns as numpy views, if each is numbers or (variable-length) lists of numbers, without nulls."""
+    """``table``'s columns as numpy views, if each is one chunk of numbers or lists of numbers, without nulls."""
     pa = pyarrow()
     columns: list[tuple[np.ndarray, np.ndarray | None]] = []
     for column in table.columns:
-        array = column.combine_chunks()  # a copy only if the table has several row groups
+        if column.num_chunks != 1:  # views of one buffer a column (ShardReader.compact() makes it so)
+            return None
+        array = column.chunk(0)
         kind = array.type
         if pa.types.is_list(kind) or pa.types.is_large_list(kind):
             if array.null_count:

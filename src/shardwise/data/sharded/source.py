@@ -254,7 +254,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
             else:
                 tables.append((shard, taken))
         if tables:
-            order = [p for positions in groups.values() for p in positions]
+            order = [p for shard, _ in tables for p in groups[shard]]
             for position, row in zip(order, self._convert(tables, groups, wanted), strict=True):
                 rows[position] = row
         return rows
@@ -311,7 +311,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
             raise ShardError(f"shard {url} (needed for sample {sample}) now has {len(reader)} samples, but its "
                              f"metadata says {int(self.shard_sizes[shard])}: it changed since the index was built")
         if self.output_format is not OutputFormat.PYTHON and self.format is not Format.WEBDATASET:
-            # A shard of numbers and lists of numbers: rows cut from numpy views of it, no take per batch.
+            # A shard of numbers and lists of numbers: rows cut from numpy views of it, no take per batch
+            # (an Arrow file of several record batches stays mapped, read with take: not copied).
+            reader.compact()
             reader.numeric = numeric_columns(reader.table)
         self._readers[shard] = reader
         while len(self._readers) > self.open_shards:
