@@ -425,6 +425,8 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("source-urls-int", lambda tmp: shardwise.ShardedSource(5), T, ("urls", "5")),
     ("source-urls-empty", lambda tmp: shardwise.ShardedSource([]), V, ("urls", "[]")),
     ("source-format-csv", lambda tmp: shardwise.ShardedSource(["a.parquet"], format="csv"), V, ("format", "'csv'")),
+    ("source-output-format-np", lambda tmp: shardwise.ShardedSource(["a.parquet"], output_format="np"), V,
+     ("output_format", "'np'")),
     ("shard-cache-budget-negative", lambda tmp: shardwise.ShardCache(tmp, budget_bytes=-1), V, ("budget_bytes", "-1")),
     ("shard-cache-retries-negative", lambda tmp: shardwise.ShardCache(tmp, retries=-1), V, ("retries", "-1")),
     ("shard-cache-backoff-negative", lambda tmp: shardwise.ShardCache(tmp, backoff=-1.0), V, ("backoff", "-1.0")),

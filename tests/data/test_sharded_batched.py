@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader, Dataset
 
-from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
+from shardwise.data.sharded import OutputFormat, ShardCache, ShardedSource, ShardError
+from shardwise.data.sharded.rows import table_rows
 from shardwise.samplers.locality import LocalitySampler
 from tests.data.shards import write_shards
 from tests.s3_server import make_bucket, s3_endpoint, storage_options
@@ -71,6 +73,102 @@ def test_a_bad_index_raises_what_one_by_one_raises(shards: dict[str, list[str]],
             source.__getitems__([0, 3, bad])  # type: ignore[list-item]
 
 
+def _plain(value: Any) -> Any:
+    """An array, tensor or numpy scalar as the Python value ``"python"`` gives."""
+    return value.tolist() if isinstance(value, (np.ndarray, np.generic, torch.Tensor)) else value
+
+
+def _typed(row: dict[str, Any], output: str, suffix: str) -> dict[str, Any]:
+    """``row`` as Python values, after checking each value has ``output``'s type (numbers and lists of numbers)."""
+    numeric = {"numpy": (np.ndarray, np.generic), "torch": (torch.Tensor,), "python": (int, list)}[output]
+    for key, value in row.items():
+        if suffix == "tar":
+            assert isinstance(value, (bytes, str)), (key, value)
+        elif key in ("id", "tokens"):
+            assert isinstance(value, numeric), (output, key, value)
+            if output != "python":
+                assert value.ndim == (1 if key == "tokens" else 0)
+        else:
+            assert isinstance(value, str), (key, value)  # strings stay Python strings in every format
+    return {key: _plain(value) for key, value in row.items()}
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow", "tar"])
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_each_output_format_is_the_python_rows_converted(shards: dict[str, list[str]], tmp_path: Path, suffix: str,
+                                                         output: str) -> None:
+    """``output_format`` and ``with_format``: by ``__getitem__`` and ``__getitems__``, the python rows, converted."""
+    python = _source(shards, suffix, tmp_path, open_shards=2)
+    built = _source(shards, suffix, tmp_path, open_shards=2, output_format=output)
+    copied = python.with_format(output)
+    assert built.output_format is copied.output_format is OutputFormat(output)
+    assert python.output_format is OutputFormat.PYTHON  # with_format leaves the source as it was
+    ids = np.random.default_rng(1).permutation(TOTAL)[:70].tolist()
+    expected = python.__getitems__(ids)
+    for source in (built, copied):
+        assert [_typed(row, output, suffix) for row in source.__getitems__(ids)] == expected
+        assert [_typed(source[i], output, suffix) for i in ids[:20]] == expected[:20]
+    if suffix != "tar":
+        row = built.__getitems__([40])[0]
+        assert row["tokens"].dtype == (np.int64 if output == "numpy" else torch.int64)
+        row["tokens"][0] = 99  # writable, and a copy: the shard's rows are unchanged
+        assert built[40]["tokens"][0] == 0
+    assert repr(built).endswith(f"output_format={output!r})")
+    if suffix != "tar":  # only numbers and lists of numbers: rows are cut from numpy views of each shard
+        numbers = _source(shards, suffix, tmp_path, open_shards=2, output_format=output, columns=["tokens", "id"])
+        narrow_source = _source(shards, suffix, tmp_path, open_shards=2, columns=["tokens", "id"])
+        narrow = narrow_source.__getitems__(ids)
+
+        def narrow_row(i: int) -> dict[str, Any]:
+            return narrow_source[i]
+
+        assert [_typed(row, output, suffix) for row in numbers.__getitems__(ids)] == narrow
+        assert [_typed(numbers[i], output, suffix) for i in ids[:20]] == narrow[:20]
+        # Parquet: compacted to one chunk a column; an Arrow file of several record batches stays mapped, uncopied
+        assert all((reader.numeric is not None) == (suffix == "parquet" or reader.table.column(0).num_chunks == 1)
+                   for reader in numbers._readers.values())
+        # one batch from a shard read from views (shard 1: 5 rows, one chunk) and one read with take (shard 0)
+        assert [_typed(row, output, suffix) for row in numbers.__getitems__([38, 0, 39])] == [narrow_row(i)
+                                                                                          for i in (38, 0, 39)]
+        assert numbers._readers[1].numeric is not None
+        assert (numbers._readers[0].numeric is None) == (suffix == "arrow")
+        assert all(reader.numeric is None for reader in built._readers.values())  # strings: Arrow's take
+        row = numbers[40]
+        row["tokens"][0] = 99
+        assert numbers[40]["tokens"][0] == 0 and list(row) == ["tokens", "id"]
+
+
+def test_output_formats_of_every_column_kind() -> None:
+    """Numbers, lists (variable, large, fixed size), strings, missing values, sliced tables: the python rows, typed."""
+    table = pa.table({
+        "i": pa.array([1, None, 3, 4, 5]), "u16": pa.array([1, 2, 3, 4, 5], type=pa.uint16()),
+        "f16": pa.array([1.5] * 5, type=pa.float16()), "b": pa.array([True, None, False, True, True]),
+        "s": ["a", "b", None, "d", "e"],
+        "ints": pa.array([[1], None, [2, 3], [], [4]]), "holes": pa.array([[1], None, [2, None], [], [3]]),
+        "large": pa.array([[1, 2]] * 5, type=pa.large_list(pa.int8())),
+        "fixed": pa.array([[1.0, 2.0]] * 5, type=pa.list_(pa.float32(), 2)),
+        "nested": pa.array([[[1]], [[2, 3]], [], [[4]], [[5]]]),
+    })
+    for part in (table, table.slice(2, 3), table.slice(1, 0), table.take(pa.array([4, 0, 1]))):
+        python = part.to_pylist()
+        for output in OutputFormat:
+            rows = table_rows(part, output)
+            assert [{key: _plain(value) for key, value in row.items()} for row in rows] == python
+    numpy, torch_rows = table_rows(table, OutputFormat.NUMPY), table_rows(table, OutputFormat.TORCH)
+    assert type(numpy[0]["i"]) is np.int64 and numpy[1]["i"] is None and numpy[1]["ints"] is None
+    assert numpy[0]["fixed"].dtype == np.float32 and numpy[0]["large"].dtype == np.int8
+    assert numpy[0]["b"].dtype == bool and isinstance(torch_rows[2]["ints"], torch.Tensor)
+    assert numpy[2]["holes"] == [2, None] and numpy[0]["nested"] == [[1]] and numpy[0]["s"] == "a"
+
+
+def test_a_bad_output_format_names_the_choices(shards: dict[str, list[str]], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="output_format should be one of 'python', 'numpy', 'torch', but got "
+                                         "output_format='np'"):
+        _source(shards, "parquet", tmp_path, output_format="np")
+    with pytest.raises(ValueError, match="type should be one of 'python', 'numpy', 'torch', but got type='pandas'"):
+        _source(shards, "parquet", tmp_path).with_format("pandas")
+
+
 class _OneByOne(Dataset[dict[str, Any]]):
     """The source read sample by sample: the DataLoader's fetcher falls back to ``__getitem__``."""
 
@@ -95,18 +193,23 @@ def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return batch
 
 
-@pytest.mark.parametrize("suffix", ["parquet", "tar"])
-def test_dataloader_workers_read_batches_the_same(shards: dict[str, list[str]], tmp_path: Path, suffix: str) -> None:
-    """2 forked workers under a LocalitySampler: the batches are those of a one-by-one dataset, via __getitems__."""
-    source = _OnlyBatched(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index")
+@pytest.mark.parametrize(("suffix", "output", "columns"),
+                         [("parquet", "numpy", ["id", "tokens"]), ("arrow", "torch", None), ("tar", "python", None)])
+def test_dataloader_workers_read_batches_the_same(shards: dict[str, list[str]], tmp_path: Path, suffix: str,
+                                                  output: str, columns: list[str] | None) -> None:
+    """2 forked workers under a LocalitySampler: the batches are those of a one-by-one dataset, via __getitems__,
+    in every output format (arrays and tensors cross from the workers intact; numbers only: cut from numpy views)."""
+    source = _OnlyBatched(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index",
+                          output_format=output, columns=columns)
     def sampler() -> LocalitySampler:  # a fresh one per loader: the same plan
         return LocalitySampler(source, window=2, num_replicas=2, rank=1, seed=4)
 
     batched = list(DataLoader(source, sampler=sampler(), batch_size=8, num_workers=2, collate_fn=_rows,
                               multiprocessing_context="fork", timeout=120))
-    reference = ShardedSource(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index")
+    reference = ShardedSource(shards[suffix], cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index",
+                              columns=columns)
     one_by_one = list(DataLoader(_OneByOne(reference), sampler=sampler(), batch_size=8, collate_fn=_rows))
-    assert batched == one_by_one
+    assert [[_typed(row, output, suffix) for row in batch] for batch in batched] == one_by_one
     assert sum(len(batch) for batch in batched) == len(sampler()) > 8
 
 
@@ -116,13 +219,16 @@ def test_parquet_rows_do_not_import_pandas(shards: dict[str, list[str]], tmp_pat
         "import sys\n"
         "from shardwise.data.sharded import ShardCache, ShardedSource\n"
         f"source = ShardedSource({shards['parquet']!r}, cache=ShardCache({str(tmp_path / 'cache')!r}), index_dir=False)\n"
-        "assert source.__getitems__([3, 50, 1])[1]['id'] == 50 and source[7]['id'] == 7\n"
+        "print('pyarrow' in sys.modules)\n"  # imported by the constructor: forked workers inherit it
+        "for fmt in ('python', 'numpy', 'torch'):\n"
+        "    rows = source.with_format(fmt)\n"
+        "    assert rows.__getitems__([3, 50, 1])[1]['id'] == 50 and rows[7]['id'] == 7\n"
         "print('pandas' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False"]
+    assert done.stdout.split() == ["True", "False"]
 
 
 @pytest.fixture(scope="module")

@@ -171,11 +171,16 @@ class ShardReader:
         path: a local file.
         fmt: its format.
         columns: the columns to return (Parquet, Arrow); ``None`` for all.
+        output: a table's rows as dicts (Parquet, Arrow; ``rows.table_rows`` in an output
+            format); default: ``Table.to_pylist``. WebDataset rows are bytes as read.
     """
 
-    def __init__(self, path: str, fmt: Format, columns: list[str] | None = None) -> None:
+    def __init__(self, path: str, fmt: Format, columns: list[str] | None = None,
+                 output: Callable[[Any], list[dict[str, Any]]] | None = None) -> None:
         self.path, self.fmt, self.columns = path, fmt, columns
+        self._convert: Callable[[Any], list[dict[str, Any]]] = output or (lambda table: table.to_pylist())
         self._reader: Callable[[int], dict[str, Any]]
+        self.numeric: Any = None  # set by ShardedSource: the shard as numpy views (rows.NumericColumns), if it can be
         if fmt is Format.PARQUET:
             # Decoded whole, once: the locality-aware plan reads a shard's samples in random order
             # while its window is resident, so decoding a row group per sample would cost ~100x more.
@@ -208,18 +213,30 @@ class ShardReader:
         shard), not a slice and a conversion per row. WebDataset: the file is opened once.
         """
         if self.fmt is not Format.WEBDATASET:
-            positions = np.asarray(indices, dtype=np.int64)
-            # An Arrow array over the numpy buffer: pa.array() would import pandas (seconds per worker).
-            pa = pyarrow()
-            taken = pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)])
-            rows: list[dict[str, Any]] = self._table.take(taken).to_pylist()
-            return rows
+            return self._convert(self.take(indices))
         with open(self.path, "rb") as handle:
             return [self._tar_read(handle, index) for index in indices]
 
+    @property
+    def table(self) -> Any:
+        """The decoded shard (Parquet, Arrow): a ``pyarrow.Table``."""
+        return self._table
+
+    def compact(self) -> None:
+        """Parquet: one chunk a column (a shard of several row groups is copied once, the chunks freed)."""
+        if self.fmt is Format.PARQUET and any(column.num_chunks > 1 for column in self._table.columns):
+            self._table = self._table.combine_chunks()
+
+    def take(self, indices: list[int]) -> Any:
+        """Rows ``indices`` of a Parquet or Arrow shard as a ``pyarrow.Table`` (one ``take``), unconverted."""
+        positions = np.asarray(indices, dtype=np.int64)
+        # An Arrow array over the numpy buffer: pa.array() would import pandas (seconds per worker).
+        pa = pyarrow()
+        taken = pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)])
+        return self._table.take(taken)
+
     def _arrow_row(self, index: int) -> dict[str, Any]:
-        row: dict[str, Any] = self._table.slice(index, 1).to_pylist()[0]
-        return row
+        return self._convert(self._table.slice(index, 1))[0]
 
     def _tar_row(self, index: int) -> dict[str, Any]:
         # Opened per sample, not kept open: a reader dropped by a worker never leaks a file descriptor.

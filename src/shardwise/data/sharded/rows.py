@@ -1,0 +1,179 @@
+"""Rows of an Arrow table as Python values, numpy arrays or torch tensors: ``ShardedSource``'s ``output_format``.
+
+The formats are HF ``datasets``' ``with_format`` types, with the same shapes:
+
+- ``"python"``: what ``Table.to_pylist()`` gives (ints, floats, strings, lists of ints...);
+- ``"numpy"``: a column of numbers gives numpy scalars (``np.int64``, ``np.float32``...), a column
+  of lists of numbers (fixed or variable length) a 1-D ``np.ndarray`` per row;
+- ``"torch"``: the same as ``torch.Tensor`` (0-d for numbers, 1-D for lists of numbers).
+
+Other columns (strings, binaries, structs, nested lists) stay Python values in every format; a
+missing value is ``None``, and a list holding a missing number a Python list. Arrays are fresh
+copies, writable and owning their memory: a row never pins its decoded shard.
+
+Each column of a batch is converted at once (one copy of its values' buffer); rows are then
+views cut at the column's offsets, never a Python loop over elements. Cost: O(values in the batch).
+A shard of only numbers and lists of numbers skips Arrow altogether per batch (:class:`NumericColumns`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from .formats import pyarrow
+
+
+class OutputFormat(enum.Enum):
+    """What a sample's values are: Python objects, numpy arrays or torch tensors (HF ``with_format`` types)."""
+
+    PYTHON = "python"
+    NUMPY = "numpy"
+    TORCH = "torch"
+
+
+def _numeric(pa: Any, kind: Any) -> bool:
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
+
+
+def _values(pa: Any, array: Any) -> np.ndarray:
+    """A numeric Arrow array (nulls filled) as a fresh, writable numpy array, read from its buffer.
+
+    Not ``Array.to_numpy``: it imports pandas (seconds and tens of MiB in every fresh DataLoader
+    worker, each epoch).
+    """
+    kind, start, stop = array.type, array.offset, array.offset + len(array)
+    data = array.buffers()[1]
+    if pa.types.is_boolean(kind):  # bit-packed, least significant bit first
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little") if data is not None else ()
+        return np.array(bits[start:stop], dtype=bool)
+    if pa.types.is_floating(kind):
+        dtype = np.dtype(f"f{kind.bit_width // 8}")
+    else:
+        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
+    if data is None:  # an empty array may have no buffer
+        return np.zeros(0, dtype=dtype)
+    values: np.ndarray = np.frombuffer(data, dtype=dtype)[start:stop].copy()
+    return values
+
+
+def _column(pa: Any, array: Any, output: OutputFormat) -> list[Any] | Any:
+    """One column of ``n`` rows, as a sequence of ``n`` values in ``output``'s format."""
+    kind = array.type
+    values: Any
+    if _numeric(pa, kind):
+        values = _values(pa, array.fill_null(False if pa.types.is_boolean(kind) else 0) if array.null_count else array)
+        values = values if output is OutputFormat.NUMPY else _torch(values)
+        return _missing(array, values) if array.null_count else values
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if (is_list or pa.types.is_fixed_size_list(kind)) and _numeric(pa, kind.value_type):
+        # offsets and values are the unsliced buffers' (flatten() would rebase them): row i is
+        # values[offsets[i]:offsets[i + 1]]; cut once into views of one copy of the batch's values.
+        if is_list:
+            offsets = _values(pa, array.offsets).astype(np.int64, copy=False)
+        else:
+            offsets = np.arange(array.offset, array.offset + len(array) + 1, dtype=np.int64) * kind.list_size
+        start, stop = int(offsets[0]), int(offsets[-1])
+        child = array.values.slice(start, stop - start)
+        if child.null_count == 0:  # else a list holds a missing number: Python lists, with None
+            values = _values(pa, child)
+            if output is OutputFormat.TORCH:
+                values = _torch(values)
+            cuts = (offsets - start).tolist()
+            rows = [values[cuts[i]:cuts[i + 1]] for i in range(len(array))]
+            return _missing(array, rows) if array.null_count else rows
+    return array.to_pylist()
+
+
+def _missing(array: Any, values: Any) -> list[Any]:
+    """``values`` with ``None`` where ``array`` has a missing value."""
+    valid = _values(pyarrow(), array.is_valid()).tolist()
+    return [value if ok else None for value, ok in zip(values, valid, strict=True)]
+
+
+def _torch(values: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(values)
+
+
+def table_rows(table: Any, output: OutputFormat) -> list[dict[str, Any]]:
+    """Every row of ``table`` (a ``pyarrow.Table``) as a dict of column name to value, in ``output``'s format."""
+    if output is OutputFormat.PYTHON:
+        rows: list[dict[str, Any]] = table.to_pylist()
+        return rows
+    pa = pyarrow()
+    names = table.column_names
+    if not names:
+        return [{} for _ in range(table.num_rows)]
+    columns = [_column(pa, column.combine_chunks(), output) for column in table.columns]
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+class NumericColumns:
+    """A decoded shard whose columns are all numbers or lists of numbers, as numpy views of its buffers.
+
+    Rows are then cut straight from the buffers (one fancy index a number column, one slice a row
+    of a list column): no Arrow ``take`` and no conversion per batch. Zero-copy: the views share
+    the table's memory. :func:`numeric_columns` builds it, or returns ``None`` for other tables.
+    """
+
+    def __init__(self, names: list[str], columns: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        self.names, self.columns = names, columns  # (values, offsets or None) a column
+
+    def rows(self, indices: list[int], output: OutputFormat) -> list[dict[str, Any]]:
+        """Rows ``indices``, in that order, as ``table_rows`` gives them in ``output`` (numpy or torch)."""
+        positions = np.asarray(indices, dtype=np.int64)
+        columns: list[Any] = []
+        for values, offsets in self.columns:
+            if offsets is None:
+                picked = values[positions]  # a copy
+                columns.append(picked if output is OutputFormat.NUMPY else _torch(picked))
+                continue
+            starts, stops = offsets[positions].tolist(), offsets[positions + 1].tolist()
+            pieces = [values[start:stop].copy() for start, stop in zip(starts, stops, strict=True)]
+            columns.append(pieces if output is OutputFormat.NUMPY else [_torch(piece) for piece in pieces])
+        if not columns:
+            return [{} for _ in indices]
+        return [dict(zip(self.names, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+def _view(pa: Any, array: Any) -> np.ndarray | None:
+    """A numeric Arrow array without nulls as a numpy view of its buffer (``None``: booleans, nulls)."""
+    kind = array.type
+    if array.null_count or pa.types.is_boolean(kind) or not _numeric(pa, kind):
+        return None
+    if pa.types.is_floating(kind):
+        dtype = np.dtype(f"f{kind.bit_width // 8}")
+    else:
+        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
+    data = array.buffers()[1]
+    if data is None:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(data, dtype=dtype)[array.offset : array.offset + len(array)]
+
+
+def numeric_columns(table: Any) -> NumericColumns | None:
+    """``table``'s columns as numpy views, if each is one chunk of numbers or lists of numbers, without nulls."""
+    pa = pyarrow()
+    columns: list[tuple[np.ndarray, np.ndarray | None]] = []
+    for column in table.columns:
+        if column.num_chunks != 1:  # views of one buffer a column (ShardReader.compact() makes it so)
+            return None
+        array = column.chunk(0)
+        kind = array.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            if array.null_count:
+                return None
+            offsets, values = _view(pa, array.offsets), _view(pa, array.values)
+            if offsets is None or values is None:
+                return None
+            columns.append((values, offsets.astype(np.int64, copy=False)))
+            continue
+        values = _view(pa, array)
+        if values is None:
+            return None
+        columns.append((values, None))
+    return NumericColumns(list(table.column_names), columns)
