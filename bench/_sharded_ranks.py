@@ -118,8 +118,8 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         cache = ShardCache(Path(spec["root"]) / spec["cache"], storage_options=spec["options"])
         # Rows as numpy arrays, as LitData yields them (lists would cost ~6x more to cross from workers).
         source = ShardedSource(spec["urls"], cache=cache, index_dir=Path(spec["root"]) / "index",
-                               open_shards=spec["window"] + 1, output_format="numpy")
-        sampler = LocalitySampler(source, window=spec["window"], seed=0)
+                               open_shards=spec["window"] + 2, output_format="numpy")
+        sampler = LocalitySampler(source, window=spec["window"], mixing=spec.get("mixing", "windows"), seed=0)
         if state is not None:
             sampler.load_state_dict(state)
         loader = DataLoader(source, sampler=sampler, batch_size=batch, num_workers=workers, collate_fn=list_collate,

@@ -4,7 +4,8 @@ The same samples are written as Parquet shards (shardwise, HF datasets) and WebD
 uneven number of uneven shards, and served by moto's S3 server on 127.0.0.1 (``tests/s3_server.py``).
 Each loader is used as its documentation says:
 
-- shardwise: ``ShardedSource(s3 URLs)`` + ``LocalitySampler(window=...)`` in a ``DataLoader``;
+- shardwise: ``ShardedSource(s3 URLs)`` + ``LocalitySampler(window=...)`` in a ``DataLoader``
+  (``shardwise-streams``: with ``mixing="streams"``, in the multi-process figures);
 - HF datasets: ``load_dataset("parquet", streaming=True)`` + ``.shuffle(buffer_size=1000)`` +
   ``split_dataset_by_node``;
 - WebDataset: ``WebDataset(presigned http URLs, nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``.
@@ -124,13 +125,17 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
-NAMES = {"shardwise": "shardwise", "hf": "HF datasets", "webdataset": "WebDataset", "litdata": "LitData",
-         "streaming": "Streaming", "streaming-limit": "Streaming, cache_limit = window",
+NAMES = {"shardwise": "shardwise", "shardwise-streams": "shardwise, mixing=streams", "hf": "HF datasets",
+         "webdataset": "WebDataset", "litdata": "LitData", "streaming": "Streaming",
+         "streaming-limit": "Streaming, cache_limit = window",
          "streaming-block": "Streaming, cache_limit = window, shuffle_block_size = window"}
 RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
               "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0",
               "streaming": "StreamingDataLoader state of rank 0"}
 RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming-block"] = RESUMED_BY["streaming"]
+RESUMED_BY["shardwise-streams"] = RESUMED_BY["shardwise"]
+
+
 def lost_repeated(reads: list[int], n: int) -> str:
     """Samples of ``range(n)`` never read, and reads beyond the first of a sample."""
     unique = set(reads)
@@ -167,7 +172,7 @@ def launch(world_size: int, spec: dict[str, Any], key: str | None = None) -> lis
 def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
                 first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
     """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
-    spec = {**loader_spec(spec, key), "cache": "cache-ranks"}
+    spec = {**loader_spec(spec, key), "cache": f"cache-ranks-{key}"}
     if first is None:
         first = launch(3, {**spec, "stop": stop}, key)
     before = [i for r in first for i in r["before"]]
@@ -209,8 +214,8 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.
         began = time.perf_counter()
         try:
             fetch_log = str(Path(spec["root"]) / f"fetched-{key}")  # Streaming logs its downloads there
-            first = launch(world_size, {**loader_spec(spec, key), "stop": stop, "warm": True, "cache": "cache-ranks",
-                                        "fetch_log": fetch_log}, key)
+            first = launch(world_size, {**loader_spec(spec, key), "stop": stop, "warm": True,
+                                        "cache": f"cache-ranks-{key}", "fetch_log": fetch_log}, key)
         except RuntimeError as error:
             rows.append(("one epoch at W=3, 2 workers", name, f"fails: {str(error)[-160:]}"))
             continue
