@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import check_int
-from .permutation import MAX_SIZE, Permutation, positions_of
+from .permutation import MAX_SIZE, Permutation, inverse_permutation, positions_of
 from .seeds import derive_seed
 
 SHARDS = "shard-order"
@@ -166,9 +166,7 @@ class LocalityPermutation:
         ids = np.asarray(ids, dtype=np.int64)
         flat = ids.ravel()
         shards = self.shard_of(flat)
-        slot_of_shard = np.empty_like(self._order)
-        slot_of_shard[self._order] = np.arange(self._order.size, dtype=np.int64)
-        slots = slot_of_shard[shards]
+        slots = inverse_permutation(self._order)[shards]
         mixed = self._slot_starts[slots] + (flat - self._shard_starts[shards])
         windows = self.window_of(mixed)
         out = np.empty_like(flat)

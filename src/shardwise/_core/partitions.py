@@ -43,7 +43,7 @@ import numpy as np
 
 from .errors import check_int
 from .locality import LocalityPermutation, check_shard_sizes, split_wrap
-from .permutation import Permutation
+from .permutation import Permutation, inverse_permutation
 from .seeds import derive_seed
 from .streams import Mixing, StreamPermutation, locality_plan
 
@@ -121,9 +121,7 @@ class PartitionLayout:
         """``(partition, local sample)`` of global sample ``ids`` (the inverse of :meth:`ids_of`)."""
         ids = np.asarray(ids, dtype=np.int64)
         shards = np.searchsorted(self.shard_starts[1:], ids, side="right")
-        slot_of_shard = np.empty_like(self.seq_order)
-        slot_of_shard[self.seq_order] = np.arange(self.seq_order.size, dtype=np.int64)
-        slots = slot_of_shard[shards]
+        slots = inverse_permutation(self.seq_order)[shards]
         sequence = self.seq_starts[slots] + (ids - self.shard_starts[shards])
         partitions = np.searchsorted(self.cuts[1:], sequence, side="right")
         return partitions, sequence - self.cuts[partitions]

@@ -106,6 +106,13 @@ def feistel_permute(positions: np.ndarray, n: int, keys: np.ndarray) -> np.ndarr
     return cycle_walk(feistel, positions, n, keys)
 
 
+def inverse_permutation(order: np.ndarray) -> np.ndarray:
+    """The inverse of a permutation array: ``inverse[order[i]] == i`` (int64), e.g. slot of each shard."""
+    inverse = np.empty(order.size, dtype=np.int64)
+    inverse[order] = np.arange(order.size, dtype=np.int64)
+    return inverse
+
+
 def table_permutation(n: int, key: int) -> np.ndarray:
     """The materialised permutation for small ``n``: a stable argsort of ``n`` raw PCG64 words."""
     words = PCG64(key).random_raw(n)
@@ -196,8 +203,6 @@ def positions_of(permutation: Permutation, indices: np.ndarray) -> np.ndarray:
     indices = np.asarray(indices, dtype=np.int64)
     table = permutation._table
     if table is not None:
-        inverse = np.empty_like(table)
-        inverse[table] = np.arange(table.size, dtype=np.int64)
-        found: np.ndarray = inverse[indices]
+        found: np.ndarray = inverse_permutation(table)[indices]
         return found
     return feistel_unpermute(indices.ravel(), len(permutation), permutation._keys).reshape(indices.shape)

@@ -37,7 +37,7 @@ import numpy as np
 from .errors import check_int
 from .groups import group_keys, permute_within, unpermute_within
 from .locality import LocalityPermutation, check_shard_sizes, split_wrap
-from .permutation import Permutation
+from .permutation import Permutation, inverse_permutation
 from .seeds import derive_seed
 
 SHARDS = "stream-shard-order"
@@ -214,9 +214,7 @@ class StreamPermutation:
     def _positions(self, flat: np.ndarray) -> np.ndarray:
         shards = self.shard_of(flat)
         offsets = self._in_shard(shards, flat - self._shard_starts[shards], inverse=True)
-        slot_of_shard = np.empty_like(self._order)
-        slot_of_shard[self._order] = np.arange(self._order.size, dtype=np.int64)
-        slots = slot_of_shard[shards]
+        slots = inverse_permutation(self._order)[shards]
         streams = slots % self._streams
         index = self._stream_first[streams] + slots // self._streams
         elements = self._sm_starts[index] + offsets - self._sm_starts[self._stream_first[streams]]

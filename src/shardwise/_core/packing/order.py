@@ -8,6 +8,7 @@ import numpy as np
 
 from ..offsets import offsets_from_counts
 from ..ordering import balanced_batch_order
+from ..permutation import inverse_permutation
 from ..seeds import derive_seed, derive_words
 from .layout import StratumLayout
 from .strata import sorted_by
@@ -47,8 +48,7 @@ def order_stratum(
     slot_rows, batch_of_row = layout.slot_rows, layout.batch_of_row
     num_rows, num_batches = batch_of_row.size, layout.num_batches
     order = balanced_batch_order(layout.batch_keys, group, None if key is None else derive_seed(key, "batches"))
-    batch_rank = np.empty(num_batches, dtype=np.int64)
-    batch_rank[order] = np.arange(num_batches, dtype=np.int64)
+    batch_rank = inverse_permutation(order)
     if key is None:
         row_noise = np.zeros(num_rows, dtype=np.uint64)
         slot_noise = np.zeros(slot_rows.size, dtype=np.uint64)
