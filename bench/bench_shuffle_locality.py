@@ -10,7 +10,7 @@ global orders of one epoch over the same uneven shards:
   streams, each reading one shard at a time, interleaved (NOTE [ Staggered streams ]);
 - ``py1e``: Streaming's default shuffle (``get_shuffle_py1e``, one canonical node), swept over
   ``shuffle_block_size``, computed by Streaming itself in its scratch venv (BENCHMARKS.md shows how to
-  make it; without it the py1e rows are left out with one printed line).
+  make it: ``bench/_scratch_loaders.py``; without it the py1e rows are left out with one printed line).
 
 Shuffle figures (as ``bench_sharded_sources.py``): consecutive samples from one shard, mean |id step| /
 n (uniform: 1/3), |Spearman(position, id)| (uniform: 0), each the mean over ``--epochs`` epochs.
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -46,12 +45,13 @@ from pathlib import Path
 import numpy as np
 
 from _common import shuffle_quality, uneven_sizes
+from _scratch_loaders import SCRATCH, available
 
-SCRATCH = "/tmp/scratch-venv-streaming/bin/python"  # mosaicml-streaming 0.13.0 (BENCHMARKS.md)
 WINDOWS = (2, 4, 8, 16)
 STREAMS = (2, 3, 4, 6, 8, 12, 16)
 BLOCKS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)  # x the mean shard size
 
+# Many orders in one process (``_streaming_ranks.py py1e`` writes one order a process, ~5 s each).
 PY1E = """
 import json, sys
 import numpy as np
@@ -92,12 +92,11 @@ def row(orders: list[np.ndarray], sizes: np.ndarray, lookahead: int) -> dict[str
 
 def py1e_orders(sizes: np.ndarray, blocks: list[int], epochs: int) -> dict[int, list[np.ndarray]] | None:
     """Streaming's py1e orders per block size, or None without the scratch venv."""
-    if not os.path.exists(SCRATCH):
-        print(f"py1e left out: no {SCRATCH} (BENCHMARKS.md shows how to make that venv)")
+    if not available(["streaming"]):  # prints the one line that says why
         return None
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "sizes.npy", sizes)
-        subprocess.run([SCRATCH, "-c", PY1E, str(Path(tmp) / "sizes.npy"), str(Path(tmp) / "out.npz"),
+        subprocess.run([SCRATCH["streaming"][0], "-c", PY1E, str(Path(tmp) / "sizes.npy"), str(Path(tmp) / "out.npz"),
                         json.dumps(blocks), str(epochs)], check=True, timeout=1800)
         with np.load(Path(tmp) / "out.npz") as found:
             return {b: [found[f"{b}-{e}"].astype(np.int64) for e in range(epochs)] for b in blocks}
