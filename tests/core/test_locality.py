@@ -1,4 +1,4 @@
-"""Properties of the locality-aware keyed permutation (``_core.locality``)."""
+"""Properties of the locality-aware keyed permutation (``_core.locality``), and those both locality plans share."""
 
 from __future__ import annotations
 
@@ -16,17 +16,20 @@ windows = st.integers(min_value=1, max_value=40)
 keys = st.integers(min_value=0, max_value=2**64 - 1)
 
 
-@settings(max_examples=150, deadline=None)
-@given(shard_sizes, windows, keys)
-def test_is_a_permutation(sizes: list[int], window: int, key: int) -> None:
-    """Every global sample id appears exactly once in an epoch's plan."""
-    perm = LocalityPermutation(sizes, window=window, key=key)
-    ids = perm(np.arange(sum(sizes)))
-    assert sorted(ids.tolist()) == list(range(sum(sizes)))
-
-
 PLANS = {"windows": lambda sizes, window, key: LocalityPermutation(sizes, window=window, key=key),
          "streams": lambda sizes, window, key: StreamPermutation(sizes, streams=window, key=key)}
+
+
+@pytest.mark.parametrize("mixing", sorted(PLANS))
+@settings(max_examples=150, deadline=None)
+@given(shard_sizes, windows, keys)
+def test_is_a_permutation_and_positions_of_inverts_it(mixing: str, sizes: list[int], window: int, key: int) -> None:
+    """Every global sample id appears exactly once in an epoch's plan, and ``positions_of`` finds where."""
+    n = sum(sizes)
+    perm = PLANS[mixing](sizes, window, key)
+    ids = perm(np.arange(n))
+    assert sorted(ids.tolist()) == list(range(n))
+    np.testing.assert_array_equal(perm.positions_of(ids), np.arange(n))
 
 
 @pytest.mark.parametrize("mixing", sorted(PLANS))

@@ -1,6 +1,7 @@
 """Properties of the staggered-streams keyed permutation (``_core.streams``, NOTE [ Staggered streams ]).
 
-That ids depend on the position only is tested for both locality plans in test_locality.py.
+That the plan is a bijection, inverted by ``positions_of``, and depends on the position only is tested
+for both locality plans in test_locality.py.
 """
 
 from __future__ import annotations
@@ -11,21 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise._core.streams import StreamPermutation
-
-shard_sizes = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=30).filter(lambda s: sum(s) > 0)
-streams = st.integers(min_value=1, max_value=40)
-keys = st.integers(min_value=0, max_value=2**64 - 1)
-
-
-@settings(max_examples=150, deadline=None)
-@given(shard_sizes, streams, keys)
-def test_is_a_permutation_and_positions_of_inverts_it(sizes: list[int], k: int, key: int) -> None:
-    """Every sample id appears once in an epoch, and ``positions_of`` finds where."""
-    n = sum(sizes)
-    perm = StreamPermutation(sizes, streams=k, key=key)
-    ids = perm(np.arange(n))
-    assert sorted(ids.tolist()) == list(range(n))
-    np.testing.assert_array_equal(perm.positions_of(ids), np.arange(n))
+from tests.core.test_locality import keys, shard_sizes
 
 
 def live_shards(shards: np.ndarray) -> np.ndarray:
