@@ -89,11 +89,12 @@ class StreamPermutation:
         # order: (S,) slot -> shard, the epoch's shard order
         self._order = Permutation(n_shards, derive_seed(self._key, SHARDS))(np.arange(n_shards))
         # Stream-major layout: stream 0's slots (0, k, 2k, ...), then stream 1's, ...
-        self._sm_slot = np.concatenate([np.arange(i, n_shards, k, dtype=np.int64) for i in range(k)])
+        stream_of_slot = np.arange(n_shards, dtype=np.int64) % k
+        self._sm_slot = np.argsort(stream_of_slot, kind="stable")  # (S,) stream-major index -> slot
         self._sm_starts = np.zeros(n_shards + 1, dtype=np.int64)  # (S + 1,) first stream-major element
         np.cumsum(sizes[self._order[self._sm_slot]], out=self._sm_starts[1:])
-        counts = np.array([len(range(i, n_shards, k)) for i in range(k)], dtype=np.int64)
-        self._stream_first = np.concatenate([[0], np.cumsum(counts)])  # (k + 1,) first stream-major index
+        self._stream_first = np.zeros(k + 1, dtype=np.int64)  # (k + 1,) first stream-major index of each stream
+        np.cumsum(np.bincount(stream_of_slot, minlength=k), out=self._stream_first[1:])
         offsets = self._sm_starts[self._stream_first]  # (k + 1,) first element of each stream
         self._totals = np.diff(offsets)  # (k,) T_i
         self._blocks = max(1, min(n // (PER_STREAM * k), _MAX_BLOCKS))  # K
