@@ -87,3 +87,15 @@ def test_memory_is_independent_of_the_number_of_samples() -> None:
 def test_bad_streams_is_named(streams: object) -> None:
     with pytest.raises((ValueError, TypeError), match="streams"):
         StreamPermutation([3, 4], streams=streams, key=1)  # type: ignore[arg-type]
+
+
+def test_prefetch_skips_empty_shards_to_the_next_one_read() -> None:
+    """An empty shard next in a stream is not "the next shard": the one after it, which holds samples, is prefetched.
+
+    (Found by hypothesis: with sizes [0, 8, 4] and one stream, ahead=1 used to name only the empty shard.)
+    """
+    perm = StreamPermutation([0, 8, 4], streams=1, key=8)
+    positions = np.arange(0, 8)
+    read = set(perm.shard_of(perm(positions)).tolist())
+    following = [s for s in perm.shard_of(perm(np.arange(8, 12))).tolist() if s not in read]
+    assert following and following[0] in set(perm.upcoming_shards(positions, 1).tolist())

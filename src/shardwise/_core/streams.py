@@ -247,7 +247,12 @@ class StreamPermutation:
         lo = np.searchsorted(self._sm_starts, base + first, side="right") - 1
         hi = np.searchsorted(self._sm_starts, base + np.maximum(last, first), side="right") - 1
         ends = self._stream_first[1:]
-        index = np.concatenate([np.arange(a, min(b + 1 + ahead, e)) for a, b, e in zip(lo, hi, ends, strict=True)])
+        stop = hi
+        for _ in range(ahead):  # the stream's next shard that holds samples (empty ones are skipped)
+            following = np.searchsorted(self._sm_starts, self._sm_starts[np.minimum(stop + 1, len(self._order))],
+                                        side="right") - 1
+            stop = np.where(following < ends, following, stop)
+        index = np.concatenate([np.arange(a, min(b + 1, e)) for a, b, e in zip(lo, stop, ends, strict=True)])
         index = index[self._sm_starts[index + 1] > self._sm_starts[index]]  # empty shards are never read
         streams = np.searchsorted(self._stream_first, index, side="right") - 1
         begins = (self._sm_starts[index] - base[streams]) / np.maximum(self._totals[streams], 1)
