@@ -213,7 +213,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
                 return row
             return reader.row(index - int(self._starts[shard]))
         except (OSError, ValueError) as error:
-            raise ShardError(f"could not read sample {index} from shard {self.urls[shard]}: {error}") from error
+            raise self._unreadable(shard, index, error) from error
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The samples ``indices``, in that order: what ``[self[i] for i in indices]`` returns.
@@ -248,7 +248,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
             try:
                 taken = self._take(reader, [local[p] for p in positions])
             except (OSError, ValueError) as error:
-                raise ShardError(f"could not read sample {sample} from shard {self.urls[shard]}: {error}") from error
+                raise self._unreadable(shard, sample, error) from error
             if isinstance(taken, list):
                 for position, row in zip(positions, taken, strict=True):
                     rows[position] = row
@@ -284,8 +284,12 @@ class ShardedSource(Dataset[dict[str, Any]]):
                 rows.extend(table_rows(table, self.output_format))
             except (ValueError, TypeError) as error:
                 sample = wanted[groups[shard][0]]
-                raise ShardError(f"could not read sample {sample} from shard {self.urls[shard]}: {error}") from error
+                raise self._unreadable(shard, sample, error) from error
         return rows
+
+    def _unreadable(self, shard: int, sample: int, error: Exception) -> ShardError:
+        """The error for a sample of an open shard that could not be read or converted."""
+        return ShardError(f"could not read sample {sample} from shard {self.urls[shard]}: {error}")
 
     def _reader(self, shard: int, sample: int) -> ShardReader:
         reader = self._readers.get(shard)
