@@ -44,19 +44,25 @@ def _values(pa: Any, array: Any) -> np.ndarray:
     Not ``Array.to_numpy``: it imports pandas (seconds and tens of MiB in every fresh DataLoader
     worker, each epoch).
     """
-    kind, start, stop = array.type, array.offset, array.offset + len(array)
-    data = array.buffers()[1]
-    if pa.types.is_boolean(kind):  # bit-packed, least significant bit first
+    if pa.types.is_boolean(array.type):  # bit-packed, least significant bit first
+        start, stop, data = array.offset, array.offset + len(array), array.buffers()[1]
         bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little") if data is not None else ()
         return np.array(bits[start:stop], dtype=bool)
+    values: np.ndarray = _buffer(pa, array).copy()
+    return values
+
+
+def _buffer(pa: Any, array: Any) -> np.ndarray:
+    """A non-boolean numeric Arrow array's values as a numpy view of its data buffer (nulls as stored)."""
+    kind = array.type
     if pa.types.is_floating(kind):
         dtype = np.dtype(f"f{kind.bit_width // 8}")
     else:
         dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
+    data = array.buffers()[1]
     if data is None:  # an empty array may have no buffer
         return np.zeros(0, dtype=dtype)
-    values: np.ndarray = np.frombuffer(data, dtype=dtype)[start:stop].copy()
-    return values
+    return np.frombuffer(data, dtype=dtype)[array.offset : array.offset + len(array)]
 
 
 def _column(pa: Any, array: Any, output: OutputFormat) -> list[Any] | Any:
@@ -145,14 +151,7 @@ def _view(pa: Any, array: Any) -> np.ndarray | None:
     kind = array.type
     if array.null_count or pa.types.is_boolean(kind) or not _numeric(pa, kind):
         return None
-    if pa.types.is_floating(kind):
-        dtype = np.dtype(f"f{kind.bit_width // 8}")
-    else:
-        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
-    data = array.buffers()[1]
-    if data is None:
-        return np.zeros(0, dtype=dtype)
-    return np.frombuffer(data, dtype=dtype)[array.offset : array.offset + len(array)]
+    return _buffer(pa, array)
 
 
 def numeric_columns(table: Any) -> NumericColumns | None:
