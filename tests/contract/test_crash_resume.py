@@ -523,6 +523,10 @@ def _accelerate_runs(rank: int, world_size: int, directory: str, combos: list[tu
                 accelerator.save_state(state_dir)
                 start = 1
         kept = len([t for t in trained if t[0] == 0]) if point != "mid" else 3
+        # Every rank writes the same dl_state_dict.bin (Accelerate's save_state, one node): a rank
+        # must not load it while another still writes it. Training's collectives order that; this
+        # loop has none, so a barrier does (a rank once read a half-written file under load).
+        accelerator.wait_for_everyone()
         accelerator, second = loader(workers)
         accelerator.load_state(state_dir)
         resumed = []
