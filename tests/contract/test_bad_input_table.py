@@ -427,6 +427,7 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("source-format-csv", lambda tmp: shardwise.ShardedSource(["a.parquet"], format="csv"), V, ("format", "'csv'")),
     ("source-output-format-np", lambda tmp: shardwise.ShardedSource(["a.parquet"], output_format="np"), V,
      ("output_format", "'np'")),
+    ("source-decode-gpu", lambda tmp: shardwise.ShardedSource(["a.parquet"], decode="gpu"), V, ("decode", "'gpu'")),
     ("shard-cache-budget-negative", lambda tmp: shardwise.ShardCache(tmp, budget_bytes=-1), V, ("budget_bytes", "-1")),
     ("shard-cache-retries-negative", lambda tmp: shardwise.ShardCache(tmp, retries=-1), V, ("retries", "-1")),
     ("shard-cache-backoff-negative", lambda tmp: shardwise.ShardCache(tmp, backoff=-1.0), V, ("backoff", "-1.0")),

@@ -214,27 +214,46 @@ def test_a_held_lock_is_a_timeout_not_a_hang(s3: dict[str, Any], tmp_path: Path)
         assert time.monotonic() - started < 10
 
 
-def test_prefetch_in_plan_order_within_budget(s3: dict[str, Any], tmp_path: Path) -> None:
-    """LocalitySampler tells the cache what comes next: shards arrive ahead of reads, and the cache stays in budget."""
-    plain = _source(s3, tmp_path, "parquet")
-    budget = int(np.sort(plain.file_sizes)[-4:].sum())  # the four largest shards: two windows of two
+def _kept(directory: Path) -> dict[str, int]:
+    """What a cache directory holds: ``{file name: bytes}`` of its whole files (no locks, no temporary files)."""
+    if not directory.exists():
+        return {}
+    return {p.name: p.stat().st_size for p in directory.iterdir() if p.suffix != ".lock" and ".part" not in p.name}
+
+
+@pytest.mark.parametrize("decode", ["node", "worker"])
+def test_prefetch_in_plan_order_within_budget(s3: dict[str, Any], tmp_path: Path, decode: str) -> None:
+    """LocalitySampler tells the cache what comes next: shards arrive ahead of reads, and the cache stays in budget.
+
+    decode="node": the cache keeps each shard decoded (an Arrow file, larger than the Parquet); the budget counts it.
+    """
+    plain = _source(s3, tmp_path, "parquet", decode=decode)
+    for first_id in np.cumsum(plain.shard_sizes) - plain.shard_sizes:
+        plain[int(first_id)]  # every shard in the default cache, as this test's cache will keep it
+    kept = {name.partition("-")[0]: size for name, size in _kept(tmp_path / "cache").items()}
+    sizes = [kept[plain.cache.name(url).partition("-")[0]] for url in plain.urls]
+    budget = sum(sorted(sizes)[-4:])  # the four largest shards as kept: two windows of two
     cache = ShardCache(tmp_path / "small", budget_bytes=budget, storage_options=storage_options(s3["endpoint"]))
-    source = _source(s3, tmp_path, "parquet", cache=cache)
+    source = _source(s3, tmp_path, "parquet", cache=cache, decode=decode)
     sampler = LocalitySampler(source, window=2, num_replicas=1, rank=0, seed=1)
     sampler._FIRST_CHUNK = 8  # several chunks per epoch, so the plan is followed as it advances
     iterator = iter(sampler)
     first = next(iterator)
     permutation = sampler.permutation(0)
     assert permutation is not None
-    planned = [cache.name(source.urls[s]) for s in permutation.shard_order()[:4]]
+    suffix = ".arrow" if decode == "node" else ".parquet"
+    planned = {cache.name(source.urls[s]).partition("-")[0] for s in permutation.shard_order()[:4]}
+
+    def arrived() -> bool:
+        return planned <= {name.partition("-")[0] for name in _kept(tmp_path / "small") if name.endswith(suffix)}
+
     deadline = time.monotonic() + 30
-    while not all((tmp_path / "small" / name).exists() for name in planned) and time.monotonic() < deadline:
+    while not arrived() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert all((tmp_path / "small" / name).exists() for name in planned)
+    assert arrived()
     ids = [first, *iterator]
     assert [source[i]["id"] for i in ids] == ids
-    on_disk = sum(p.stat().st_size for p in (tmp_path / "small").iterdir() if p.suffix == ".parquet")
-    assert on_disk <= budget
+    assert sum(_kept(tmp_path / "small").values()) <= budget
     cache.close()
 
 

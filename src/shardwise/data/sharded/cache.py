@@ -7,6 +7,12 @@ download overwrites it). Transient errors are retried with bounded exponential b
 shard fails at once; every wait (the lock, the retries) is bounded, so a failure is an error,
 never a hang.
 
+A shard can be kept *derived* instead (:class:`Derived`: a Parquet shard decoded once into an
+uncompressed Arrow IPC file that every worker memory-maps): the first process that needs it
+downloads the shard, makes the derived file under that file's lock, renames it into place and
+deletes the download. Its name carries a tag of what it was made from (the shards' sizes and
+versions, the columns), so a changed shard is never read through a stale derived copy.
+
 The plan drives the cache (NOTE [ Locality-aware shuffle ]): :meth:`ShardCache.follow` receives
 the shards in the order the plan will read them; a background thread prefetches them in that
 order, and when the cache is over its byte budget the shards the plan will not read again this
@@ -16,12 +22,13 @@ epoch are evicted first (least recently used), then the ones it reads last.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,21 @@ from .formats import ShardError
 
 PART = ".part"
 _BLOCK = 4 << 20  # bytes copied per read: large enough for object storage, small enough to stop promptly
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A file the cache keeps in place of a shard, made from it once per node.
+
+    Attributes:
+        tag: names what the file is made from and how (a changed shard or option makes another
+            tag, hence another file): letters, digits, ``_`` and ``.``.
+        make: ``make(shard_path, output_path)`` writes the file (picklable: DataLoader workers call
+            it). ``OSError`` and ``ValueError`` mean the shard is unreadable.
+    """
+
+    tag: str
+    make: Callable[[str, str], None]
 
 
 def is_local(url: str) -> bool:
@@ -86,8 +108,9 @@ class ShardCache:
         self.timeout = check_seconds("timeout", timeout, allow_zero=False)
         self.storage_options = dict(storage_options or {})
         self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
-        self._upcoming: dict[str, int] = {}  # file name -> rank in the plan's reading order
-        self._pinned: dict[str, int] = {}  # file name -> readers of this process between download and open
+        self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
+        self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
+        self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
         self._queue: queue.Queue[tuple[str, int] | None] | None = None
         self._thread: threading.Thread | None = None
         self._fs: dict[str, Any] = {}
@@ -96,7 +119,7 @@ class ShardCache:
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
         state = self.__dict__.copy()
-        state.update(_queue=None, _thread=None, _fs={}, _upcoming={}, _pinned={}, _fs_pid=None)
+        state.update(_queue=None, _thread=None, _fs={}, _upcoming={}, _pinned={}, _fs_pid=None, _derived=None)
         return state
 
     def filesystem(self, url: str) -> Any:
@@ -112,9 +135,15 @@ class ShardCache:
             fs = self._fs[protocol] = fsspec.filesystem(protocol, **options)
         return fs
 
-    def name(self, url: str) -> str:
-        """The cached file's name: a hash of the URL, keeping its suffix (formats are told by suffix)."""
+    def name(self, url: str, derived: Derived | None = None) -> str:
+        """The cached file's name: a hash of the URL, then the URL's file name (formats are told by
+        suffix), or the derived file's tag.
+
+        Everything the cache keeps of one shard starts with the same ``<hash>-`` (:func:`_shard_key`).
+        """
         digest = hashlib.blake2b(url.encode(), digest_size=12).hexdigest()
+        if derived is not None:
+            return f"{digest}-{derived.tag}"
         return f"{digest}-{url.rstrip('/').rpartition('/')[2][-60:]}"
 
     @contextlib.contextmanager
@@ -124,7 +153,7 @@ class ShardCache:
         (The prefetch thread's downloads evict too; another process of the node may still evict it,
         so a reader retries a shard that vanished before it was opened.)
         """
-        name = self.name(url)
+        name = _shard_key(self.name(url))
         self._pinned[name] = self._pinned.get(name, 0) + 1
         try:
             yield
@@ -133,13 +162,18 @@ class ShardCache:
             if left:
                 self._pinned[name] = left
 
-    def path(self, url: str, size: int, *, sample: int | None = None) -> str:
+    def path(self, url: str, size: int, *, sample: int | None = None, derived: Derived | None = None) -> str:
         """A local path holding the whole shard ``url`` (``size`` bytes), downloading it if needed.
+
+        With ``derived`` (remote shards only), the path of the file derived from it, made if needed.
 
         Raises:
             ShardError: the shard is missing, of another size, or could not be fetched after the
                 retries (names the URL and ``sample``).
+            OSError, ValueError: ``derived.make`` could not read the shard.
         """
+        if derived is not None and not is_local(url):
+            return self._make(url, size, sample, derived)
         if is_local(url):
             path = local_path(url)
             if not os.path.isfile(path):
@@ -155,12 +189,39 @@ class ShardCache:
                 if not _complete(final, size):  # another process may have fetched it while we waited
                     self._download(url, final, size, sample)
         except Timeout as error:
-            raise ShardError(
-                f"shard {url} {_for(sample)}was being downloaded by another process for more than "
-                f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
-            ) from error
+            raise self._stuck(url, sample, final) from error
         self._evict(keep=final.name)
         return str(final)
+
+    def _make(self, url: str, size: int, sample: int | None, derived: Derived) -> str:
+        final = self.directory / self.name(url, derived)
+        if final.exists():  # renamed into place whole: existing means complete
+            _touch(final)
+            return str(final)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(str(final) + ".lock", timeout=self.timeout):
+                if not final.exists():  # another process may have made it while we waited
+                    shard = self.path(url, size, sample=sample)
+                    part = final.with_name(f"{final.name}{PART}{os.getpid()}")
+                    try:
+                        derived.make(shard, str(part))
+                        os.replace(part, final)
+                    finally:
+                        part.unlink(missing_ok=True)
+                    for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed processes
+                        stale.unlink(missing_ok=True)
+                    Path(shard).unlink(missing_ok=True)  # the derived file stands for it from now on
+        except Timeout as error:
+            raise self._stuck(url, sample, final) from error
+        self._evict(keep=final.name)
+        return str(final)
+
+    def _stuck(self, url: str, sample: int | None, final: Path) -> ShardError:
+        return ShardError(
+            f"shard {url} {_for(sample)}was being downloaded by another process for more than "
+            f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
+        )
 
     def _download(self, url: str, final: Path, size: int, sample: int | None) -> None:
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
@@ -195,13 +256,15 @@ class ShardCache:
                 part.unlink(missing_ok=True)
 
     # -- the plan ------------------------------------------------------------------------------
-    def follow(self, shards: Sequence[tuple[str, int]]) -> None:
+    def follow(self, shards: Sequence[tuple[str, int]], derived: Derived | None = None) -> None:
         """The remote shards ``(url, size)`` the plan reads next, in order: prefetch them, keep them.
 
-        Replaces the previous list: shards not in it are the first evicted.
+        Replaces the previous list: shards not in it are the first evicted. ``derived``: the file
+        to keep in each shard's place (:class:`Derived`), made when the shard is prefetched.
         """
         remote = [(url, size) for url, size in shards if not is_local(url)]
-        self._upcoming = {self.name(url): i for i, (url, _) in enumerate(remote)}
+        self._upcoming = {_shard_key(self.name(url)): i for i, (url, _) in enumerate(remote)}
+        self._derived = derived
         if not remote:
             return
         if self._thread is None or not self._thread.is_alive():
@@ -231,11 +294,10 @@ class ShardCache:
             if item is None:
                 return
             url, size = item
-            if not self._room_for(self.name(url), size):
-                continue  # it would evict a shard read sooner: the reader fetches it when it is due
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
-            with contextlib.suppress(ShardError):
-                self.path(url, size)
+            with contextlib.suppress(ShardError, OSError, ValueError):
+                if self._room_for(_shard_key(self.name(url)), size):  # else it would evict a shard read sooner
+                    self.path(url, size, derived=self._derived)
 
     def close(self) -> None:
         """Stop the prefetch thread (it also stops with the process: it is a daemon)."""
@@ -246,7 +308,7 @@ class ShardCache:
         self._thread = self._queue = None
 
     def _cached(self) -> list[tuple[str, str, int, float]]:
-        """``(name, path, bytes, last access)`` of every whole shard in the cache directory."""
+        """``(shard key, path, bytes, last access)`` of every whole shard (or derived file) in the cache directory."""
         # Other processes of the node evict too: a file may vanish between listing and stat.
         files: list[tuple[str, str, int, float]] = []
         if not self.directory.is_dir():
@@ -256,21 +318,21 @@ class ShardCache:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 stat = entry.stat()
-                files.append((entry.name, entry.path, stat.st_size, stat.st_atime))
+                files.append((_shard_key(entry.name), entry.path, stat.st_size, stat.st_atime))
         return files
 
-    def _room_for(self, name: str, size: int) -> bool:
+    def _room_for(self, key: str, size: int) -> bool:
         """Whether prefetching ``name`` fits the budget by evicting only shards the plan reads later (or never)."""
         budget = self.budget_bytes
         if budget is None:
             return True
         never = len(self._upcoming)
-        rank = self._upcoming.get(name, never)
+        rank = self._upcoming.get(key, never)
         kept = sum(f[2] for f in self._cached()
-                   if f[0] != name and (self._upcoming.get(f[0], never) < rank or f[0] in self._pinned))  # fmt: skip
+                   if f[0] != key and (self._upcoming.get(f[0], never) < rank or f[0] in self._pinned))  # fmt: skip
         return kept + size <= budget
 
-    def _evict(self, keep: str) -> None:
+    def _evict(self, keep: str) -> None:  # keep: a file name
         """Bring the cache under its budget: shards the plan no longer reads first (oldest), then the latest read."""
         budget = self.budget_bytes
         if budget is None:
@@ -283,10 +345,10 @@ class ShardCache:
         # Not read again this epoch (rank ``never``) first, least recently used first; then the
         # shards the plan reads last.
         files.sort(key=lambda f: (-self._upcoming.get(f[0], never), f[3]))
-        for name, path, size, _ in files:
+        for key, path, size, _ in files:
             if total <= budget:
                 break
-            if name == keep or name in self._pinned:
+            if key == _shard_key(keep) or key in self._pinned:
                 continue
             Path(path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
             total -= size
@@ -294,6 +356,11 @@ class ShardCache:
 
 def _for(sample: int | None) -> str:
     return "" if sample is None else f"(needed for sample {sample}) "
+
+
+def _shard_key(name: str) -> str:
+    """What every file the cache keeps of one shard starts with (the hash of its URL)."""
+    return name.partition("-")[0]
 
 
 def _temporary(name: str) -> bool:

@@ -8,7 +8,9 @@ imported on first use with an install hint.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import os
 import tarfile
 from collections.abc import Callable
 from typing import IO, Any
@@ -162,6 +164,25 @@ def _parquet_table(path: str, columns: list[str] | None) -> Any:
     # One thread: a DataLoader worker is already one of a process per core; Arrow's thread pools in
     # every worker cost private memory and, on shards of a few row groups, time.
     return parquet.read(columns=columns, use_threads=False)
+
+
+def decode_parquet(path: str, output: str, columns: list[str] | None = None) -> None:
+    """Write Parquet shard ``path``'s ``columns`` (``None``: all) to ``output`` as an uncompressed Arrow IPC file.
+
+    The node cache keeps this in the shard's place (``ShardedSource(decode="node")``): every
+    worker then memory-maps the decoded columns instead of decoding the shard again. One record
+    batch a shard when it fits (a column's offsets are 32-bit), so that rows are cut from numpy
+    views of it; written whole, then synced (the cache renames it into place).
+    """
+    pa = pyarrow()
+    table = _parquet_table(path, columns)
+    with contextlib.suppress(pa.ArrowInvalid, pa.ArrowCapacityError):  # 2 GiB in a string column: a batch a row group
+        table = table.combine_chunks()
+    with open(output, "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        sink.flush()
+        os.fsync(sink.fileno())
 
 
 class ShardReader:

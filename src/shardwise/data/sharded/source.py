@@ -18,6 +18,7 @@ the node; a length or label column is 8 bytes a sample, memory-mapped (shared, n
 from __future__ import annotations
 
 import copy
+import enum
 import functools
 import hashlib
 import json
@@ -33,14 +34,21 @@ from torch.utils.data import Dataset
 from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
 from ...index import build_or_open
 from ...index.cache import CacheDir
-from .cache import ShardCache, is_local
-from .formats import Format, ShardError, ShardReader, count_rows, format_of, pyarrow, read_column
+from .cache import Derived, ShardCache, is_local
+from .formats import Format, ShardError, ShardReader, count_rows, decode_parquet, format_of, pyarrow, read_column
 from .rows import OutputFormat, numeric_columns, table_rows
 
 KIND = "sharded-meta"
 OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
 _PREFETCH_AHEAD = 1  # windows prefetched after the ones being read
 _OPEN_ATTEMPTS = 3  # fetches of a shard that other processes evict before it is opened
+
+
+class Decode(enum.Enum):
+    """Where a remote Parquet shard is decoded: once per node into the cache, or by each worker that reads it."""
+
+    NODE = "node"
+    WORKER = "worker"
 
 
 def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
@@ -88,6 +96,12 @@ class ShardedSource(Dataset[dict[str, Any]]):
             one buffer each, where lists pickle element by element (a batch of 32 samples of 300
             ints: 0.35 ms to convert, pickle and unpickle as numpy, 0.62 ms as lists).
             :meth:`with_format` gives a copy in another format.
+        decode: where remote Parquet shards are decoded: ``"node"`` (default: once per node, by
+            whichever process fetches the shard first, into an uncompressed Arrow IPC file the
+            cache keeps in the shard's place and every worker memory-maps; the cache's
+            ``budget_bytes`` counts these files, which are larger than the Parquet they come
+            from) or ``"worker"`` (the cache keeps the Parquet file; each DataLoader worker
+            decodes each shard it opens, each epoch). Local shards are read in place either way.
 
     Example:
         >>> source = ShardedSource(["s3://bucket/train-0.parquet", "s3://bucket/train-1.parquet"])  # doctest: +SKIP
@@ -107,10 +121,12 @@ class ShardedSource(Dataset[dict[str, Any]]):
         index_dir: CacheDir = None,
         open_shards: int = OPEN_SHARDS,
         output_format: str | OutputFormat = "python",
+        decode: str | Decode = "node",
     ) -> None:
         # Every argument is checked before any I/O (listing the URLs, reading metadata).
         self.open_shards = check_int("open_shards", open_shards, minimum=1)
         self.output_format = check_choice("output_format", output_format, OutputFormat)
+        self.decode = check_choice("decode", decode, Decode)
         given_format = None if format is None else check_choice("format", format, Format)
         self.columns = None if columns is None else [
             check_str("columns[]", c) for c in check_iterable("columns", columns, of="column names (str)")
@@ -147,6 +163,12 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self.lengths: np.ndarray | None = arrays.get("lengths")
         self.labels: np.ndarray | None = arrays.get("labels")
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._decoded: Derived | None = None  # what the cache keeps of a remote shard instead of it
+        if self.format is Format.PARQUET and self.decode is Decode.NODE:
+            # The tag names what the file is made from: every shard's URL, size and version, and the columns.
+            made_of = json.dumps([self.data_fingerprint, self.columns]).encode()
+            tag = hashlib.blake2b(made_of, digest_size=8).hexdigest()
+            self._decoded = Derived(f"{tag}.arrow", functools.partial(decode_parquet, columns=self.columns))
 
     # -- metadata ------------------------------------------------------------------------------
     def _stat(self) -> list[tuple[str, int, str]]:
@@ -297,12 +319,13 @@ class ShardedSource(Dataset[dict[str, Any]]):
             self._readers.move_to_end(shard)
             return reader
         url = self.urls[shard]
+        decoded = None if is_local(url) else self._decoded
+        fmt, columns = (Format.ARROW, None) if decoded is not None else (self.format, self.columns)
         for attempt in range(_OPEN_ATTEMPTS):
             try:
                 with self.cache.pinned(url):
-                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample)
-                    reader = ShardReader(path, self.format, self.columns,
-                                         functools.partial(table_rows, output=self.output_format))
+                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample, derived=decoded)
+                    reader = ShardReader(path, fmt, columns, functools.partial(table_rows, output=self.output_format))
                 break
             except FileNotFoundError as error:  # evicted by another process of the node between download and open
                 if attempt == _OPEN_ATTEMPTS - 1:
@@ -341,7 +364,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         if positions.size == 0 or is_local(self.urls[0]):
             return
         order = permutation.upcoming_shards(positions, _PREFETCH_AHEAD)
-        self.cache.follow([(self.urls[s], int(self.file_sizes[s])) for s in order.tolist()])
+        self.cache.follow([(self.urls[s], int(self.file_sizes[s])) for s in order.tolist()], self._decoded)
 
     def with_format(self, type: str | OutputFormat) -> ShardedSource:  # HF's name for it
         """A copy of this source whose samples are in output format ``type`` (``"python"``, ``"numpy"``, ``"torch"``).

@@ -1,0 +1,158 @@
+"""Parquet shards decoded once per node (``ShardedSource(decode="node")``), against a real S3 endpoint.
+
+The cache keeps each remote Parquet shard as an uncompressed Arrow file that every rank and worker
+of the node memory-maps: made by one process, never half-visible, never stale after the shard
+changes, counted in the byte budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
+from shardwise.samplers.locality import LocalitySampler
+from shardwise.tools.launch import run_distributed
+from tests.s3_server import make_bucket, s3_endpoint, storage_options
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+SIZES = [40, 7, 55, 23, 31]
+TOTAL = sum(SIZES)
+BUCKET = "decoded"
+
+
+def _table(first: int, count: int, scale: int = 1) -> Any:
+    ids = np.arange(first, first + count)
+    tokens = [list(range(int(i) % 11)) for i in ids]
+    return pa.table({"id": ids, "tokens": tokens, "text": [f"sample {i * scale}" for i in ids]})
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    local = tmp_path_factory.mktemp("parquet")
+    with s3_endpoint() as endpoint:
+        fs = make_bucket(endpoint, BUCKET)
+        first = 0
+        for s, size in enumerate(SIZES):
+            pq.write_table(_table(first, size), local / f"{s}.parquet", row_group_size=8)
+            fs.put(str(local / f"{s}.parquet"), f"{BUCKET}/train/shard-{s}.parquet")
+            first += size
+        yield {"endpoint": endpoint, "fs": fs, "local": local}
+
+
+def _source(s3: dict[str, Any], cache_dir: Path, prefix: str = "train", **kwargs: Any) -> ShardedSource:
+    cache = kwargs.pop("cache", None) or ShardCache(cache_dir, storage_options=storage_options(s3["endpoint"]))
+    return ShardedSource(f"s3://{BUCKET}/{prefix}/", cache=cache, index_dir=cache_dir.parent / "index", **kwargs)
+
+
+def _files(directory: Path) -> dict[str, Any]:
+    """``{name: stat}`` of the cache's whole files (no locks, no temporary files)."""
+    return {p.name: p.stat() for p in directory.iterdir() if p.suffix != ".lock" and ".part" not in p.name}
+
+
+def _read_all(rank: int, world_size: int, endpoint: str, cache_dir: str, workers: int) -> dict[str, Any]:
+    """One rank of a node: read its share of an epoch through a DataLoader; what it downloaded."""
+    cache = ShardCache(cache_dir, storage_options=storage_options(endpoint))
+    source = ShardedSource(f"s3://{BUCKET}/train/", cache=cache, index_dir=Path(cache_dir).parent / "index",
+                           output_format="numpy")
+    sampler = LocalitySampler(source, window=2, seed=1)
+    loader = DataLoader(source, sampler=sampler, batch_size=8, num_workers=workers, collate_fn=lambda rows: rows,
+                        multiprocessing_context="fork" if workers else None)
+    rows = [row for batch in loader for row in batch]
+    assert all(list(row["tokens"]) == list(range(int(row["id"]) % 11)) for row in rows)
+    return {"ids": [int(row["id"]) for row in rows], "fetched": cache.fetched_bytes}
+
+
+def test_ranks_of_a_node_share_one_decoded_copy(s3: dict[str, Any], tmp_path: Path) -> None:
+    """3 real ranks with 2 workers each, one cache: every shard downloaded once, kept as one Arrow file, no Parquet left.
+
+    A second epoch on the node reads the decoded files where they are: nothing is downloaded or made again.
+    """
+    cache_dir = tmp_path / "cache"
+    reports = run_distributed(_read_all, 3, s3["endpoint"], str(cache_dir), 2, timeout=240)
+    assert sorted(set(i for r in reports for i in r["ids"])) == list(range(TOTAL))
+    # Workers download in their own processes: a rank's fetched_bytes misses them, so count the files.
+    files = _files(cache_dir)
+    assert len(files) == len(SIZES) and all(name.endswith(".arrow") for name in files)
+    made = {name: stat.st_ino for name, stat in files.items()}  # reading touches them: the times change
+    again = run_distributed(_read_all, 2, s3["endpoint"], str(cache_dir), 0, timeout=240)
+    assert sum(r["fetched"] for r in again) == 0  # a shard is made again only from a new download
+    assert {name: stat.st_ino for name, stat in _files(cache_dir).items()} == made
+
+
+def test_decoded_rows_equal_the_workers_own_decoding(s3: dict[str, Any], tmp_path: Path) -> None:
+    """decode="node" and decode="worker" serve the same rows, in every output format and for a column subset."""
+    for output in ("python", "numpy", "torch"):
+        node = _source(s3, tmp_path / "node", output_format=output, columns=["id", "tokens"])
+        worker = _source(s3, tmp_path / "worker", output_format=output, columns=["id", "tokens"], decode="worker")
+        ids = [0, 39, 40, 47, 100, 154, TOTAL - 1]
+        for a, b in zip(node.__getitems__(ids), worker.__getitems__(ids), strict=True):
+            assert a.keys() == b.keys() == {"id", "tokens"}
+            assert int(a["id"]) == int(b["id"]) and list(a["tokens"]) == list(b["tokens"])
+    assert all(name.endswith(".arrow") for name in _files(tmp_path / "node"))
+    assert all(name.endswith(".parquet") for name in _files(tmp_path / "worker"))
+
+
+def test_a_changed_shard_is_never_read_through_a_stale_decoded_copy(s3: dict[str, Any], tmp_path: Path) -> None:
+    """A shard rewritten on S3 (new ETag): a new source decodes it again and serves the new rows."""
+    fs = s3["fs"]
+    for s in range(2):
+        fs.put(str(s3["local"] / f"{s}.parquet"), f"{BUCKET}/changing/shard-{s}.parquet")
+    before = _source(s3, tmp_path / "cache", "changing")
+    assert before[3]["text"] == "sample 3"
+    rewritten = tmp_path / "rewritten.parquet"
+    pq.write_table(_table(0, SIZES[0], scale=10), rewritten)
+    fs.put(str(rewritten), f"{BUCKET}/changing/shard-0.parquet")
+    after = _source(s3, tmp_path / "cache", "changing")
+    assert after[3]["text"] == "sample 30"
+    assert len([name for name in _files(tmp_path / "cache") if name.endswith(".arrow")]) == 2
+
+
+def test_a_killed_decoder_leaves_nothing_visible(s3: dict[str, Any], tmp_path: Path) -> None:
+    """What a decoder killed halfway leaves (a temporary file) is never read, and is removed by the next one."""
+    source = _source(s3, tmp_path / "cache")
+    assert source[0]["id"] == 0
+    cache_dir = tmp_path / "cache"
+    (decoded,) = _files(cache_dir)
+    (cache_dir / decoded).unlink()
+    leftover = cache_dir / f"{decoded}.part99999"
+    leftover.write_bytes(b"ARROW1 half a file")
+    fresh = _source(s3, tmp_path / "cache")
+    assert fresh[5]["id"] == 5
+    assert not leftover.exists() and (cache_dir / decoded).exists()
+
+
+def test_corrupt_shard_fails_naming_url_and_sample_and_leaves_no_file(s3: dict[str, Any], tmp_path: Path) -> None:
+    """A shard whose footer is garbled after indexing: the decode fails naming the URL and sample; nothing is kept."""
+    fs = s3["fs"]
+    data = (s3["local"] / "0.parquet").read_bytes()
+    fs.pipe(f"{BUCKET}/corrupt/shard-0.parquet", data)
+    source = _source(s3, tmp_path / "cache", "corrupt")
+    fs.pipe(f"{BUCKET}/corrupt/shard-0.parquet", data[:-12] + b"\0" * 12)
+    with pytest.raises(ShardError, match=rf"s3://{BUCKET}/corrupt/shard-0.parquet \(needed for sample 4\) is not a"):
+        source[4]
+    assert not any(name.endswith(".arrow") for name in _files(tmp_path / "cache"))
+
+
+def test_the_budget_counts_decoded_files(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Under a budget of two decoded shards, a whole epoch stays in it and is read right."""
+    probe = _source(s3, tmp_path / "probe")
+    for first in np.cumsum(SIZES) - SIZES:
+        probe[int(first)]
+    budget = sum(sorted(stat.st_size for stat in _files(tmp_path / "probe").values())[-2:])
+    cache = ShardCache(tmp_path / "tight", budget_bytes=budget, storage_options=storage_options(s3["endpoint"]))
+    source = _source(s3, tmp_path, cache=cache)
+    sampler = LocalitySampler(source, window=1, num_replicas=1, rank=0, seed=4)
+    on_disk = 0
+    for i in sampler:
+        assert source[i]["id"] == i
+        on_disk = max(on_disk, sum(stat.st_size for stat in _files(tmp_path / "tight").values()))
+    assert 0 < on_disk <= budget
+    cache.close()
