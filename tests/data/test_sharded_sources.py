@@ -257,6 +257,32 @@ def test_prefetch_in_plan_order_within_budget(s3: dict[str, Any], tmp_path: Path
     cache.close()
 
 
+def test_prefetch_moves_past_a_shard_another_process_is_fetching(s3: dict[str, Any], tmp_path: Path) -> None:
+    """The node's ranks follow one plan: a shard whose lock is held is put off, the next ones fetched meanwhile.
+
+    (Each rank's prefetch thread used to wait on the lock the first rank held, so a node downloaded
+    one shard at a time.) Once the lock is free, the put-off shard is fetched too.
+    """
+    plain = _source(s3, tmp_path, "parquet", decode="worker")
+    shards = [(url, int(size)) for url, size in zip(plain.urls[:3], plain.file_sizes[:3], strict=True)]
+    cache = ShardCache(tmp_path / "node", storage_options=storage_options(s3["endpoint"]))
+    names = [cache.name(url) for url, _ in shards]
+    held = FileLock(str(tmp_path / "node" / names[0]) + ".lock")
+    (tmp_path / "node").mkdir()
+    with held:
+        cache.follow(shards)
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / "node" / n).exists() for n in names[1:]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert all((tmp_path / "node" / n).exists() for n in names[1:])
+        assert not (tmp_path / "node" / names[0]).exists()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "node" / names[0]).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (tmp_path / "node" / names[0]).stat().st_size == shards[0][1]
+    cache.close()
+
+
 def test_bad_arguments_name_the_parameter(tmp_path: Path) -> None:
     """Bad construction arguments fail naming the parameter and the value."""
     with pytest.raises(ValueError, match="budget_bytes should be a positive integer, but got budget_bytes=0"):

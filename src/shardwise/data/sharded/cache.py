@@ -39,6 +39,7 @@ from .formats import ShardError
 
 PART = ".part"
 _BLOCK = 4 << 20  # bytes copied per read: large enough for object storage, small enough to stop promptly
+_RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,7 @@ class ShardCache:
     Args:
         directory: where shards are kept (local disk, shared by the node's processes); default
             :func:`default_cache_dir`.
-        budget_bytes: bytes of shards kept; ``None``: no limit. Hold at least two windows.
+        budget_bytes: bytes of shards (and derived files) kept; ``None``: no limit. Hold at least two windows.
         retries: attempts after the first for a transient error.
         backoff: seconds before the first retry, doubled each time, at most 8 s.
         timeout: seconds to wait for another process's download of the same shard.
@@ -111,7 +112,8 @@ class ShardCache:
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
         self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
-        self._queue: queue.Queue[tuple[str, int] | None] | None = None
+        self._queue: queue.Queue[tuple[str, int, int] | None] | None = None  # (url, size, generation)
+        self._generation = 0  # of the plan followed: queued items of an older one are dropped
         self._thread: threading.Thread | None = None
         self._fs: dict[str, Any] = {}
         self._fs_pid = os.getpid()  # fsspec's async filesystems (s3, http) refuse use in a forked process
@@ -172,56 +174,60 @@ class ShardCache:
                 retries (names the URL and ``sample``).
             OSError, ValueError: ``derived.make`` could not read the shard.
         """
-        if derived is not None and not is_local(url):
-            return self._make(url, size, sample, derived)
+        return self._get(url, size, sample, derived, wait=True)
+
+    def _get(self, url: str, size: int, sample: int | None, derived: Derived | None, *, wait: bool) -> str:
+        """:meth:`path`; ``wait=False``: raise :class:`_Busy` at once if another process holds the shard's lock."""
         if is_local(url):
             path = local_path(url)
             if not os.path.isfile(path):
                 raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)")
             return path
-        final = self.directory / self.name(url)
-        if _complete(final, size):
-            _touch(final)
-            return str(final)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        try:
-            with FileLock(str(final) + ".lock", timeout=self.timeout):
-                if not _complete(final, size):  # another process may have fetched it while we waited
-                    self._download(url, final, size, sample)
-        except Timeout as error:
-            raise self._stuck(url, sample, final) from error
-        self._evict(keep=final.name)
-        return str(final)
-
-    def _make(self, url: str, size: int, sample: int | None, derived: Derived) -> str:
         final = self.directory / self.name(url, derived)
-        if final.exists():  # renamed into place whole: existing means complete
+        # A derived file is renamed into place whole: existing means complete.
+        if final.exists() if derived is not None else _complete(final, size):
             _touch(final)
             return str(final)
         self.directory.mkdir(parents=True, exist_ok=True)
-        try:
-            with FileLock(str(final) + ".lock", timeout=self.timeout):
+        with self._locked(final, url, sample, wait):
+            if derived is not None:
                 if not final.exists():  # another process may have made it while we waited
-                    shard = self.path(url, size, sample=sample)
-                    part = final.with_name(f"{final.name}{PART}{os.getpid()}")
-                    try:
-                        derived.make(shard, str(part))
-                        os.replace(part, final)
-                    finally:
-                        part.unlink(missing_ok=True)
-                    for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed processes
-                        stale.unlink(missing_ok=True)
-                    Path(shard).unlink(missing_ok=True)  # the derived file stands for it from now on
-        except Timeout as error:
-            raise self._stuck(url, sample, final) from error
+                    self._make(url, size, sample, derived, final)
+            elif not _complete(final, size):
+                self._download(url, final, size, sample)
         self._evict(keep=final.name)
         return str(final)
 
-    def _stuck(self, url: str, sample: int | None, final: Path) -> ShardError:
-        return ShardError(
-            f"shard {url} {_for(sample)}was being downloaded by another process for more than "
-            f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
-        )
+    @contextlib.contextmanager
+    def _locked(self, final: Path, url: str, sample: int | None, wait: bool) -> Iterator[None]:
+        """Hold ``final``'s file lock: wait at most ``timeout`` (a ShardError after it), or not at all (_Busy)."""
+        lock = FileLock(str(final) + ".lock", timeout=self.timeout if wait else 0)
+        try:
+            lock.acquire()
+        except Timeout as error:
+            if not wait:
+                raise _Busy(url) from error
+            raise ShardError(
+                f"shard {url} {_for(sample)}was being downloaded by another process for more than "
+                f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
+            ) from error
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _make(self, url: str, size: int, sample: int | None, derived: Derived, final: Path) -> None:
+        """Make ``final`` from the shard (downloaded if needed, deleted after); the caller holds ``final``'s lock."""
+        shard = self._get(url, size, sample, None, wait=True)
+        part = final.with_name(f"{final.name}{PART}{os.getpid()}")
+        try:
+            derived.make(shard, str(part))
+            os.replace(part, final)
+        finally:
+            part.unlink(missing_ok=True)
+        for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed processes
+            stale.unlink(missing_ok=True)
+        Path(shard).unlink(missing_ok=True)  # the derived file stands for it from now on
 
     def _download(self, url: str, final: Path, size: int, sample: int | None) -> None:
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
@@ -275,7 +281,9 @@ class ShardCache:
         pending = self._queue
         if pending is None:  # pragma: no cover - set together with the thread just above
             return
-        while not pending.empty():  # the new plan supersedes what was still queued
+        self._generation += 1  # the new plan supersedes what is still queued or put off
+        generation = self._generation
+        while not pending.empty():
             try:
                 pending.get_nowait()
             except queue.Empty:  # pragma: no cover - raced with the thread
@@ -286,18 +294,30 @@ class ShardCache:
             planned += size
             if budget is not None and planned > budget:
                 break  # prefetching beyond the budget would evict what is read sooner
-            pending.put((url, size))
+            pending.put((url, size, generation))
 
-    def _prefetch(self, pending: queue.Queue[tuple[str, int] | None]) -> None:
+    def _prefetch(self, pending: queue.Queue[tuple[str, int, int] | None]) -> None:
+        # A shard whose lock another process of the node holds (its prefetch or a reader fetching
+        # it) is put off, not waited for: the node's ranks follow the same plan, and would
+        # otherwise download one shard at a time, each waiting on the same lock in turn.
+        put_off: list[tuple[str, int, int]] = []
         while True:
-            item = pending.get()
+            try:
+                item = pending.get(timeout=_RETRY if put_off else None)
+            except queue.Empty:
+                item = put_off.pop(0)  # nothing new: try again what was busy (by now, likely fetched)
             if item is None:
                 return
-            url, size = item
+            url, size, generation = item
+            if generation != self._generation:
+                continue  # the plan moved on: a newer list is queued
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
             with contextlib.suppress(ShardError, OSError, ValueError):
                 if self._room_for(_shard_key(self.name(url)), size):  # else it would evict a shard read sooner
-                    self.path(url, size, derived=self._derived)
+                    try:
+                        self._get(url, size, None, self._derived, wait=False)
+                    except _Busy:
+                        put_off.append(item)
 
     def close(self) -> None:
         """Stop the prefetch thread (it also stops with the process: it is a daemon)."""
@@ -352,6 +372,10 @@ class ShardCache:
                 continue
             Path(path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
             total -= size
+
+
+class _Busy(Exception):
+    """Another process holds the shard's lock (raised instead of waiting: the prefetch thread moves on)."""
 
 
 def _for(sample: int | None) -> str:
