@@ -30,3 +30,18 @@ def write_shards(root: Path, sizes: Sequence[int], table_of: Callable[[int, int]
                 tar.write({"__key__": f"s{i:06d}", "cls": str(i % 3), "txt": "w" * (i % 17 + 1)})
         first += size
     return {suffix: [root / f"{s}.{suffix}" for s in range(len(sizes))] for suffix in FORMATS}
+
+
+def put_parquet_shards(fs: Any, local: Path, remote: str, sizes: Sequence[int], table_of: Callable[[int, int], Any],
+                       **write: Any) -> None:
+    """Write shard ``s`` (``table_of(first id, count)``) as ``local/{s}.parquet`` and put it at ``remote.format(s=s)``.
+
+    ``fs``: the object store's fsspec filesystem; ``write``: ``pyarrow.parquet.write_table`` options.
+    """
+    import pyarrow.parquet as pq
+
+    first = 0
+    for s, size in enumerate(sizes):
+        pq.write_table(table_of(first, size), local / f"{s}.parquet", **write)
+        fs.put(str(local / f"{s}.parquet"), remote.format(s=s))
+        first += size

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
 from shardwise.samplers.locality import LocalitySampler
 from shardwise.tools.launch import run_distributed
+from tests.data.shards import put_parquet_shards
 from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
 pa = pytest.importorskip("pyarrow")
@@ -39,11 +40,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     local = tmp_path_factory.mktemp("parquet")
     with s3_endpoint() as endpoint:
         fs = make_bucket(endpoint, BUCKET)
-        first = 0
-        for s, size in enumerate(SIZES):
-            pq.write_table(_table(first, size), local / f"{s}.parquet", row_group_size=8)
-            fs.put(str(local / f"{s}.parquet"), f"{BUCKET}/train/shard-{s}.parquet")
-            first += size
+        put_parquet_shards(fs, local, f"{BUCKET}/train/shard-{{s}}.parquet", SIZES, _table, row_group_size=8)
         yield {"endpoint": endpoint, "fs": fs, "local": local}
 
 

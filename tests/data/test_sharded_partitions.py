@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from shardwise.data.sharded import ShardCache, ShardedSource
 from shardwise.samplers.locality import LocalitySampler
 from shardwise.tools.launch import run_distributed
+from tests.data.shards import put_parquet_shards
 from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
 pa = pytest.importorskip("pyarrow")
@@ -37,12 +38,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     local = tmp_path_factory.mktemp("shards")
     with s3_endpoint() as endpoint:
         fs = make_bucket(endpoint, BUCKET)
-        first = 0
-        for s, size in enumerate(SIZES):
-            ids = np.arange(first, first + size)
-            pq.write_table(pa.table({"id": ids, "text": ["x" * 200] * size}), local / f"{s}.parquet")
-            fs.put(str(local / f"{s}.parquet"), f"{BUCKET}/shard-{s:02d}.parquet")
-            first += size
+        put_parquet_shards(fs, local, f"{BUCKET}/shard-{{s:02d}}.parquet", SIZES,
+                           lambda first, size: pa.table({"id": np.arange(first, first + size), "text": ["x" * 200] * size}))
         yield {"endpoint": endpoint, "index": str(local / "index")}
 
 
