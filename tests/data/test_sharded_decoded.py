@@ -112,6 +112,29 @@ def test_a_changed_shard_is_never_read_through_a_stale_decoded_copy(s3: dict[str
     assert len([name for name in _files(tmp_path / "cache") if name.endswith(".arrow")]) == 2
 
 
+@pytest.mark.parametrize("decode", ["node", "worker"])
+def test_a_shard_rewritten_at_the_same_size_is_fetched_again(s3: dict[str, Any], tmp_path: Path, decode: str) -> None:
+    """Same URL, same byte count, new rows (new ETag): a new source reads the new rows, for both decode paths.
+
+    (The cache used to name its copy by the URL and check only the size: decode="worker" served the old rows.)
+    """
+    fs = s3["fs"]
+    url = f"{BUCKET}/same-size-{decode}/shard-0.parquet"
+    files = []
+    for offset in (0, 1000):
+        path = tmp_path / f"ids-{offset}.parquet"
+        pq.write_table(pa.table({"id": np.arange(offset, offset + 20)}), path, compression="none",
+                       use_dictionary=False, write_statistics=False)
+        files.append(path)
+    assert files[0].stat().st_size == files[1].stat().st_size
+    fs.put(str(files[0]), url)
+    before = _source(s3, tmp_path / "cache", f"same-size-{decode}", decode=decode)
+    assert before[3]["id"] == 3
+    fs.put(str(files[1]), url)
+    after = _source(s3, tmp_path / "cache", f"same-size-{decode}", decode=decode)
+    assert after[3]["id"] == 1003
+
+
 def test_a_killed_decoder_leaves_nothing_visible(s3: dict[str, Any], tmp_path: Path) -> None:
     """What a decoder killed halfway leaves (a temporary file) is never read, and is removed by the next one."""
     source = _source(s3, tmp_path / "cache")

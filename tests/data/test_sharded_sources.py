@@ -264,9 +264,9 @@ def test_prefetch_moves_past_a_shard_another_process_is_fetching(s3: dict[str, A
     one shard at a time.) Once the lock is free, the put-off shard is fetched too.
     """
     plain = _source(s3, tmp_path, "parquet", decode="worker")
-    shards = [(url, int(size)) for url, size in zip(plain.urls[:3], plain.file_sizes[:3], strict=True)]
+    shards = [(url, int(size), None) for url, size in zip(plain.urls[:3], plain.file_sizes[:3], strict=True)]
     cache = ShardCache(tmp_path / "node", storage_options=storage_options(s3["endpoint"]))
-    names = [cache.name(url) for url, _ in shards]
+    names = [cache.name(url) for url, _, _ in shards]
     held = FileLock(str(tmp_path / "node" / names[0]) + ".lock")
     (tmp_path / "node").mkdir()
     with held:

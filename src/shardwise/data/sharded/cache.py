@@ -40,6 +40,7 @@ from .formats import ShardError
 PART = ".part"
 _BLOCK = 4 << 20  # bytes copied per read: large enough for object storage, small enough to stop promptly
 _RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
+_Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +113,7 @@ class ShardCache:
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
         self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
-        self._queue: queue.Queue[tuple[str, int, int] | None] | None = None  # (url, size, generation)
+        self._queue: queue.Queue[_Item | None] | None = None
         self._generation = 0  # of the plan followed: queued items of an older one are dropped
         self._thread: threading.Thread | None = None
         self._fs: dict[str, Any] = {}
@@ -137,16 +138,18 @@ class ShardCache:
             fs = self._fs[protocol] = fsspec.filesystem(protocol, **options)
         return fs
 
-    def name(self, url: str, derived: Derived | None = None) -> str:
-        """The cached file's name: a hash of the URL, then the URL's file name (formats are told by
-        suffix), or the derived file's tag.
+    def name(self, url: str, derived: Derived | None = None, version: str | None = None) -> str:
+        """The cached file's name: a hash of the URL, the shard's ``version`` if given, then the URL's
+        file name (formats are told by suffix) or the derived file's tag.
 
-        Everything the cache keeps of one shard starts with the same ``<hash>-`` (:func:`_shard_key`).
+        Everything the cache keeps of one shard starts with the same ``<hash>-`` (:func:`_shard_key`);
+        a shard rewritten in place (another version) is another file, never its stale copy.
         """
         digest = hashlib.blake2b(url.encode(), digest_size=12).hexdigest()
+        prefix = f"{digest}-{version}" if version else digest
         if derived is not None:
-            return f"{digest}-{derived.tag}"
-        return f"{digest}-{url.rstrip('/').rpartition('/')[2][-60:]}"
+            return f"{prefix}-{derived.tag}"
+        return f"{prefix}-{url.rstrip('/').rpartition('/')[2][-60:]}"
 
     @contextlib.contextmanager
     def pinned(self, url: str) -> Iterator[None]:
@@ -164,26 +167,30 @@ class ShardCache:
             if left:
                 self._pinned[name] = left
 
-    def path(self, url: str, size: int, *, sample: int | None = None, derived: Derived | None = None) -> str:
+    def path(self, url: str, size: int, *, sample: int | None = None, derived: Derived | None = None,
+             version: str | None = None) -> str:
         """A local path holding the whole shard ``url`` (``size`` bytes), downloading it if needed.
 
         With ``derived`` (remote shards only), the path of the file derived from it, made if needed.
+        ``version`` (letters and digits: a hash of the shard's ETag or modification time, say) names
+        the copy, so that a shard rewritten at the same size is fetched again (:meth:`name`).
 
         Raises:
             ShardError: the shard is missing, of another size, or could not be fetched after the
                 retries (names the URL and ``sample``).
             OSError, ValueError: ``derived.make`` could not read the shard.
         """
-        return self._get(url, size, sample, derived, wait=True)
+        return self._get(url, size, sample, derived, version, wait=True)
 
-    def _get(self, url: str, size: int, sample: int | None, derived: Derived | None, *, wait: bool) -> str:
+    def _get(self, url: str, size: int, sample: int | None, derived: Derived | None, version: str | None, *,
+             wait: bool) -> str:
         """:meth:`path`; ``wait=False``: raise :class:`_Busy` at once if another process holds the shard's lock."""
         if is_local(url):
             path = local_path(url)
             if not os.path.isfile(path):
                 raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)")
             return path
-        final = self.directory / self.name(url, derived)
+        final = self.directory / self.name(url, derived, version)
         # A derived file is renamed into place whole: existing means complete.
         if final.exists() if derived is not None else _complete(final, size):
             _touch(final)
@@ -192,7 +199,7 @@ class ShardCache:
         with self._locked(final, url, sample, wait):
             if derived is not None:
                 if not final.exists():  # another process may have made it while we waited
-                    self._make(url, size, sample, derived, final)
+                    self._make(url, size, sample, derived, version, final)
             elif not _complete(final, size):
                 self._download(url, final, size, sample)
         self._evict(keep=final.name)
@@ -216,9 +223,10 @@ class ShardCache:
         finally:
             lock.release()
 
-    def _make(self, url: str, size: int, sample: int | None, derived: Derived, final: Path) -> None:
+    def _make(self, url: str, size: int, sample: int | None, derived: Derived, version: str | None,
+              final: Path) -> None:
         """Make ``final`` from the shard (downloaded if needed, deleted after); the caller holds ``final``'s lock."""
-        shard = self._get(url, size, sample, None, wait=True)
+        shard = self._get(url, size, sample, None, version, wait=True)
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
         try:
             derived.make(shard, str(part))
@@ -262,14 +270,14 @@ class ShardCache:
                 part.unlink(missing_ok=True)
 
     # -- the plan ------------------------------------------------------------------------------
-    def follow(self, shards: Sequence[tuple[str, int]], derived: Derived | None = None) -> None:
-        """The remote shards ``(url, size)`` the plan reads next, in order: prefetch them, keep them.
+    def follow(self, shards: Sequence[tuple[str, int, str | None]], derived: Derived | None = None) -> None:
+        """The remote shards ``(url, size, version)`` the plan reads next, in order: prefetch them, keep them.
 
         Replaces the previous list: shards not in it are the first evicted. ``derived``: the file
         to keep in each shard's place (:class:`Derived`), made when the shard is prefetched.
         """
-        remote = [(url, size) for url, size in shards if not is_local(url)]
-        self._upcoming = {_shard_key(self.name(url)): i for i, (url, _) in enumerate(remote)}
+        remote = [shard for shard in shards if not is_local(shard[0])]
+        self._upcoming = {_shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
         self._derived = derived
         if not remote:
             return
@@ -290,17 +298,17 @@ class ShardCache:
                 break
         budget = self.budget_bytes
         planned = 0
-        for url, size in remote:
+        for url, size, version in remote:
             planned += size
             if budget is not None and planned > budget:
                 break  # prefetching beyond the budget would evict what is read sooner
-            pending.put((url, size, generation))
+            pending.put((url, size, version, generation))
 
-    def _prefetch(self, pending: queue.Queue[tuple[str, int, int] | None]) -> None:
+    def _prefetch(self, pending: queue.Queue[_Item | None]) -> None:
         # A shard whose lock another process of the node holds (its prefetch or a reader fetching
         # it) is put off, not waited for: the node's ranks follow the same plan, and would
         # otherwise download one shard at a time, each waiting on the same lock in turn.
-        put_off: list[tuple[str, int, int]] = []
+        put_off: list[_Item] = []
         while True:
             try:
                 item = pending.get(timeout=_RETRY if put_off else None)
@@ -308,14 +316,14 @@ class ShardCache:
                 item = put_off.pop(0)  # nothing new: try again what was busy (by now, likely fetched)
             if item is None:
                 return
-            url, size, generation = item
+            url, size, version, generation = item
             if generation != self._generation:
                 continue  # the plan moved on: a newer list is queued
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
             with contextlib.suppress(ShardError, OSError, ValueError):
                 if self._room_for(_shard_key(self.name(url)), size):  # else it would evict a shard read sooner
                     try:
-                        self._get(url, size, None, self._derived, wait=False)
+                        self._get(url, size, None, self._derived, version, wait=False)
                     except _Busy:
                         put_off.append(item)
 

@@ -165,9 +165,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._decoded: Derived | None = None  # what the cache keeps of a remote shard instead of it
         if self.format is Format.PARQUET and self.decode is Decode.NODE:
-            # The tag names what the file is made from: every shard's URL, size and version, and the columns.
-            made_of = json.dumps([self.data_fingerprint, self.columns]).encode()
-            tag = hashlib.blake2b(made_of, digest_size=8).hexdigest()
+            # The cache names it by the shard's URL and version; the tag adds how it is made (the columns).
+            tag = hashlib.blake2b(json.dumps(["parquet-to-arrow", self.columns]).encode(), digest_size=8).hexdigest()
             self._decoded = Derived(f"{tag}.arrow", functools.partial(decode_parquet, columns=self.columns))
 
     # -- metadata ------------------------------------------------------------------------------
@@ -188,6 +187,11 @@ class ShardedSource(Dataset[dict[str, Any]]):
         stats = self._stat()
         # What a sampler's state records of this data (shardwise.samplers.identity): every shard's URL, size, version.
         self.data_fingerprint = hashlib.blake2b(json.dumps(stats).encode(), digest_size=8).hexdigest()
+        # Each shard's URL, size and version as 8 bytes (0.8 MB at 1e5 shards): the cache names its
+        # copy by it, so a shard rewritten in place, even at the same size, is fetched again.
+        self._versions = np.asarray([
+            int.from_bytes(hashlib.blake2b(json.dumps(stat).encode(), digest_size=8).digest(), "little")
+            for stat in stats], dtype=np.uint64)
         options = [self.format.value, self.length_column, self.label_column]
         key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
 
@@ -324,7 +328,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
         for attempt in range(_OPEN_ATTEMPTS):
             try:
                 with self.cache.pinned(url):
-                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample, derived=decoded)
+                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample, derived=decoded,
+                                           version=self._version(shard))
                     reader = ShardReader(path, fmt, columns, functools.partial(table_rows, output=self.output_format))
                 break
             except FileNotFoundError as error:  # evicted by another process of the node between download and open
@@ -364,7 +369,12 @@ class ShardedSource(Dataset[dict[str, Any]]):
         if positions.size == 0 or is_local(self.urls[0]):
             return
         order = permutation.upcoming_shards(positions, _PREFETCH_AHEAD)
-        self.cache.follow([(self.urls[s], int(self.file_sizes[s])) for s in order.tolist()], self._decoded)
+        self.cache.follow([(self.urls[s], int(self.file_sizes[s]), self._version(s)) for s in order.tolist()],
+                          self._decoded)
+
+    def _version(self, shard: int) -> str:
+        """Shard ``shard``'s version as the cache names it (a hash of its URL, size and ETag or mtime)."""
+        return f"{int(self._versions[shard]):016x}"
 
     def with_format(self, type: str | OutputFormat) -> ShardedSource:  # HF's name for it
         """A copy of this source whose samples are in output format ``type`` (``"python"``, ``"numpy"``, ``"torch"``).
