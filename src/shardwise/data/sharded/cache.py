@@ -38,7 +38,6 @@ from ..._core.errors import check_int, check_path, check_seconds
 from .formats import ShardError
 
 PART = ".part"
-_BLOCK = 4 << 20  # bytes copied per read: large enough for object storage, small enough to stop promptly
 _RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
 _Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
 
@@ -243,12 +242,11 @@ class ShardCache:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                copied = 0
-                with fs.open(url, "rb") as source, open(part, "wb") as target:
-                    while block := source.read(_BLOCK):
-                        target.write(block)
-                        copied += len(block)
-                    target.flush()
+                # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
+                # from S3 (no HEAD, no block cache; measured in BENCHMARKS.md, "the download").
+                fs.get_file(url, str(part))
+                with open(part, "rb+") as target:
+                    copied = os.fstat(target.fileno()).st_size
                     os.fsync(target.fileno())
                 if copied != size:
                     raise ShardError(f"shard {url} {_for(sample)}has {copied} bytes, but its metadata says {size}")
