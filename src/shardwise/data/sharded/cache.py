@@ -10,8 +10,9 @@ never a hang.
 A shard can be kept *derived* instead (:class:`Derived`: a Parquet shard decoded once into an
 uncompressed Arrow IPC file that every worker memory-maps): the first process that needs it
 downloads the shard, makes the derived file under that file's lock, renames it into place and
-deletes the download. Its name carries a tag of what it was made from (the shards' sizes and
-versions, the columns), so a changed shard is never read through a stale derived copy.
+deletes the download. Its name carries the shard's version (``version``: a hash of its ETag or
+modification time, from the caller) and a tag of how it is made, so a changed shard is never read
+through a stale copy, downloaded or derived.
 
 The plan drives the cache (NOTE [ Locality-aware shuffle ]): :meth:`ShardCache.follow` receives
 the shards in the order the plan will read them; a background thread prefetches them in that
@@ -348,7 +349,7 @@ class ShardCache:
         return files
 
     def _room_for(self, key: str, size: int) -> bool:
-        """Whether prefetching ``name`` fits the budget by evicting only shards the plan reads later (or never)."""
+        """Whether prefetching shard ``key`` fits the budget by evicting only shards the plan reads later (or never)."""
         budget = self.budget_bytes
         if budget is None:
             return True
