@@ -7,6 +7,8 @@ changes, counted in the byte budget.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
+from shardwise.data.sharded.cache import Derived
+from shardwise.data.sharded.formats import decode_parquet
 from shardwise.samplers.locality import LocalitySampler
 from shardwise.tools.launch import run_distributed
 from tests.data.shards import put_parquet_shards
@@ -135,18 +139,38 @@ def test_a_shard_rewritten_at_the_same_size_is_fetched_again(s3: dict[str, Any],
     assert after[3]["id"] == 1003
 
 
-def test_a_killed_decoder_leaves_nothing_visible(s3: dict[str, Any], tmp_path: Path) -> None:
-    """What a decoder killed halfway leaves (a temporary file) is never read, and is removed by the next one."""
-    source = _source(s3, tmp_path / "cache")
-    assert source[0]["id"] == 0
+def _decode_in_child(cache_dir: str, endpoint: str, url: str, size: int) -> None:
+    ShardCache(cache_dir, storage_options=storage_options(endpoint)).path(url, size, derived=Derived("t.arrow", decode_parquet))
+
+
+def test_a_decoder_killed_with_sigkill_leaves_nothing_visible(s3: dict[str, Any], tmp_path: Path) -> None:
+    """A process SIGKILLed while writing the decoded file: no decoded file appears; the next reader makes a whole one."""
+    big = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"id": np.arange(6_000_000, dtype=np.int64)}), big, compression="none")
+    url = f"s3://{BUCKET}/big/shard-0.parquet"
+    s3["fs"].put(str(big), url)
+    size = big.stat().st_size
     cache_dir = tmp_path / "cache"
-    (decoded,) = _files(cache_dir)
-    (cache_dir / decoded).unlink()
-    leftover = cache_dir / f"{decoded}.part99999"
-    leftover.write_bytes(b"ARROW1 half a file")
-    fresh = _source(s3, tmp_path / "cache")
-    assert fresh[5]["id"] == 5
-    assert not leftover.exists() and (cache_dir / decoded).exists()
+    process = mp.get_context("spawn").Process(target=_decode_in_child, args=(str(cache_dir), s3["endpoint"], url, size))
+    process.start()
+
+    def decoding() -> bool:
+        return cache_dir.exists() and any(p.name.endswith(".part" + str(process.pid)) and "t.arrow" in p.name
+                                          for p in cache_dir.iterdir())
+
+    deadline = time.monotonic() + 60
+    while not decoding() and process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    process.kill()
+    process.join(10)
+    assert decoding(), "the decode finished before it could be killed"
+    assert not any(name.endswith("t.arrow") for name in _files(cache_dir))
+    cache = ShardCache(cache_dir, storage_options=storage_options(s3["endpoint"]))
+    path = cache.path(url, size, derived=Derived("t.arrow", decode_parquet))
+    with pa.memory_map(path) as mapped:
+        table = pa.ipc.open_file(mapped).read_all()
+    assert table.num_rows == 6_000_000 and table.column("id")[5_999_999].as_py() == 5_999_999
+    assert not any(".part" in p.name for p in cache_dir.iterdir())
 
 
 def test_corrupt_shard_fails_naming_url_and_sample_and_leaves_no_file(s3: dict[str, Any], tmp_path: Path) -> None:
