@@ -233,8 +233,7 @@ class ShardCache:
             os.replace(part, final)
         finally:
             part.unlink(missing_ok=True)
-        for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed processes
-            stale.unlink(missing_ok=True)
+        _remove_leftovers(final)
         Path(shard).unlink(missing_ok=True)  # the derived file stands for it from now on
 
     def _download(self, url: str, final: Path, size: int, sample: int | None) -> None:
@@ -252,8 +251,7 @@ class ShardCache:
                 if copied != size:
                     raise ShardError(f"shard {url} {_for(sample)}has {copied} bytes, but its metadata says {size}")
                 os.replace(part, final)  # atomic: readers see the whole shard or nothing
-                for stale in final.parent.glob(f"{final.name}{PART}*"):  # left by killed downloads; we hold the lock
-                    stale.unlink(missing_ok=True)
+                _remove_leftovers(final)
                 self.fetched_bytes += copied
                 return
             except FileNotFoundError as error:
@@ -392,6 +390,17 @@ def _for(sample: int | None) -> str:
 def _shard_key(name: str) -> str:
     """What every file the cache keeps of one shard starts with (the hash of its URL)."""
     return name.partition("-")[0]
+
+
+def _remove_leftovers(final: Path) -> None:
+    """Delete the temporary files of ``final`` that killed processes left (the caller holds its lock).
+
+    A name prefix, not a glob: a shard's file name may hold ``[`` or ``*``.
+    """
+    prefix = final.name + PART
+    for entry in os.scandir(final.parent):
+        if entry.name.startswith(prefix):
+            Path(entry.path).unlink(missing_ok=True)
 
 
 def _temporary(name: str) -> bool:
