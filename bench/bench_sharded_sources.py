@@ -267,6 +267,8 @@ def main() -> None:
                              "Streaming with cache_limit = the bytes of the window's largest MDS shards; "
                              "streaming-block: that and shuffle_block_size = window x the mean MDS shard's samples)")
     parser.add_argument("--no-ranks", action="store_true", help="skip the multi-process figures")
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds the S3 server waits before answering each request (real stores: 0.01-0.1)")
     args = parser.parse_args()
     unknown = sorted(set(args.loaders.split(",")) - set(NAMES))
     if unknown:
@@ -291,7 +293,7 @@ def main() -> None:
 
     datasets.disable_progress_bars()
     rows: list[tuple[str, str, str]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-sharded-") as tmp, s3_endpoint() as endpoint:
+    with tempfile.TemporaryDirectory(prefix="bench-sharded-") as tmp, s3_endpoint(args.latency) as endpoint:
         root = Path(tmp)
         (root / "shards").mkdir()
         sizes, parquet_bytes, tar_bytes = write_shards(root / "shards", args.samples, args.shards, seed=0)
@@ -309,7 +311,8 @@ def main() -> None:
             "Bucket": "bench", "Key": f"train/train-{s:03d}.tar"}) for s in range(len(sizes))]
         hf_options = {k: options[k] for k in ("key", "secret", "client_kwargs")}
         print(f"{n} samples in {len(sizes)} shards (sizes {sizes.min()}..{sizes.max()}); "
-              f"parquet {parquet_bytes / 1e6:.1f} MB, tar {tar_bytes / 1e6:.1f} MB; endpoint {endpoint}")
+              f"parquet {parquet_bytes / 1e6:.1f} MB, tar {tar_bytes / 1e6:.1f} MB; endpoint {endpoint}, "
+              f"{args.latency * 1e3:g} ms a request")
 
         def shardwise_source(cache_dir: str, budget: int | None = None) -> ShardedSource:
             cache = ShardCache(root / cache_dir, budget_bytes=budget, storage_options=options)

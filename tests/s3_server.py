@@ -1,7 +1,10 @@
 """A real S3-compatible HTTP server (moto's standalone server) on 127.0.0.1, for tests and benchmarks.
 
-``s3_endpoint()`` starts ``moto.server.ThreadedMotoServer`` on a free port, waits for it to answer
-(bounded), yields its URL and stops it. Nothing is mocked in-process: clients talk HTTP to it.
+``s3_endpoint()`` starts moto's threaded server on a free port, waits for it to answer (bounded),
+yields its URL and stops it. Nothing is mocked in-process: clients talk HTTP to it.
+``s3_endpoint(latency=0.03)`` delays every response by that many seconds before the server answers
+(a sleep, no CPU): real object stores take tens of milliseconds to a first byte, moto on loopback
+well under one, and a loader that downloads one object at a time only shows its cost with it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,16 +44,61 @@ def storage_options(endpoint: str) -> dict[str, Any]:
     }
 
 
+class Gauge:
+    """GET requests the server is answering now, and the most at once (what a test asserts concurrency by)."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.now -= 1
+
+
+def _delayed(app: Any, latency: float, gauge: Gauge | None) -> Any:
+    """A WSGI app that answers like ``app`` after sleeping ``latency`` seconds (the request's thread only)."""
+
+    def delayed(environ: Any, start_response: Any) -> Any:
+        if gauge is None or environ["REQUEST_METHOD"] != "GET":
+            time.sleep(latency)
+            return app(environ, start_response)
+        with gauge:
+            time.sleep(latency)
+            return list(app(environ, start_response))  # the body is sent in the gauge
+
+    return delayed
+
+
 @contextlib.contextmanager
-def s3_endpoint() -> Iterator[str]:
-    """Run moto's S3 server on 127.0.0.1 for the duration of the block; yields ``http://127.0.0.1:PORT``."""
-    from moto.server import ThreadedMotoServer
+def s3_endpoint(latency: float = 0.0, gauge: Gauge | None = None) -> Iterator[str]:
+    """Run moto's S3 server on 127.0.0.1 for the duration of the block; yields ``http://127.0.0.1:PORT``.
+
+    ``latency``: seconds every request waits before it is served (0: none); ``gauge`` counts the GETs
+    being answered.
+    """
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):  # type: ignore[misc]
+        def _server_entry(self) -> None:  # moto's, with the app wrapped when there is a latency
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(self._ip_address, self._port, _delayed(app, latency, gauge) if latency or gauge else app,
+                                       True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
     for name, value in CREDENTIALS.items():
         os.environ.setdefault(name, value)
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = Server(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     try:

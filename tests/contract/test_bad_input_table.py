@@ -432,6 +432,10 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("shard-cache-retries-negative", lambda tmp: shardwise.ShardCache(tmp, retries=-1), V, ("retries", "-1")),
     ("shard-cache-backoff-negative", lambda tmp: shardwise.ShardCache(tmp, backoff=-1.0), V, ("backoff", "-1.0")),
     ("shard-cache-directory-int", lambda tmp: shardwise.ShardCache(3), T, ("directory", "3")),
+    ("shard-cache-prefetch-threads-negative", lambda tmp: shardwise.ShardCache(tmp, prefetch_threads=-1), V,
+     ("prefetch_threads", "-1")),
+    ("shard-cache-prefetch-threads-float", lambda tmp: shardwise.ShardCache(tmp, prefetch_threads=2.0), T,
+     ("prefetch_threads", "2.0")),
 ]
 
 

@@ -15,8 +15,10 @@ modification time, from the caller) and a tag of how it is made, so a changed sh
 through a stale copy, downloaded or derived.
 
 The plan drives the cache (NOTE [ Locality-aware shuffle ]): :meth:`ShardCache.follow` receives
-the shards in the order the plan will read them; a background thread prefetches them in that
-order, and when the cache is over its byte budget the shards the plan will not read again this
+the shards in the order the plan will read them; ``prefetch_threads`` background threads download
+them in that order, several at once (an object store answers each request after tens of
+milliseconds, so one download at a time leaves its bandwidth idle), as far ahead as the budget
+holds; and when the cache is over its byte budget the shards the plan will not read again this
 epoch are evicted first (least recently used), then the ones it reads last.
 """
 
@@ -87,6 +89,8 @@ class ShardCache:
         retries: attempts after the first for a transient error.
         backoff: seconds before the first retry, doubled each time, at most 8 s.
         timeout: seconds to wait for another process's download of the same shard.
+        prefetch_threads: downloads this process runs ahead of the readers at once, in plan order
+            (each rank of a node has its own; 0: no prefetch, readers fetch what they open).
         storage_options: passed to ``fsspec.filesystem`` (e.g. ``{"endpoint_url": ...}`` for S3).
 
     Example:
@@ -101,6 +105,7 @@ class ShardCache:
         retries: int = 3,
         backoff: float = 0.5,
         timeout: float = 600.0,
+        prefetch_threads: int = 4,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.directory = Path(check_path("directory", directory)) if directory is not None else default_cache_dir()
@@ -108,22 +113,30 @@ class ShardCache:
         self.retries = check_int("retries", retries, minimum=0)
         self.backoff = check_seconds("backoff", backoff)
         self.timeout = check_seconds("timeout", timeout, allow_zero=False)
+        self.prefetch_threads = check_int("prefetch_threads", prefetch_threads, minimum=0)
         self.storage_options = dict(storage_options or {})
         self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
+        self._mutex = threading.Lock()  # guards fetched_bytes across the prefetch threads
         self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
         self._queue: queue.Queue[_Item | None] | None = None
         self._generation = 0  # of the plan followed: queued items of an older one are dropped
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._fs: dict[str, Any] = {}
         self._fs_pid = os.getpid()  # fsspec's async filesystems (s3, http) refuse use in a forked process
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
         state = self.__dict__.copy()
-        state.update(_queue=None, _thread=None, _fs={}, _upcoming={}, _pinned={}, _fs_pid=None, _derived=None)
+        del state["_mutex"]
+        state.update(_queue=None, _threads=[], _fs={}, _upcoming={}, _pinned={}, _fs_pid=None,
+                     _derived=None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._mutex = threading.Lock()
 
     def filesystem(self, url: str) -> Any:
         """The fsspec filesystem for ``url``'s protocol (one per protocol and process)."""
@@ -252,7 +265,8 @@ class ShardCache:
                     raise ShardError(f"shard {url} {_for(sample)}has {copied} bytes, but its metadata says {size}")
                 os.replace(part, final)  # atomic: readers see the whole shard or nothing
                 _remove_leftovers(final)
-                self.fetched_bytes += copied
+                with self._mutex:
+                    self.fetched_bytes += copied
                 return
             except FileNotFoundError as error:
                 raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)") from error
@@ -276,16 +290,16 @@ class ShardCache:
         remote = [shard for shard in shards if not is_local(shard[0])]
         self._upcoming = {_shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
         self._derived = derived
-        if not remote:
+        if not remote or not self.prefetch_threads:
             return
-        if self._thread is None or not self._thread.is_alive():
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._prefetch, args=(self._queue,), daemon=True,
-                                            name="shardwise-prefetch")
-            self._thread.start()
         pending = self._queue
-        if pending is None:  # pragma: no cover - set together with the thread just above
-            return
+        if pending is None or not all(thread.is_alive() for thread in self._threads):
+            self.close()  # threads of a parent process do not survive a fork: start this process's own
+            pending = self._queue = queue.Queue()
+            self._threads = [threading.Thread(target=self._prefetch, args=(pending,), daemon=True,
+                                              name=f"shardwise-prefetch-{i}") for i in range(self.prefetch_threads)]
+            for thread in self._threads:
+                thread.start()
         self._generation += 1  # the new plan supersedes what is still queued or put off
         generation = self._generation
         while not pending.empty():
@@ -321,16 +335,17 @@ class ShardCache:
                 if self._room_for(_shard_key(self.name(url)), size):  # else it would evict a shard read sooner
                     try:
                         self._get(url, size, None, self._derived, version, wait=False)
-                    except _Busy:
+                    except _Busy:  # another process or prefetch thread holds its lock
                         put_off.append(item)
 
     def close(self) -> None:
-        """Stop the prefetch thread (it also stops with the process: it is a daemon)."""
+        """Stop the prefetch threads (they also stop with the process: they are daemons)."""
         if self._queue is not None:
-            self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=self.timeout)
-        self._thread = self._queue = None
+            for _ in self._threads:
+                self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=self.timeout)
+        self._threads, self._queue = [], None
 
     def _cached(self) -> list[tuple[str, str, int, float]]:
         """``(shard key, path, bytes, last access)`` of every whole shard (or derived file) in the cache directory."""

@@ -1,0 +1,76 @@
+"""The node cache's prefetch threads against an S3 endpoint that answers each request after a delay.
+
+Real object stores take tens of milliseconds to a first byte; moto's server on 127.0.0.1 is made to
+wait ``LATENCY`` seconds a request (``tests/s3_server.py``), and counts the GETs it answers at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardwise.data.sharded import ShardCache
+from tests.data.shards import put_parquet_shards
+from tests.s3_server import Gauge, make_bucket, s3_endpoint, storage_options
+
+pa = pytest.importorskip("pyarrow")
+
+LATENCY = 0.3
+SIZES = [40] * 8
+BUCKET = "slow"
+
+
+def _table(first: int, count: int) -> Any:
+    return pa.table({"id": np.arange(first, first + count)})
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The endpoint, its gauge, and the shards as ``(url, size, version)``."""
+    local = tmp_path_factory.mktemp("shards")
+    gauge = Gauge()
+    with s3_endpoint(latency=LATENCY, gauge=gauge) as endpoint:
+        fs = make_bucket(endpoint, BUCKET)
+        put_parquet_shards(fs, local, f"{BUCKET}/p/{{s:02d}}.parquet", SIZES, _table)
+        shards = [(f"s3://{BUCKET}/p/{s:02d}.parquet", (local / f"{s}.parquet").stat().st_size, None)
+                  for s in range(len(SIZES))]  # fmt: skip
+        yield {"endpoint": endpoint, "gauge": gauge, "shards": shards}
+
+
+def _arrived(cache: ShardCache, shards: list[tuple[str, int, None]]) -> int:
+    return sum((cache.directory / cache.name(url)).exists() for url, _, _ in shards)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_prefetch_threads_download_that_many_shards_at_once(slow: dict[str, Any], tmp_path: Path,
+                                                            threads: int) -> None:  # fmt: skip
+    """``prefetch_threads=k``: the server answers k of the plan's shards at once, never more, until all arrive."""
+    cache = ShardCache(tmp_path / "cache", prefetch_threads=threads, storage_options=storage_options(slow["endpoint"]))
+    gauge: Gauge = slow["gauge"]
+    gauge.peak = 0
+    cache.follow(slow["shards"])
+    deadline = time.monotonic() + 30
+    while _arrived(cache, slow["shards"]) < len(SIZES) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    cache.close()
+    assert _arrived(cache, slow["shards"]) == len(SIZES)
+    assert gauge.peak == threads
+    assert cache.fetched_bytes == sum(size for _, size, _ in slow["shards"])
+
+
+def test_no_prefetch_threads_fetches_only_what_is_read(slow: dict[str, Any], tmp_path: Path) -> None:
+    """``prefetch_threads=0``: following the plan downloads nothing; a reader still fetches its shard."""
+    cache = ShardCache(tmp_path / "cache", prefetch_threads=0, storage_options=storage_options(slow["endpoint"]))
+    gauge: Gauge = slow["gauge"]
+    gauge.peak = 0
+    cache.follow(slow["shards"])
+    time.sleep(3 * LATENCY)  # long enough for a prefetch thread to have fetched a shard
+    assert gauge.peak == 0 and _arrived(cache, slow["shards"]) == 0
+    url, size, _ = slow["shards"][5]
+    assert Path(cache.path(url, size)).stat().st_size == size
+    assert _arrived(cache, slow["shards"]) == 1
