@@ -28,7 +28,8 @@ def loader_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
     """``spec`` for the loader named ``key``.
 
     ``shardwise-streams``: ``LocalitySampler(mixing="streams")`` (in this venv); ``shardwise-worker``:
-    ``ShardedSource(decode="worker")``, each worker decoding the Parquet shards; ``streaming-limit``:
+    ``ShardedSource(decode="worker")``, each worker decoding the Parquet shards; ``shardwise-1thread``:
+    ``ShardCache(prefetch_threads=1)``, one download at a time per rank; ``streaming-limit``:
     Streaming with a node cache of a window's bytes; ``streaming-block``: the same, and py1e blocks
     of a window's samples (``window`` x the mean shard's samples).
     """
@@ -36,6 +37,8 @@ def loader_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
         return {**spec, "loader": "shardwise", "mixing": "streams", "streaming_local": "default"}
     if key == "shardwise-worker":
         return {**spec, "loader": "shardwise", "decode": "worker", "streaming_local": "default"}
+    if key == "shardwise-1thread":
+        return {**spec, "loader": "shardwise", "prefetch_threads": 1, "streaming_local": "default"}
     if key == "streaming-limit":
         return {**spec, "loader": "streaming", "cache_limit": spec["streaming_window_bytes"],
                 "streaming_local": "limit"}

@@ -7,7 +7,8 @@ Each loader is used as its documentation says:
 - shardwise: ``ShardedSource(s3 URLs)`` + ``LocalitySampler(window=...)`` in a ``DataLoader``
   (``shardwise-streams``: with ``mixing="streams"``; ``shardwise-worker``: with ``decode="worker"``,
   each DataLoader worker decoding the Parquet shards it reads instead of the node decoding each
-  once; both in the multi-process figures);
+  once; ``shardwise-1thread``: ``ShardCache(prefetch_threads=1)``, one download at a time a rank;
+  all in the multi-process figures);
 - HF datasets: ``load_dataset("parquet", streaming=True)`` + ``.shuffle(buffer_size=1000)`` +
   ``split_dataset_by_node``;
 - WebDataset: ``WebDataset(presigned http URLs, nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``.
@@ -128,7 +129,8 @@ def scale_probe() -> None:
 
 
 NAMES = {"shardwise": "shardwise", "shardwise-streams": "shardwise, mixing=streams",
-         "shardwise-worker": "shardwise, decode=worker", "hf": "HF datasets",
+         "shardwise-worker": "shardwise, decode=worker", "shardwise-1thread": "shardwise, prefetch_threads=1",
+         "hf": "HF datasets",
          "webdataset": "WebDataset", "litdata": "LitData", "streaming": "Streaming",
          "streaming-limit": "Streaming, cache_limit = window",
          "streaming-block": "Streaming, cache_limit = window, shuffle_block_size = window"}
@@ -137,6 +139,7 @@ RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, ran
               "streaming": "StreamingDataLoader state of rank 0"}
 RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming-block"] = RESUMED_BY["streaming"]
 RESUMED_BY["shardwise-streams"] = RESUMED_BY["shardwise-worker"] = RESUMED_BY["shardwise"]
+RESUMED_BY["shardwise-1thread"] = RESUMED_BY["shardwise"]
 
 
 def lost_repeated(reads: list[int], n: int) -> str:
