@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 import shardwise
 from shardwise import BatchSizeSchedule, ScheduledBatchSampler, ShardedSampler, shard, shard_batches
+from shardwise._core.plan import wrap
 from shardwise.samplers.locality import LocalitySampler
 from tests.classic import TwoStreamBatchSampler
 
@@ -129,6 +130,9 @@ def plan_of(case: Case, n: int, *, seed: int = 0, epoch: int | None = None) -> l
     return run_epoch(sampler)
 
 
-def dealt(plan: list[Hashable], start: int, rank: int, world_size: int, count: int) -> list[Hashable]:
-    """What rank ``rank`` must yield: plan positions start+rank, +W, ..., wrapped into the plan."""
-    return [plan[(start + rank + k * world_size) % len(plan)] for k in range(count)]
+def dealt(plan: list[Hashable], start: int, rank: int, world_size: int, count: int,
+          period: int | None = None) -> list[Hashable]:  # fmt: skip
+    """What rank ``rank`` must yield: plan positions start+rank, +W, ..., wrapped into the plan (period: the
+    sampler's ``wrap_period``, ``None`` for the plan's start)."""
+    positions = wrap(start + rank + world_size * np.arange(count, dtype=np.int64), len(plan), period)
+    return [plan[p] for p in positions.tolist()]

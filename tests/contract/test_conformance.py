@@ -33,7 +33,7 @@ def test_dealt_by_position_with_equal_lengths(case: Case, shape: tuple[int, int]
         got = run_epoch(sampler)
         assert len(got) == expected_len
         lengths.add(len(got))
-        assert got == dealt(plan, 0, rank, world_size, len(got))
+        assert got == dealt(plan, 0, rank, world_size, len(got), getattr(sampler, "wrap_period", None))
     assert len(lengths) == 1
     count = lengths.pop()
     if _even(case.make(n, num_replicas=world_size, rank=0)) is Even.PAD:

@@ -48,12 +48,18 @@ def check_shard_sizes(name: str, sizes: object) -> np.ndarray:
 
 
 def split_wrap(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's ascending positions, and those padding wrapped to the plan's start (fewer than ``W``).
+    """One rank's ascending positions, and the padding wrapped back into the plan after them (fewer than ``W``).
 
-    Prefetching reads the windows ahead of the first part only: the wrapped few are single samples.
+    A rank's own positions strictly ascend, so the wrapped tail starts at the first position not
+    above the one before it: with the plan's start as the wrap (``p % total``) every wrapped
+    position is below the last one, and in a partitioned plan (NOTE [ Padding wrap ] in
+    ``_core.plan``) a wrapped position may equal the rank's last (when ``P * G`` divides ``W``).
+    A wrapped position above the last lies in the plan's last period, read after it in order, so
+    it is rightly read with the ascending part. Prefetching reads the windows ahead of the first
+    part only: the wrapped few are single samples.
     """
     positions = np.asarray(positions, dtype=np.int64).ravel()
-    back = np.flatnonzero(positions[1:] < positions[:-1])
+    back = np.flatnonzero(positions[1:] <= positions[:-1])
     if back.size == 0:
         return positions, positions[:0]
     return positions[: back[0] + 1], positions[back[0] + 1 :]
@@ -179,7 +185,7 @@ class LocalityPermutation:
     def upcoming_shards(self, positions: np.ndarray, ahead: int) -> np.ndarray:
         """Shards of the windows ``positions`` read and of the ``ahead`` windows after, in reading order.
 
-        Padded positions wrapped to the plan's start (see :func:`split_wrap`) add only their own shards.
+        Padded positions wrapped back into the plan (see :func:`split_wrap`) add only their own shards.
         """
         ahead_of, wrapped = split_wrap(positions)
         if ahead_of.size == 0:

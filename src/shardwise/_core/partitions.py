@@ -30,9 +30,17 @@ until the epoch ends. ``P = 1`` is the plain locality plan, bit for bit.
 
 Cost: ``O(S + P)`` memory (about 64 bytes a shard: ~6.4 MB at 1e5 shards, whatever the number of
 samples, 1e9 included), ``O(log S)`` per position; the layout is ``O(S log S)`` once per seed
-(~0.2 s at 1e5 shards: a Python heap loop over the shards). With padding (``Even.PAD``) the last
-step wraps to the plan's start and may read one sample of another partition a rank.
-Numpy only.
+(~0.2 s at 1e5 shards: a Python heap loop over the shards). Numpy only.
+
+Padding (``Even.PAD``) wraps within the partition: the plan's wrap period is ``P * G`` (NOTE [
+Padding wrap ] in ``_core.plan``), so padded position ``p >= n`` reads the latest position below
+``n`` congruent to ``p`` modulo ``P * G``: the same partition, at the plan's end. Wrapping to the
+plan's start (``p % n``, torch's rule) would read the first positions, which belong to other
+partitions: a rank's one padded sample would make its node fetch a whole shard of another
+partition for it (up to 1.7x a node's share of bytes on a small dataset, ``bench/bench_partitions.py``).
+When ``n >= P * G`` and ``P * G`` divides ``W``, every position a rank reads, padding included, is
+in its node's partition; a plan shorter than ``P * G`` wraps the positions it cannot match to
+``p % n``.
 """
 
 from __future__ import annotations
@@ -235,7 +243,7 @@ class PartitionedPermutation:
 
         Only the partitions ``positions`` read (a rank's own positions: its node's partition when
         ``P * G`` divides the world size); their windows taken in turn, a split shard once. Padded
-        positions wrapped to the plan's start add only the shards they read.
+        positions wrapped back into the plan (below the rank's last) add only the shards they read.
         """
         positions, wrapped = split_wrap(positions)
         if positions.size == 0:
@@ -253,7 +261,7 @@ class PartitionedPermutation:
                 lists.append(self._layout.piece_shards[pieces])
                 continue
             lists.append(self._layout.piece_shards[first + stream.upcoming_shards(local, ahead)])
-        # The padding wrapped to the plan's start: its own shards only, last.
+        # The padding wrapped back into the plan: its own shards only, last.
         lists.append(np.searchsorted(self._layout.shard_starts[1:], self(wrapped), side="right"))
         taken = [s for row in _interleave(lists[:-1]) for s in row] + lists[-1].tolist()
         return np.asarray(list(dict.fromkeys(taken)), dtype=np.int64)

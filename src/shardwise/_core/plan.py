@@ -4,9 +4,19 @@ Rank ``r`` of ``W`` takes the units at plan positions ``start + r, start + r + W
 ``start`` is how many units the job has already handed out this epoch (0 at an epoch's start,
 anything after a resume). Every rank takes the same number of units:
 
-- ``Even.PAD`` completes the last step by wrapping to the start of the plan (position ``p >= total``
-  is position ``p % total``), repeating at most ``W - 1`` units, as ``DistributedSampler`` does;
+- ``Even.PAD`` completes the last step by wrapping past the end of the plan (:func:`wrap`),
+  repeating at most ``W - 1`` units, as ``DistributedSampler`` does;
 - ``Even.DROP`` cuts the last partial step, leaving out at most ``W - 1`` units.
+
+NOTE [ Padding wrap ]
+A padded position ``p >= total`` reads ``q = p - B * ceil((p - total + 1) / B)``: the latest position
+below ``total`` congruent to ``p`` modulo the plan's wrap period ``B``, so ``p`` and ``q`` are the
+same slot of the plan's period (``total - B + (p - total) % B``: the plan's last ``B`` positions, in
+turn). When ``q < 0`` (a plan shorter than one period) it reads ``p % total``. With ``B = total``
+this is exactly ``p % total``, torch's wrap to the plan's start: the period of every plan whose
+positions have no period (``period=None``). A partitioned plan (NOTE [ Shard partitions ]) has
+period ``P * G``, so a rank's padding reads its own partition. Everything that deals, or inverts
+the dealing of, padded positions goes through :func:`wrap` (:func:`padded_positions` filters by it).
 """
 
 from __future__ import annotations
@@ -36,13 +46,54 @@ def pass_end(total: int, start: int, world_size: int, even: Even) -> int:
     return max(start + rank_count(total, start, world_size, even) * world_size, total)
 
 
-def rank_positions(start: int, rank: int, world_size: int, first: int, stop: int, total: int) -> np.ndarray:
-    """Plan positions of this rank's local steps ``first..stop-1``, wrapped into ``[0, total)``.
+def wrap(positions: np.ndarray, total: int, period: int | None = None) -> np.ndarray:
+    """``positions`` with those at or past ``total`` wrapped into ``[0, total)`` (NOTE [ Padding wrap ]).
+
+    ``period=None`` (or ``total``) is ``p % total``. O(len(positions)); the input is not modified.
+
+    Returns:
+        positions: int64, the same shape.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    if not total or not positions.size or int(positions.max()) < total:
+        return positions
+    period = total if period is None else period
+    padded = positions >= total
+    past = positions[padded]
+    latest = total - period + (past - total) % period  # the latest position below total congruent to p mod B
+    out: np.ndarray = positions.copy()
+    out[padded] = np.where(latest >= 0, latest, past % total)
+    return out
+
+
+def padded_positions(position: int, total: int, period: int | None, low: int, high: int) -> np.ndarray:
+    """Dealt positions in ``[low, high)`` that read plan ``position`` (itself, and padding wrapped to it).
+
+    The inverse of :func:`wrap`: the candidates congruent to ``position`` modulo the period or modulo
+    ``total`` (a padded tail is shorter than ``W``: O(W / period + W / total)), kept where
+    :func:`wrap` sends them to ``position``.
+
+    Returns:
+        dealt: ascending int64.
+    """
+    first, stop = max(low, total), high
+    found = [np.asarray([position], dtype=np.int64)] if low <= position < min(high, total) else []
+    for step in {total if period is None else period, total}:
+        if step > 0 and first < stop:
+            k = np.arange(-(-(first - position) // step), -(-(stop - position) // step), dtype=np.int64)
+            found.append(position + step * k[k > 0])
+    dealt = np.unique(np.concatenate([np.empty(0, dtype=np.int64), *found]))
+    keep = (dealt < total) | (wrap(dealt, total, period) == position)
+    result: np.ndarray = dealt[keep]
+    return result
+
+
+def rank_positions(start: int, rank: int, world_size: int, first: int, stop: int, total: int,
+                   period: int | None = None) -> np.ndarray:  # fmt: skip
+    """Plan positions of this rank's local steps ``first..stop-1``, wrapped into ``[0, total)`` (:func:`wrap`).
 
     Returns:
         positions: ``(stop - first,)`` int64.
     """
     positions = start + rank + world_size * np.arange(first, stop, dtype=np.int64)
-    if total and positions.size and positions[-1] >= total:
-        positions %= total
-    return positions
+    return wrap(positions, total, period)

@@ -10,8 +10,10 @@ resumed from) with ``W`` ranks. Two ways of cutting steps exist (see ``_core.pla
 - **step dealing** (``ScheduledBatchSampler``): global step ``s`` covers ``W * b_s`` consecutive
   positions, rank ``r`` the ``r``-th slice of ``b_s``; runs of equal-size steps describe the pass.
 
-Padding (``Even.PAD``) wraps the last at most ``W - 1`` positions to the plan's start, so a
-position may be trained twice in a pass: the reverse lookups return every occurrence.
+Padding (``Even.PAD``) wraps the last at most ``W - 1`` positions back into the plan
+(``_core.plan.wrap``, NOTE [ Padding wrap ]: to its start, or within the period of a partitioned
+plan), so a position may be trained twice in a pass: the reverse lookups return every occurrence,
+found by the same wrap (``_core.plan.padded_positions``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .errors import check_int
 from .mixture import MixturePlan
 from .mixture_blocks import element_keys, floor_share, golden_step
 from .permutation import GOLDEN, feistel_unpermute, mix64
+from .plan import padded_positions, wrap
 from .schedule import Run
 
 
@@ -54,17 +57,15 @@ def step_units(step: object, per_step: int, count: int, *, drop_last: bool = Fal
     return first, min(first + per_step, count)
 
 
-def unit_occurrences(position: int, start: int, world_size: int, count: int, total: int) -> list[tuple[int, int]]:
+def unit_occurrences(position: int, start: int, world_size: int, count: int, total: int,
+                     period: int | None = None) -> list[tuple[int, int]]:  # fmt: skip
     """``(rank, local unit)`` of every time plan ``position`` is dealt in a pass of ``count`` units a rank.
 
     A position before ``start`` was trained before the pass, except where padding wraps to it.
+    ``period``: the plan's wrap period (``_core.plan.wrap``). O(W / period + W / total).
     """
-    found = []
-    end = start + count * world_size
-    for dealt in (position, position + total):  # the second: a padded tail wrapping to the plan's start
-        if start <= dealt < end and (dealt == position or dealt >= total):
-            found.append(((dealt - start) % world_size, (dealt - start) // world_size))
-    return found
+    dealt = padded_positions(position, total, period, start, start + count * world_size).tolist()
+    return [((d - start) % world_size, (d - start) // world_size) for d in dealt]
 
 
 def run_of_step(runs: Sequence[Run], step: int) -> tuple[Run, int]:
@@ -78,7 +79,8 @@ def run_of_step(runs: Sequence[Run], step: int) -> tuple[Run, int]:
     raise ValueError(f"step should be in [0, {steps - 1}] (this pass has {steps} steps), but got step={step + steps}")
 
 
-def run_step_positions(runs: Sequence[Run], world_size: int, total: int, step: int, rank: int) -> np.ndarray:
+def run_step_positions(runs: Sequence[Run], world_size: int, total: int, step: int, rank: int,
+                       period: int | None = None) -> np.ndarray:  # fmt: skip
     """Plan positions of rank ``rank``'s batch at global step ``step`` (step dealing), wrapped into the plan.
 
     Returns:
@@ -86,18 +88,15 @@ def run_step_positions(runs: Sequence[Run], world_size: int, total: int, step: i
     """
     run, within = run_of_step(runs, step)
     first = run.first + within * world_size * run.batch_size + rank * run.batch_size
-    positions = first + np.arange(run.batch_size, dtype=np.int64)
-    if total and positions.size and positions[-1] >= total:
-        positions %= total
-    return positions
+    return wrap(first + np.arange(run.batch_size, dtype=np.int64), total, period)
 
 
-def run_occurrences(runs: Sequence[Run], world_size: int, total: int, position: int) -> list[tuple[int, int]]:
+def run_occurrences(runs: Sequence[Run], world_size: int, total: int, position: int,
+                    period: int | None = None) -> list[tuple[int, int]]:  # fmt: skip
     """``(rank, step)`` of every time plan ``position`` is trained in a pass of ``runs`` (step dealing)."""
     found = []
-    for dealt in (position, position + total):
-        if dealt != position and dealt < total:
-            continue
+    high = max((run.end(world_size) for run in runs), default=0)
+    for dealt in padded_positions(position, total, period, 0, high).tolist():
         before = 0
         for run in runs:
             span = world_size * run.batch_size

@@ -234,7 +234,7 @@ class StreamPermutation:
     def upcoming_shards(self, positions: np.ndarray, ahead: int) -> np.ndarray:
         """Shards ``positions`` read, then the ``ahead`` next shards of every stream, in the order they start.
 
-        Padded positions wrapped to the plan's start (see :func:`split_wrap`) add only their own shards.
+        Padded positions wrapped back into the plan (see :func:`split_wrap`) add only their own shards.
         """
         ahead_of, wrapped = split_wrap(positions)
         if ahead_of.size == 0:

@@ -129,6 +129,14 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     def _on_epoch(self, epoch: int) -> None:
         """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
 
+    def _wrap_period(self) -> int | None:
+        """The period padded positions wrap within (NOTE [ Padding wrap ] in ``_core.plan``).
+
+        ``None``: to the plan's start (``p % total``). A plan whose positions cycle through parts
+        (``LocalitySampler``'s partitions: ``P * G``) returns the cycle, so padding stays in its part.
+        """
+        return None
+
     # -- construction --------------------------------------------------------------------------
     _KEYWORD_DEFAULTS: ClassVar[dict[str, Any]] = {}
     """Defaults of the shared keywords that differ from ``keywords.DEFAULTS`` (each with its reason)."""
@@ -333,9 +341,10 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
         # function of the positions), so small first chunks just make the first units cheaper.
         first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
+        period = self._wrap_period()
         while first < live.count:
             stop = min(first + size, live.count)
-            positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
+            positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total, period)
             units = source(positions)
             if len(units) != stop - first:
                 raise RuntimeError(f"{type(self).__name__} produced {len(units)} units for {stop - first} positions")

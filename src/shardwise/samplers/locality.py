@@ -99,7 +99,10 @@ class LocalitySampler(SizedPlanSampler):
     bijection independent of the world size (exact resume at any ``W``); when ``W`` is a multiple
     of ``P * G`` and a node's ``G`` ranks are consecutive (torchrun), each node reads only its
     partition, about ``1/P`` of the bytes. Both are plan configuration (in the state's
-    fingerprint), never derived from the world.
+    fingerprint), never derived from the world. With ``drop_last=False`` the padding wraps within
+    the partition (to the plan's last positions of the same partition, not to its start: see NOTE
+    [ Padding wrap ] in ``shardwise._core.plan``), so a node fetches no shard of another partition
+    for its ranks' padded samples (when the data holds at least ``P * G`` samples).
 
     Cost at 1e9 samples in 1e5 shards: ~3.2 MB per rank (shard offsets and order), independent of
     the number of samples; about twice that with partitions (the layout and one stream a
@@ -122,7 +125,8 @@ class LocalitySampler(SizedPlanSampler):
         seed: base seed, identical on every rank.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
-        drop_last: cut the tail so ranks get equal lengths, instead of padding it by wrapping.
+        drop_last: cut the tail so ranks get equal lengths, instead of padding it by wrapping
+            (within the partition, with partitions).
 
     Example:
         >>> sampler = LocalitySampler([4, 3, 5], window=2, num_replicas=2, rank=0, seed=1)
@@ -181,6 +185,10 @@ class LocalitySampler(SizedPlanSampler):
 
     def _plan_size(self, epoch: int) -> int:
         return self._size
+
+    def _wrap_period(self) -> int | None:
+        """``P * G`` with partitions: padding reads its own partition (NOTE [ Shard partitions ])."""
+        return self.partitions * self.ranks_per_partition if self.partitions > 1 else None
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         permutation = self._plan(seed, epoch)

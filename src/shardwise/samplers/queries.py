@@ -108,6 +108,8 @@ class PlanQueries:
 
         def _on_epoch(self, epoch: int) -> None: ...
 
+        def _wrap_period(self) -> int | None: ...
+
         def _adopt_seed(self, seed: int) -> None: ...
 
         def _full_fingerprint(self) -> Fingerprint: ...
@@ -164,6 +166,11 @@ class PlanQueries:
         return self._full_fingerprint()
 
     @property
+    def wrap_period(self) -> int | None:
+        """The period padded positions wrap within (``None``: the plan's start); see ``_core.plan.wrap``."""
+        return self._wrap_period()
+
+    @property
     def deals_by_rank(self) -> bool:
         """Whether this sampler deals its plan to ranks itself (it is not pinned to ``num_replicas=1``)."""
         return self._num_replicas_arg != 1
@@ -204,7 +211,7 @@ class PlanQueries:
         total = self._plan_size(epoch)
         count = rank_count(total, start, world.world_size, self._even)
         first, stop = step_units(step, per_step, count, drop_last=drop_last)
-        return rank_positions(start, world.rank, world.world_size, first, stop, total)
+        return rank_positions(start, world.rank, world.world_size, first, stop, total, self._wrap_period())
 
     def _position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
                         drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
@@ -212,7 +219,8 @@ class PlanQueries:
         total = self._plan_size(epoch)
         count = rank_count(total, start, world_size, self._even)
         last = steps_in_pass(count, per_step, drop_last=drop_last)
-        found = [(rank, unit // per_step) for rank, unit in unit_occurrences(position, start, world_size, count, total)]
+        occurrences = unit_occurrences(position, start, world_size, count, total, self._wrap_period())
+        found = [(rank, unit // per_step) for rank, unit in occurrences]
         return [(rank, step) for rank, step in found if step < last]
 
     def _plan_units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:

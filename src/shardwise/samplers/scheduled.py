@@ -24,6 +24,7 @@ from torch.utils.data import Sampler
 
 from .._core.errors import check_int
 from .._core.permutation import Permutation, positions_of
+from .._core.plan import wrap
 from .._core.provenance import run_occurrences, run_of_step, run_step_positions
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
@@ -191,6 +192,10 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         if self._inner is not None:
             self._inner.notify_epoch(epoch)
 
+    def _wrap_period(self) -> int | None:
+        """The index sampler's wrap period: its plan's positions, wrapped as it wraps them."""
+        return None if self._inner is None else self._inner.wrap_period
+
     def _runs(self, epoch: int, total: int, start: int, world_size: int) -> list[Run]:
         key = (epoch, start, world_size)
         if self._cache is not None and self._cache[0] == key:
@@ -243,6 +248,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
 
     def _batches(self, live: _StepPass, source: UnitSource, rank: int) -> Iterator[list[Any]]:
         world_size, total = live.world_size, live.total
+        period = self._wrap_period()
         with_payload = self.schedule.has_payload
         for run in live.runs:
             size = run.batch_size
@@ -254,8 +260,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                 # starts: (steps,); positions: (steps, size), ascending, wrapped only in a padded tail
                 starts = run.first + rank * size + span * np.arange(first, stop, dtype=np.int64)
                 positions = (starts[:, None] + within).ravel()
-                if positions[-1] >= total:
-                    positions %= total
+                positions = wrap(positions, total, period)
                 units = source(positions)
                 if len(units) != positions.size:
                     raise RuntimeError(f"{type(self).__name__} got {len(units)} samples for {positions.size} positions")
@@ -274,12 +279,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                         drop_last: bool = False) -> np.ndarray:  # fmt: skip
         total = self._plan_size(epoch)
         return run_step_positions(self._runs(epoch, total, start, world.world_size), world.world_size, total, step,
-                                  world.rank)  # fmt: skip
+                                  world.rank, self._wrap_period())  # fmt: skip
 
     def _position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
                         drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
         total = self._plan_size(epoch)
-        return run_occurrences(self._runs(epoch, total, start, world_size), world_size, total, position)
+        return run_occurrences(self._runs(epoch, total, start, world_size), world_size, total, position,
+                               self._wrap_period())
 
     def _step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
                    drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
