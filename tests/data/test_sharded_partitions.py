@@ -95,6 +95,23 @@ def test_each_node_fetches_only_its_partition(s3: dict[str, Any], tmp_path: Path
         assert max(seen.values()) == 1 and TOTAL - len(seen) < 4  # drop_last leaves out at most W - 1
 
 
+def test_padding_fetches_nothing_of_another_partition(s3: dict[str, Any], tmp_path: Path) -> None:
+    """drop_last=False, 337 samples at W=4: the 3 padded samples wrap within each rank's partition, so each node
+    still fetches exactly its partition's shards (before the partition-local wrap, one more shard of the other's)."""
+    source, layout = _layout(s3, tmp_path)
+    reports = run_distributed(_node_main, 4, s3["endpoint"], s3["index"], str(tmp_path), P, 2, 0, None, False,
+                              timeout=300)  # fmt: skip
+    partition_bytes = layout.shard_bytes(source.file_sizes)
+    for node in range(2):
+        assert sum(r["fetched"][0] for r in reports if r["node"] == node) == partition_bytes[node]
+        assert sum(r["fetched"][1] for r in reports if r["node"] == node) == 0
+        ids = [i for r in reports if r["node"] == node for i in r["ids"][0]]
+        assert set(layout.locals_of(np.asarray(ids))[0].tolist()) == {node}
+    for epoch in range(2):
+        seen = Counter(i for r in reports for i in r["ids"][epoch])
+        assert set(seen) == set(range(TOTAL)) and sum(seen.values()) - TOTAL == 4 - TOTAL % 4  # padding only
+
+
 def test_one_partition_fetches_everything_on_every_node(s3: dict[str, Any], tmp_path: Path) -> None:
     """The baseline: with partitions=1 the same 2 nodes each fetch the whole dataset."""
     source, _ = _layout(s3, tmp_path)
