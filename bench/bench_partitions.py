@@ -9,9 +9,10 @@ does not change what a node fetches). Every rank reads every sample of its epoch
 with the plan's prefetch on.
 
 Baseline: ``LocalitySampler(partitions=1)`` at the same world size (today's plan; every node reads
-every window). ``drop_last=False`` pads the epoch's last step by wrapping to the plan's start, which
-may read one sample of another partition a rank (a whole shard fetched for it); ``drop_last=True``
-is shown too. Figures:
+every window). ``drop_last=False`` pads the epoch's last step by wrapping within the partition
+(NOTE [ Padding wrap ] in ``shardwise._core.plan``: before it wrapped to the plan's start, which
+read one sample of another partition a rank, a whole shard fetched for it: 1.71x a node's share at
+W=8); ``drop_last=True`` is shown too. Figures:
 
 - bytes per node per epoch / the node's share (``share`` = dataset bytes x the node's samples / n),
   the worst node, for epoch 0 and then epoch 1 with the caches kept (a fixed layout fetches nothing more);

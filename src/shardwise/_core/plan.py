@@ -4,7 +4,7 @@ Rank ``r`` of ``W`` takes the units at plan positions ``start + r, start + r + W
 ``start`` is how many units the job has already handed out this epoch (0 at an epoch's start,
 anything after a resume). Every rank takes the same number of units:
 
-- ``Even.PAD`` completes the last step by wrapping past the end of the plan (:func:`wrap`),
+- ``Even.PAD`` completes the last step with positions past the plan wrapped back into it (:func:`wrap`),
   repeating at most ``W - 1`` units, as ``DistributedSampler`` does;
 - ``Even.DROP`` cuts the last partial step, leaving out at most ``W - 1`` units.
 

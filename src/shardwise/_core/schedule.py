@@ -349,8 +349,8 @@ def plan_steps(
 
     A plan of ``total`` samples; epoch ``epoch`` begins at run-wide sample ``epoch * total``.
     The last step, if fewer than ``W * b`` samples remain, is dropped (``drop_last``) or cut to
-    per-rank size ``ceil(remaining / W)``, its positions past the plan wrapping to its start
-    (at most ``W - 1`` repeats), so every rank's batch of every step has the same size.
+    per-rank size ``ceil(remaining / W)``, its positions past the plan wrapping back into it
+    (``_core.plan.wrap``, at most ``W - 1`` repeats), so every rank's batch of every step has the same size.
     """
     runs: list[Run] = []
     base = epoch * total

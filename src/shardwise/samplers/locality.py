@@ -100,9 +100,9 @@ class LocalitySampler(SizedPlanSampler):
     of ``P * G`` and a node's ``G`` ranks are consecutive (torchrun), each node reads only its
     partition, about ``1/P`` of the bytes. Both are plan configuration (in the state's
     fingerprint), never derived from the world. With ``drop_last=False`` the padding wraps within
-    the partition (to the plan's last positions of the same partition, not to its start: see NOTE
-    [ Padding wrap ] in ``shardwise._core.plan``), so a node fetches no shard of another partition
-    for its ranks' padded samples (when the data holds at least ``P * G`` samples).
+    the partition, to the plan's last positions of the same partition, not to its start
+    (NOTE [ Padding wrap ] in ``shardwise._core.plan``), so a node fetches no shard of another
+    partition for its ranks' padded samples (when the data holds at least ``P * G`` samples).
 
     Cost at 1e9 samples in 1e5 shards: ~3.2 MB per rank (shard offsets and order), independent of
     the number of samples; about twice that with partitions (the layout and one stream a

@@ -81,8 +81,9 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
     same number of batches, of the same sizes, and ``len()`` is exact before the first batch.
 
     The last step of an epoch, when fewer than ``W * b`` samples remain, is cut to
-    ``ceil(remaining / W)`` samples per rank, wrapping to the start of the plan for the at most
-    ``W - 1`` missing ones (``drop_last=False``), or dropped (``drop_last=True``).
+    ``ceil(remaining / W)`` samples per rank, wrapping back into the plan for the at most
+    ``W - 1`` missing ones (``drop_last=False``; to its start, or as the index sampler wraps: a
+    partitioned ``LocalitySampler`` within the partition), or dropped (``drop_last=True``).
 
     With a schedule that carries payloads, every batch is a list of ``(index, payload)`` pairs,
     so that ``dataset[(index, payload)]`` sees, say, the image size of its step inside the
