@@ -130,11 +130,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
 
     def _wrap_period(self) -> int | None:
-        """The period padded positions wrap within (NOTE [ Padding wrap ] in ``_core.plan``).
-
-        ``None``: to the plan's start (``p % total``). A plan whose positions cycle through parts
-        (``LocalitySampler``'s partitions: ``P * G``) returns the cycle, so padding stays in its part.
-        """
+        """The period padding wraps within (NOTE [ Padding wrap ] in ``_core.plan``); ``None``: ``p % total``."""
         return None
 
     # -- construction --------------------------------------------------------------------------
