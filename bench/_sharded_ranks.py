@@ -191,7 +191,9 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
             report["startup_cold"] = start - began  # the start-up, apart: iter(loader) to the first batch
         if steps == spec.get("stop"):
             report["before"], report["state"] = list(ids), loader.state_dict()
-    report.update(ids=ids, steps=steps, cold=(len(ids) - first) / (time.perf_counter() - start))
+    ended = time.perf_counter()
+    # the whole epoch, start-up included (a cold loader may fetch much before its first batch)
+    report.update(ids=ids, steps=steps, cold=(len(ids) - first) / (ended - start), epoch_cold=ended - began)
     report.setdefault("before", list(ids))
     report.setdefault("state", loader.state_dict())
     if spec.get("warm"):
@@ -204,7 +206,8 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
                 report["startup_warm"] = start - began
             else:
                 read += len(batch)
-        report["warm"] = read / (time.perf_counter() - start)
+        ended = time.perf_counter()
+        report.update(warm=read / (ended - start), epoch_warm=ended - began)
         # The timed epochs above read memory only every 0.5 s (a reading costs ~17 ms of a process's
         # time: every 8th batch, it was about half of a rank's time). A third, untimed epoch reads it
         # every 8th batch as well, for a peak that short epochs do not hide.

@@ -23,7 +23,8 @@ Figures with ranks as real processes (``shardwise.tools.launch.run_distributed``
 DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; samples lost and
 repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
 its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
-batch, and the seconds before that first batch (the workers' start-up); peak anonymous memory
+batch, the seconds before that first batch (the workers' start-up, and whatever a cold loader fetches
+before it) and the seconds of the whole epoch, both included (the slowest rank's is the epoch's); peak anonymous memory
 (``Pss_Anon``) of a rank plus its workers; the shuffle quality of the order the W=3 ranks read
 (step by step: step 0's batches of rank 0, 1, 2, then step 1's). LitData joins these when
 ``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
@@ -239,6 +240,10 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.
             waits = [r.get(f"startup_{label}", float("nan")) for r in first]
             rows.append((f"seconds from iter(loader) to the first batch, W=3, 2 workers, {label} (mean, min..max)",
                          name, f"{np.mean(waits):.2f} ({min(waits):.2f}..{max(waits):.2f})"))
+        for label in ("cold", "warm"):
+            walls = [r.get(f"epoch_{label}", float("nan")) for r in first]
+            rows.append((f"seconds for the whole epoch, iter(loader) to the last batch, {label} (mean, min..max)",
+                         name, f"{np.mean(walls):.2f} ({min(walls):.2f}..{max(walls):.2f})"))
         peaks = [r["peak"] / 2**20 for r in first]
         bases = [r["base"] / 2**20 for r in first]
         rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
