@@ -14,77 +14,25 @@ the next ``__iter__``). A Python generator would cost a frame switch per index.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
-import numpy as np
-
 from .._core.errors import check_int
-from .._core.plan import Even, pass_end, rank_count, rank_positions
+from .._core.plan import Even, rank_count, rank_positions
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
 from .._core.skips import SKIP, SKIP_IDS, IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress, make_state, read_state
-from .._core.world import World, check_world_args, resolve_world
-from .delivery import STATEFUL_FIX, LoaderDriver, called_by_snapshotter, find_driver
+from .._core.world import World, check_world_args
+from .delivery import STATEFUL_FIX, called_by_snapshotter, find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
 from .keywords import Keywords, read_keywords
+from .passes import LivePass, UnitSource
 from .queries import PlanQueries
+from .world import current_world
 
 T = TypeVar("T")
-
-UnitSource = Callable[[np.ndarray], list[Any]]
-"""Turns an array of plan positions (each in ``[0, total)``) into the units at those positions."""
-
-
-def torch_world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` of an initialised default ``torch.distributed`` group, else ``None``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return None
-
-
-def current_world(num_replicas: int | None = None, rank: int | None = None) -> World:
-    """Resolve rank and world size now (docs/design.md, "Rank and world size"): arguments, torch.distributed, env."""
-    return resolve_world(num_replicas, rank, dist=torch_world(), env=os.environ)
-
-
-class LivePass:
-    """One rank's live pass over an epoch: where it started, what it handed out, what was trained."""
-
-    __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "total", "world_size")
-
-    def __init__(self, start: int, count: int, total: int, world_size: int, even: Even = Even.PAD) -> None:
-        self.start, self.count, self.total, self.world_size, self.even = start, count, total, world_size, even
-        self.done_chunks = 0
-        self.current: Iterator[Any] | None = None
-        self.current_len = 0
-        self.driver: LoaderDriver | None = None
-
-    def local_done(self) -> int:
-        """Units this rank has handed out in this pass."""
-        if self.current is None:
-            return self.done_chunks
-        remaining: int = self.current.__length_hint__()  # type: ignore[attr-defined]
-        return self.done_chunks + self.current_len - remaining
-
-    def trained(self) -> int:
-        """Units of this pass that reached the training loop (see ``delivery``): at most ``local_done``."""
-        handed = self.local_done()
-        driver = self.driver
-        return handed if driver is None else driver.trained(handed, self.count)
-
-    def consumed_at(self, done: int) -> int:
-        """The global ``consumed`` once every rank has gone ``done`` units into this pass (``done < count``)."""
-        return self.start + done * self.world_size
-
-    def end(self) -> int:
-        """The global ``consumed`` once the pass is complete: ``total`` or past it (padding)."""
-        return pass_end(self.total, self.start, self.world_size, self.even)
 
 
 class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):

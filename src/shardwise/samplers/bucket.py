@@ -53,9 +53,10 @@ from ..index import GroupedIndex, length_index, read_checked
 from ..index.builders import MAX_KEYS, OffsetLengths
 from ..index.keys import file_position
 from ..index.lengths import is_ragged_store
-from .base import PlanSampler, UnitSource
+from .base import PlanSampler
 from .inputs import as_lengths, lengths_array
 from .keywords import ShuffledCachedKeywords
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

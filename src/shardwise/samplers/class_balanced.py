@@ -57,9 +57,10 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
-from .base import PlanSampler, UnitSource
+from .base import PlanSampler
 from .indexed import Allocate, by_reference, input_key, shared_arrays
 from .keywords import CachedKeywords
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -15,9 +15,9 @@ from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.streams import Mixing, StreamPermutation, locality_plan
 from .._core.world import World
-from .base import UnitSource
 from .identity import with_data
 from .keywords import ShuffledKeywords
+from .passes import UnitSource
 from .sized import SizedPlanSampler
 
 if TYPE_CHECKING:

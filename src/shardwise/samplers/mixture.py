@@ -18,9 +18,10 @@ from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
-from .base import PlanSampler, UnitSource
+from .base import PlanSampler
 from .identity import with_sources
 from .keywords import MixtureKeywords
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -60,9 +60,10 @@ from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_inde
 from ..index.arrow import resolve
 from ..index.cache import CacheDir
 from ..index.lengths import LENGTH_KIND
-from .base import PlanSampler, UnitSource
+from .base import PlanSampler
 from .inputs import as_lengths
 from .keywords import ShuffledCachedKeywords
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -30,11 +30,12 @@ from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_sche
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import LivePass, PlanSampler, UnitSource
+from .base import PlanSampler
 from .frameworks import is_batch_plan
 from .identity import with_data
 from .inputs import dataset_size
 from .keywords import ShuffledKeywords
+from .passes import LivePass, UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

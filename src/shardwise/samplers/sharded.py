@@ -11,10 +11,10 @@ from .._core.permutation import Permutation, positions_of
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import UnitSource
 from .identity import with_data
 from .inputs import dataset_size
 from .keywords import ShuffledKeywords
+from .passes import UnitSource
 from .sized import SizedPlanSampler
 
 if TYPE_CHECKING:

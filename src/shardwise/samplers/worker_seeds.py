@@ -26,7 +26,7 @@ _NUMPY_BITS = 32  # numpy's legacy global RNG takes a 32-bit seed
 
 
 def _resolve_rank(rank: int | None) -> World:
-    from .base import current_world
+    from .world import current_world
 
     return current_world(None, rank) if rank is None else World(rank, rank + 1, "argument")
 

@@ -32,9 +32,10 @@ from .._core.plan import Even
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from .base import PlanSampler, UnitSource
+from .base import PlanSampler
 from .identity import with_data
 from .keywords import Keywords, ShardKeywords, with_keywords
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -1,0 +1,53 @@
+"""One rank's live pass over an epoch: where it started, what it handed out, what was trained.
+
+``state_dict`` reads the position back from it (see ``shardwise.samplers.base``): the units are
+handed out through one list iterator per chunk, and what is left of the current one is its
+``__length_hint__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .._core.plan import Even, pass_end
+from .delivery import LoaderDriver
+
+UnitSource = Callable[[np.ndarray], list[Any]]
+"""Turns an array of plan positions (each in ``[0, total)``) into the units at those positions."""
+
+
+class LivePass:
+    """One rank's live pass over an epoch: where it started, what it handed out, what was trained."""
+
+    __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "total", "world_size")
+
+    def __init__(self, start: int, count: int, total: int, world_size: int, even: Even = Even.PAD) -> None:
+        self.start, self.count, self.total, self.world_size, self.even = start, count, total, world_size, even
+        self.done_chunks = 0
+        self.current: Iterator[Any] | None = None
+        self.current_len = 0
+        self.driver: LoaderDriver | None = None
+
+    def local_done(self) -> int:
+        """Units this rank has handed out in this pass."""
+        if self.current is None:
+            return self.done_chunks
+        remaining: int = self.current.__length_hint__()  # type: ignore[attr-defined]
+        return self.done_chunks + self.current_len - remaining
+
+    def trained(self) -> int:
+        """Units of this pass that reached the training loop (see ``delivery``): at most ``local_done``."""
+        handed = self.local_done()
+        driver = self.driver
+        return handed if driver is None else driver.trained(handed, self.count)
+
+    def consumed_at(self, done: int) -> int:
+        """The global ``consumed`` once every rank has gone ``done`` units into this pass (``done < count``)."""
+        return self.start + done * self.world_size
+
+    def end(self) -> int:
+        """The global ``consumed`` once the pass is complete: ``total`` or past it (padding)."""
+        return pass_end(self.total, self.start, self.world_size, self.even)
