@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from shardwise.data.sharded import ShardCache
+from shardwise.data.sharded.cache import Derived
 from tests.data.shards import put_parquet_shards
 from tests.s3_server import Gauge, make_bucket, s3_endpoint, storage_options
 
@@ -74,3 +75,38 @@ def test_no_prefetch_threads_fetches_only_what_is_read(slow: dict[str, Any], tmp
     url, size, _ = slow["shards"][5]
     assert Path(cache.path(url, size)).stat().st_size == size
     assert _arrived(cache, slow["shards"]) == 1
+
+
+GROWTH = 5  # the derived file is this many times the shard (as an uncompressed decode of a Parquet shard can be)
+
+
+def _inflate(shard: str, output: str) -> None:
+    """A derived file ``GROWTH`` times the shard's size (module level: picklable)."""
+    data = Path(shard).read_bytes()
+    Path(output).write_bytes(data * GROWTH)
+
+
+def test_derived_files_under_a_budget_are_made_one_at_a_time(slow: dict[str, Any], tmp_path: Path) -> None:
+    """Under a budget, derived files (larger than their shard, size unknown until made) are prefetched one at a time.
+
+    The budget holds three derived files. Four threads fetching at once would each see room (the others'
+    files not made yet), overshoot, and evict a shard the plan reads sooner; one at a time, the first
+    three shards of the plan are kept and nothing else is fetched.
+    """
+    shards = slow["shards"]
+    size = shards[0][1]
+    derived = Derived("inflated", _inflate)
+    cache = ShardCache(tmp_path / "cache", budget_bytes=3 * GROWTH * size + size // 2, prefetch_threads=4,
+                       storage_options=storage_options(slow["endpoint"]))  # fmt: skip
+    gauge: Gauge = slow["gauge"]
+    gauge.peak = 0
+    cache.follow(shards, derived)
+    names = [cache.directory / cache.name(url, derived) for url, _, _ in shards]
+    deadline = time.monotonic() + 30
+    while not all(name.exists() for name in names[:3]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(3 * LATENCY)  # a fourth download, wrongly started, would have arrived by now
+    cache.close()
+    assert [name.exists() for name in names] == [True] * 3 + [False] * 5
+    assert sum(p.stat().st_size for p in cache.directory.iterdir() if p.suffix != ".lock") <= cache.budget_bytes
+    assert gauge.peak == 1

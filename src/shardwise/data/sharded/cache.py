@@ -90,7 +90,9 @@ class ShardCache:
         backoff: seconds before the first retry, doubled each time, at most 8 s.
         timeout: seconds to wait for another process's download of the same shard.
         prefetch_threads: downloads this process runs ahead of the readers at once, in plan order
-            (each rank of a node has its own; 0: no prefetch, readers fetch what they open).
+            (each rank of a node has its own; 0: no prefetch, readers fetch what they open). Under
+            a budget, files derived from shards (:class:`Derived`) are made one at a time: their
+            size is known only once made, and the budget must see it before the next download.
         storage_options: passed to ``fsspec.filesystem`` (e.g. ``{"endpoint_url": ...}`` for S3).
 
     Example:
@@ -118,7 +120,9 @@ class ShardCache:
         self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
-        self._mutex = threading.Lock()  # guards fetched_bytes across the prefetch threads
+        self._inflight: dict[str, int] = {}  # shard key -> bytes the prefetch threads are downloading now
+        self._mutex = threading.Lock()  # guards _inflight and fetched_bytes across the prefetch threads
+        self._serial = threading.Lock()  # derived files under a budget: made one at a time (_prefetch)
         self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
         self._queue: queue.Queue[_Item | None] | None = None
         self._generation = 0  # of the plan followed: queued items of an older one are dropped
@@ -129,14 +133,14 @@ class ShardCache:
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
         state = self.__dict__.copy()
-        del state["_mutex"]
-        state.update(_queue=None, _threads=[], _fs={}, _upcoming={}, _pinned={}, _fs_pid=None,
+        del state["_mutex"], state["_serial"]
+        state.update(_queue=None, _threads=[], _fs={}, _upcoming={}, _pinned={}, _inflight={}, _fs_pid=None,
                      _derived=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._mutex = threading.Lock()
+        self._mutex, self._serial = threading.Lock(), threading.Lock()
 
     def filesystem(self, url: str) -> Any:
         """The fsspec filesystem for ``url``'s protocol (one per protocol and process)."""
@@ -327,16 +331,35 @@ class ShardCache:
                 item = put_off.pop(0)  # nothing new: try again what was busy (by now, likely fetched)
             if item is None:
                 return
-            url, size, version, generation = item
-            if generation != self._generation:
-                continue  # the plan moved on: a newer list is queued
+            # A derived file's size is known only once it is made: under a budget, this process makes
+            # one at a time, so that the room each download sees is what is really kept.
+            serial = self._derived is not None and self.budget_bytes is not None
+            with self._serial if serial else contextlib.nullcontext():
+                if self._fetch_ahead(item):
+                    put_off.append(item)
+
+    def _fetch_ahead(self, item: _Item) -> bool:
+        """Prefetch one shard if it fits the budget; True: put it off (another thread or process has it)."""
+        url, size, version, generation = item
+        if generation != self._generation:
+            return False  # the plan moved on: a newer list is queued
+        key = _shard_key(self.name(url))
+        with self._mutex:
+            if key in self._inflight:
+                return True
+            if not self._room_for(key, size):  # it would evict a shard read sooner
+                return False
+            self._inflight[key] = size
+        try:
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
             with contextlib.suppress(ShardError, OSError, ValueError):
-                if self._room_for(_shard_key(self.name(url)), size):  # else it would evict a shard read sooner
-                    try:
-                        self._get(url, size, None, self._derived, version, wait=False)
-                    except _Busy:  # another process or prefetch thread holds its lock
-                        put_off.append(item)
+                self._get(url, size, None, self._derived, version, wait=False)
+        except _Busy:  # another process holds its lock
+            return True
+        finally:
+            with self._mutex:
+                del self._inflight[key]
+        return False
 
     def close(self) -> None:
         """Stop the prefetch threads (they also stop with the process: they are daemons)."""
@@ -362,15 +385,21 @@ class ShardCache:
         return files
 
     def _room_for(self, key: str, size: int) -> bool:
-        """Whether prefetching shard ``key`` fits the budget by evicting only shards the plan reads later (or never)."""
+        """Whether prefetching shard ``key`` fits the budget by evicting only shards the plan reads later (or never).
+
+        The other prefetch threads' downloads of shards read sooner count at their size (the caller
+        holds ``_mutex``).
+        """
         budget = self.budget_bytes
         if budget is None:
             return True
         never = len(self._upcoming)
         rank = self._upcoming.get(key, never)
         kept = sum(f[2] for f in self._cached()
-                   if f[0] != key and (self._upcoming.get(f[0], never) < rank or f[0] in self._pinned))  # fmt: skip
-        return kept + size <= budget
+                   if f[0] != key and f[0] not in self._inflight
+                   and (self._upcoming.get(f[0], never) < rank or f[0] in self._pinned))  # fmt: skip
+        flying = sum(nbytes for other, nbytes in self._inflight.items() if self._upcoming.get(other, never) < rank)
+        return kept + flying + size <= budget
 
     def _evict(self, keep: str) -> None:  # keep: a file name
         """Bring the cache under its budget: shards the plan no longer reads first (oldest), then the latest read."""
