@@ -87,10 +87,10 @@ def s3_endpoint(latency: float = 0.0, gauge: Gauge | None = None) -> Iterator[st
     from werkzeug.serving import make_server
 
     class Server(ThreadedMotoServer):  # type: ignore[misc]
-        def _server_entry(self) -> None:  # moto's, with the app wrapped when there is a latency
+        def _server_entry(self) -> None:  # moto's, with the app wrapped for a latency or a gauge
             app = DomainDispatcherApplication(create_backend_app)
-            self._server = make_server(self._ip_address, self._port, _delayed(app, latency, gauge) if latency or gauge else app,
-                                       True, request_handler=MotoRequestHandler)
+            served = _delayed(app, latency, gauge) if latency or gauge is not None else app
+            self._server = make_server(self._ip_address, self._port, served, True, request_handler=MotoRequestHandler)
             self._server_ready_event.set()
             self._server.serve_forever()
 
