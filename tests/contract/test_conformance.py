@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 from shardwise import Even
@@ -153,3 +155,75 @@ def test_elastic_resume_loses_and_repeats_nothing(case: Case, before: int, after
     else:
         assert not extra
         assert sum(missing.values()) <= max(before, after) - 1
+
+
+@cases
+def test_a_sample_id_out_of_range_is_one_clear_error(case: Case) -> None:
+    """``when`` and ``plan_positions_of`` of an id outside ``[0, id_count)`` raise naming ``index`` and the range.
+
+    One rule for every sampler (no ``[]``, no answer about another sample, no IndexError); a
+    ``shard()`` wrapper knows no ids and refuses ``when`` itself.
+    """
+    import shardwise
+
+    n = max(20, case.min_n)
+    sampler = case.make(n, num_replicas=2, rank=0, seed=1)
+    batch_size = None if not isinstance(sampler, torch.utils.data.DistributedSampler) else 2
+    count = sampler.id_count
+    if case.name.startswith("shard"):
+        assert count is None
+        with pytest.raises(shardwise.ProvenanceUnsupported):
+            shardwise.when(sampler, 0, epochs=0, batch_size=batch_size)
+        return
+    assert isinstance(count, int) and count >= n
+    assert isinstance(shardwise.when(sampler, count - 1, epochs=0, batch_size=batch_size), list)
+    for bad in (count, count + 70_000, -1):
+        wanted = rf"index should be a sample id in \[0, {count - 1}\] \({type(sampler).__name__} draws from {count}"
+        with pytest.raises(ValueError, match=wanted + r".*but got index=" + str(bad)):
+            shardwise.when(sampler, bad, epochs=[0, 1], batch_size=batch_size)
+        with pytest.raises(ValueError, match=wanted):
+            sampler.plan_positions_of(0, bad)
+
+
+@cases
+@pytest.mark.parametrize("set_epoch", [False, True], ids=["no-set_epoch", "set_epoch"])
+def test_a_new_pass_after_a_partial_one_starts_the_epoch(case: Case, set_epoch: bool) -> None:
+    """A pass broken off after k units (a loop's break, a sanity check) leaves the next pass the whole epoch, as torch."""
+    n, epoch = max(30, case.min_n), 2
+    whole = case.make(n, num_replicas=2, rank=1, seed=6)
+    whole.set_epoch(epoch)
+    expected, following = run_epoch(whole), run_epoch(whole)  # the epoch, then the one it advances to
+    for stop in (1, len(expected) // 2):
+        sampler = case.make(n, num_replicas=2, rank=1, seed=6)
+        sampler.set_epoch(epoch)
+        iterator = iter(sampler)
+        head = [key(next(iterator)) for _ in range(stop)]
+        assert head == expected[:stop]
+        clone = pickle.loads(pickle.dumps(sampler))  # pickled mid-pass: no pass of its own yet
+        if set_epoch:
+            sampler.set_epoch(epoch)  # Lightning sets the epoch again before each validation run
+            clone.set_epoch(epoch)
+        assert run_epoch(sampler) == expected
+        assert run_epoch(sampler) == following  # the complete pass advanced the epoch, as before
+        assert run_epoch(clone) == expected
+
+
+@cases
+def test_load_state_dict_stops_a_running_iterator(case: Case) -> None:
+    """A state loaded while an iterator runs: that iterator raises at its next unit; iterating again resumes."""
+    n, epoch = max(30, case.min_n), 1
+    saved = case.make(n, num_replicas=2, rank=0, seed=8)
+    saved.set_epoch(epoch)
+    expected = run_epoch(saved)
+    saved.set_epoch(epoch)
+    head = iter(saved)
+    [next(head) for _ in range(2)]
+    state = saved.state_dict()
+    sampler = case.make(n, num_replicas=2, rank=0, seed=8)
+    running = iter(sampler)
+    next(running)
+    sampler.load_state_dict(state)
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) was called while this iterator was running.*iterate"):
+        next(running)
+    sampler.set_epoch(epoch)  # keeps the loaded position, as always
+    assert run_epoch(sampler) == expected[2:]

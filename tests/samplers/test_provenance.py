@@ -177,7 +177,7 @@ def test_when_is_refused_where_the_plan_is_not_inverted() -> None:
     sampler = shardwise.shard(torch.utils.data.RandomSampler(range(30)), num_replicas=2, rank=0)
     with pytest.raises(ProvenanceUnsupported, match=r"ShardedWrapper cannot yet .* shardwise.which"):
         when(sampler, 3, epochs=0, batch_size=2)
-    with pytest.raises(ValueError, match="index should be an integer <= 9, but got index=10"):
+    with pytest.raises(ValueError, match=r"index should be a sample id in \[0, 9\] \(ShardedSampler draws from 10 sample ids\), but got index=10"):
         when(ShardedSampler(10, num_replicas=2, rank=0), 10, epochs=0, batch_size=2)
 
 

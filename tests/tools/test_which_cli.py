@@ -15,13 +15,16 @@ from shardwise.tools.cli import main
 
 FACTORY = """
 from torch.utils.data import DataLoader
-from shardwise import Mixture, MixtureSampler, ShardedSampler
+from shardwise import Mixture, MixtureSampler, ScheduledBatchSampler, ShardedSampler
 
 def make_loader(rank=0, world_size=1):
     return DataLoader(range(500), batch_size=4, sampler=ShardedSampler(500, num_replicas=world_size, rank=rank, seed=7))
 
 def make_other(rank=0, world_size=1):
     return DataLoader(range(499), batch_size=4, sampler=ShardedSampler(499, num_replicas=world_size, rank=rank, seed=7))
+
+def make_scheduled(rank=0, world_size=1):
+    return ScheduledBatchSampler(1000, batch_size=4, num_replicas=world_size, rank=rank, seed=1)
 
 def make_mixture(rank=0, world_size=1):
     data = Mixture({"web": range(100), "code": range(40)})
@@ -100,7 +103,9 @@ def test_state_numbers_steps_from_the_checkpoint(
         (["--step", "999"], "step should be in [0, 41]"),
         (["--sample", "3", "--epochs", "2:1"], "--epochs should be a non-empty range"),
         (["--sample", "3", "--epochs", "a"], "--epochs 'a'"),
-        (["--sample", "500"], "index should be an integer <= 499"),
+        (["--sample", "500"], "index should be a sample id in [0, 499]"),
+        (["--step", "3", "--epochs", "9:1"], "--epochs should be a non-empty range 'first:stop'"),
+        (["--step", "3", "--epochs", "1:2"], "--epochs applies to --sample"),
         (["--step", "0", "--state", "missing.pt"], "--state 'missing.pt' does not exist"),
     ],
 )
@@ -110,6 +115,13 @@ def test_bad_input_is_one_line_exit_2(
     """Every bad input is one stderr line naming the option and the accepted values, exit status 2."""
     code, _, err = _run(["which", f"{factory}:make_loader", "-w", "3", *extra], capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sample_past_the_data_is_one_line_exit_2(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--sample of an id the sampler does not have: one line naming the range, exit 2 (was a traceback, exit 1)."""
+    code, _, err = _run(["which", f"{factory}:make_scheduled", "-w", "2", "--sample", "1000"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "index should be a sample id in [0, 999] (ScheduledBatchSampler draws from 1000 sample ids)" in err
 
 
 def test_bad_target_and_state_of_other_data_exit_2(
@@ -198,4 +210,4 @@ def test_skip_ids_edits_a_checkpoint_so_the_ids_never_train_again(
     code, _, err = _run([*argv[:6], "--ids", "1-2", "--steps", "1:2", "--out", str(tmp_path / "x.json")], capsys)
     assert code == 2 and "exactly one of --steps" in err
     code, _, err = _run([*argv[:6], "--ids", "499-500", "--out", str(tmp_path / "x.json")], capsys)
-    assert code == 2 and "sample ids should be in [0, 499]" in err
+    assert code == 2 and "--ids should hold sample ids in [0, 499]" in err

@@ -231,3 +231,43 @@ def check_integer_array(name: str, values: object, *, ndim: int = 1) -> Any:
     if array.ndim != ndim:
         raise ValueError(f"{name} should be a {ndim}-D array of integers, but got {name} with shape {array.shape}")
     return array
+
+
+def check_sample_id(name: str, value: object, count: int, *, owner: str) -> int:
+    """``value`` as a sample id of ``owner``, one of ``0 .. count - 1``, or raise naming ``name`` and the range.
+
+    The one rule of every query that takes a sample id (``when``, ``skip_ids``): an id the sampler
+    cannot draw is an error, never an empty answer and never an answer about another sample.
+    """
+    index = check_int(name, value)
+    if not 0 <= index < count:
+        accepted = f"in [0, {count - 1}] ({owner} draws from {count} sample ids)" if count else f"({owner} has none)"
+        raise ValueError(f"{name} should be a sample id {accepted}, but got {shown(name, value)}")
+    return index
+
+
+def check_ranges(name: str, values: object) -> Any:
+    """``values`` as a ``(k, 2)`` int64 array of ``[first, stop)`` rows (``k`` may be 0), or raise naming ``name``.
+
+    The shape and type are checked here; what the numbers may be (``first <= stop``, in the plan)
+    is for the caller to say.
+    """
+    import numpy as np  # _core is numpy-only; imported here to keep this module light
+
+    wanted = f"{name} should be [first, stop) rows: a (k, 2) array or list of [first, stop] integer pairs"
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Iterable, np.ndarray)):
+        raise TypeError(f"{wanted}, but got {shown(name, values)} ({type(values).__name__})")
+    try:
+        array = np.asarray(values) if not isinstance(values, np.ndarray) else values
+    except (TypeError, ValueError):  # ragged rows: numpy cannot make an array of them
+        raise ValueError(f"{wanted}, but got rows of different lengths ({type(values).__name__})") from None
+    if array.size == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{wanted}, but got {name} of dtype {array.dtype} ({type(values).__name__})")
+    if array.ndim != 2 or array.shape[1] != 2:
+        raise ValueError(f"{wanted}, but got {name} with shape {array.shape}; e.g. {name}=[[10, 20], [35, 40]]")
+    if array.min() < 0 or (array[:, 1] < array[:, 0]).any():
+        bad = array[(array[:, 0] < 0) | (array[:, 1] < array[:, 0])][:3].tolist()
+        raise ValueError(f"{wanted} with 0 <= first <= stop, but got {name} with rows {bad}")
+    return array.astype(np.int64, copy=False)

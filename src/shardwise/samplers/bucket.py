@@ -378,6 +378,9 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
         return batches
 
+    def _id_count(self) -> int:
+        return len(self._grouped())
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """The position of the batch holding ``index``: O(log n) on the shared index (``inverses``)."""
         tie_seed = derive_seed(self.seed, epoch, SHUFFLE) if self.shuffle else None

@@ -271,6 +271,9 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._layout(seed, epoch)  # built once per pass, before the first batch
         return lambda positions: self.batches_at(positions, epoch).tolist()
 
+    def _id_count(self) -> int:
+        return len(self.labels)
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
 

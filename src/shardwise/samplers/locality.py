@@ -208,6 +208,9 @@ class LocalitySampler(SizedPlanSampler):
 
         return units
 
+    def _id_count(self) -> int:
+        return self._size
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """The one position holding ``index``: the plan inverted, O(log shards) (provenance)."""
         index = check_int("index", index, minimum=0, maximum=self._size - 1)

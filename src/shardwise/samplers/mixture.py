@@ -201,6 +201,10 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         plan = self._plan
         return lambda positions: plan.indices(seed, epoch, positions).tolist()
 
+    def _id_count(self) -> int:
+        """Ids of the concatenated sources (``offsets``), as ``when`` and ``skip_ids`` take them."""
+        return int(self.sizes.sum())
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every position of ``epoch``'s plan drawing global ``index``: O(log n) a draw (provenance)."""
         index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)

@@ -430,6 +430,9 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         return lambda positions: self._batches(epoch, seed, positions)
 
+    def _id_count(self) -> int:
+        return self._num_samples
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every position whose batch holds ``index``: each stratum searched, O(n) (``inverses``)."""
         seed = self.seed

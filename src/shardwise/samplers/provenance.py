@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.errors import check_int
+from .._core.errors import check_int, check_sample_id
 from .._core.provenance import ProvenanceUnsupported
 from .._core.world import World
 from .base import PlanSampler
@@ -237,6 +237,10 @@ def when(
     Returns:
         The occurrences, by epoch then step; padding (``Even.PAD``) may train a sample twice.
 
+    Raises:
+        ValueError: ``index`` is not a sample id of the sampler (``[0, sampler.id_count)``), for every sampler.
+        ProvenanceUnsupported: a ``shard()`` wrapper.
+
     Example:
         >>> from shardwise import ShardedSampler, when
         >>> sampler = ShardedSampler(10, num_replicas=2, rank=0, shuffle=False)
@@ -246,7 +250,9 @@ def when(
     sampler, per_step, drop_last = resolve(sampler, batch_size, drop_last)
     size = _world_size(sampler, world_size)
     start = check_int("start", start, minimum=0)
-    index = check_int("index", index, minimum=0)
+    count = sampler.id_count
+    index = check_int("index", index, minimum=0) if count is None else (
+        check_sample_id("index", index, count, owner=type(sampler).__name__))  # fmt: skip
     found = []
     for n, epoch in enumerate(_epochs(epochs)):
         first = start if n == 0 else 0

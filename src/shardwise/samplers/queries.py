@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core.errors import check_int
+from .._core.errors import check_int, check_ranges, check_sample_id
 from .._core.plan import Even, rank_count, rank_positions
 from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
 from .._core.skips import IdSkips, SkipLedger
@@ -145,8 +145,32 @@ class PlanQueries:
 
     def plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Plan positions of ``epoch`` whose unit holds sample ``index`` (raises ``ProvenanceUnsupported``
-        where the plan is not inverted)."""
-        return self._plan_positions_of(epoch, index)
+        where the plan is not inverted, ``ValueError`` for an id outside ``[0, id_count)``)."""
+        return self._plan_positions_of(epoch, self._sample_id("index", index))
+
+    @property
+    def id_count(self) -> int | None:
+        """How many sample ids this sampler draws from (its units hold ids ``0 .. id_count - 1``).
+
+        ``None`` where it is not known (a ``shard()`` wrapper): ids are then not range-checked.
+        """
+        return self._id_count()
+
+    def _id_count(self) -> int | None:
+        """The hook behind :attr:`id_count`; every shardwise sampler that inverts its plan overrides it."""
+        return None
+
+    def _sample_id(self, name: str, value: object) -> int:
+        """``value`` as a sample id this sampler draws, else a ``ValueError`` naming ``name`` and the range.
+
+        The one rule of ``when``, ``plan_positions_of`` and ``skip_ids`` for every sampler (the
+        conformance harness checks it): an id outside ``[0, id_count)`` never answers ``[]`` or
+        another sample's steps.
+        """
+        count = self._id_count()
+        if count is None:
+            return check_int(name, value, minimum=0)
+        return check_sample_id(name, value, count, owner=type(self).__name__)
 
     @property
     def explicit_seed(self) -> int | None:
@@ -197,7 +221,7 @@ class PlanQueries:
 
     def trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
-        return self._trained_positions_of(epoch, index)
+        return self._trained_positions_of(epoch, self._sample_id("index", index))
 
     def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The plan positions of compacted ``positions`` of ``epoch`` (the skipped positions and ids left in)."""
@@ -268,7 +292,16 @@ class PlanQueries:
             ValueError: the range starts before what this sampler has already trained.
         """
         first = check_int("first", first, minimum=0)
-        self.skip_ranges(epoch, [[first, check_int("stop", stop, minimum=first)]])
+        stop = check_int("stop", stop, minimum=first)
+        epoch = check_int("epoch", epoch, minimum=0)
+        total = self._raw_plan_size(epoch)
+        if stop > total:
+            raise ValueError(
+                f"stop should be at most {total}, the size of epoch {epoch}'s plan (positions [0, {total})), but got "
+                f"stop={stop}; a range past the plan would skip nothing (shardwise.skip_steps turns steps into "
+                "positions)"
+            )
+        self.skip_ranges(epoch, [[first, stop]])
 
     def skip_ranges(self, epoch: int, ranges: Any) -> None:
         """:meth:`skip_positions` for many ``[first, stop)`` rows at once, in O(k log k) (``(k, 2)`` ints)."""
@@ -279,10 +312,12 @@ class PlanQueries:
                 "before iterating (right after load_state_dict)"
             )
         epoch = check_int("epoch", epoch, minimum=0)
-        rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-        if rows.size and (rows.min() < 0 or (rows[:, 1] < rows[:, 0]).any()):
+        rows = check_ranges("ranges", ranges)
+        total = self._raw_plan_size(epoch)
+        if rows.size and int(rows[:, 1].max()) > total:
             raise ValueError(
-                f"ranges should be [first, stop) rows with 0 <= first <= stop, but got {rows.tolist()[:3]}"
+                f"ranges should lie in epoch {epoch}'s plan (positions [0, {total})), but got a row "
+                f"{rows[int(rows[:, 1].argmax())].tolist()}; a range past the plan would skip nothing"
             )
         progress = self._progress
         trained = self._plan_done(progress.epoch)
@@ -319,7 +354,14 @@ class PlanQueries:
             ValueError: an id out of range, an empty range, or an epoch already trained.
         """
         first = check_int("first", first, minimum=0)
-        self.skip_id_ranges([[first, check_int("stop", stop, minimum=first + 1)]], epoch=epoch)
+        stop = check_int("stop", stop, minimum=first + 1)
+        count = self._id_count()
+        if count is not None and stop > count:
+            raise ValueError(
+                f"stop should be at most {count}: ids [first, stop) are sample ids in [0, {count - 1}] "
+                f"({type(self).__name__} draws from {count} sample ids), but got stop={stop}"
+            )
+        self.skip_id_ranges([[first, stop]], epoch=epoch)
 
     def skip_id_ranges(self, ranges: Any, *, epoch: int | None = None) -> None:
         """:meth:`skip_ids` for many ``[first, stop)`` rows at once (``(k, 2)`` ints): one translation, O(k)."""
@@ -329,14 +371,20 @@ class PlanQueries:
                 f"{type(self).__name__}.skip_ids() was called while a pass is being iterated; add skips "
                 "before iterating (right after load_state_dict)"
             )
-        rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-        if not rows.size or rows.min() < 0 or (rows[:, 1] <= rows[:, 0]).any():
+        rows = check_ranges("ranges", ranges)
+        if not rows.size or (rows[:, 1] <= rows[:, 0]).any():
             raise ValueError(
                 f"ranges should be non-empty [first, stop) rows with 0 <= first < stop, but got {rows.tolist()[:3]}"
             )
         progress = self._progress
         upcoming = progress.upcoming_epoch()
         epoch = upcoming if epoch is None else check_int("epoch", epoch, minimum=upcoming)
+        count = self._id_count()
+        if count is not None and int(rows[:, 1].max()) > count:
+            raise ValueError(
+                f"ranges should hold sample ids in [0, {count - 1}] ({type(self).__name__} draws from {count} sample "
+                f"ids), but got a row {rows[int(rows[:, 1].argmax())].tolist()} (ids up to {int(rows[:, 1].max()) - 1})"
+            )
         bounds = np.asarray([rows[:, 0].min(), rows[:, 1].max() - 1], dtype=np.int64)
         self._positions_of_ids(epoch, bounds)  # supported here, and the ids in range
         position = self._plan_done(epoch) if epoch == progress.epoch else 0

@@ -296,6 +296,9 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         first = run.first + within * world_size * run.batch_size
         return first, min(first + world_size * run.batch_size, total)
 
+    def _id_count(self) -> int | None:
+        return self._inner.id_count if self._inner is not None else self._size
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         if self._inner is not None:
             return self._inner.plan_positions_of(epoch, index)

@@ -73,6 +73,9 @@ class ShardedSampler(SizedPlanSampler):
         permutation = Permutation(self._size, derive_seed(seed, epoch, INDEX_SHUFFLE))
         return lambda positions: permutation(positions).tolist()
 
+    def _id_count(self) -> int:
+        return self._size
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """The one position holding ``index``: the inverse permutation, O(1) (provenance)."""
         index = check_int("index", index, minimum=0, maximum=self._size - 1)

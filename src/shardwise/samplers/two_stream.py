@@ -329,6 +329,15 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
         return batches
 
+    def _id_count(self) -> int:
+        """One more than the largest index either list holds (an O(n) scan, as :meth:`_plan_positions_of` is).
+
+        The lists name dataset indices and this sampler does not know the dataset's size: an id up to
+        the largest listed is a sample (one in neither list is never trained), a larger one is an error.
+        """
+        lists = (("primary_indices", self.primary_indices), ("secondary_indices", self.secondary_indices))
+        return 1 + max(check_values(name, values)[1] for name, values in lists if len(values))
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
 

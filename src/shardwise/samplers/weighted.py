@@ -422,6 +422,9 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         table = self._table
         return lambda positions: table.draw(positions, keys).tolist()
 
+    def _id_count(self) -> int:
+        return self.num_weights
+
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every position drawing ``index`` (0, 1 or several): the epoch searched, O(n) (``inverses``)."""
         keys = derive_words(self.seed, epoch, WITH_REPLACEMENT, count=2) if self.replacement else None

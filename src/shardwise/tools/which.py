@@ -125,6 +125,12 @@ def run(
 
     if (step is None) == (sample is None):
         raise WhichError("pass either --step (which samples a step trained) or --sample (when a sample trained)")
+    span = parse_epochs(epochs) if epochs is not None else None  # checked whatever it is for: never ignored
+    if span is not None and step is not None:
+        raise WhichError(
+            f"--epochs applies to --sample (the epochs to search), but got --epochs {epochs!r} with --step; "
+            "pass --epoch N for the epoch of --step"
+        )
     obj = build(target, world_size)
     try:
         sampler, _, _ = resolve(obj, batch_size)
@@ -142,7 +148,8 @@ def run(
     if step is not None:
         batches = which(obj, epoch=0 if epoch is None else epoch, step=step, rank=rank, **common)
         return "batches", [b.to_dict() for b in batches]
-    span = parse_epochs(epochs) if epochs is not None else range(epoch or 0, (epoch or 0) + 1)
+    if span is None:
+        span = range(epoch or 0, (epoch or 0) + 1)
     return "trained", [t.to_dict() for t in when(obj, sample or 0, epochs=span, **common)]
 
 
@@ -240,7 +247,10 @@ def skip(target: str, *, world_size: int, state: Path, steps: str | None, epoch:
     done: dict[str, Any]
     if ids:
         spans = parse_ids(ids)
-        sampler.skip_id_ranges(spans, epoch=epoch)
+        try:
+            sampler.skip_id_ranges(spans, epoch=epoch)
+        except ValueError as error:  # the rows are what --ids gave
+            raise WhichError(str(error).replace("ranges should", "--ids should", 1)) from None
         done = {"ids": [list(span) for span in spans]}
     else:
         span = parse_epochs(steps or "", "--steps")
