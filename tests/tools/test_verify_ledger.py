@@ -27,6 +27,14 @@ def make_forgetful(rank=0, world_size=1):
         load = sampler.load_state_dict
         sampler.load_state_dict = lambda state: load({k: v for k, v in state.items() if k != "skip"})
     return DataLoader(range(96), batch_size=4, sampler=sampler)
+
+def make_forgetful_ids(rank=0, world_size=1):
+    '''On its ranks (world_size > 1), a loader that loses the skipped ids on load.'''
+    sampler = shardwise.ShardedSampler(96, num_replicas=world_size, rank=rank, seed=3)
+    if world_size > 1:
+        load = sampler.load_state_dict
+        sampler.load_state_dict = lambda state: load({k: v for k, v in state.items() if k != "skip_ids"})
+    return DataLoader(range(96), batch_size=4, sampler=sampler)
 """
 
 
@@ -72,3 +80,28 @@ def test_verify_state_finds_a_loader_that_loses_the_ledger(saved: tuple[Path, Pa
     check = check_ledger(as_ref(f"{factory}:make_forgetful"), ckpt, 2)  # the check verify(state=) adds
     assert check.verdict == "error"
     assert check.finding is not None and "16 skipped samples were trained" in check.finding.message
+
+
+def test_verify_state_checks_skipped_ids_too(saved: tuple[Path, Path], tmp_path: Path) -> None:
+    """A state's skip_ids are listed and checked as its skip ranges are: a loader that drops them is an error."""
+    factory, _ = saved
+    from shardwise.tools.verify.ledger import check_ledger
+    from shardwise.tools.verify.target import as_ref
+
+    sampler = shardwise.ShardedSampler(96, seed=3)
+    for step, _ in enumerate(torch.utils.data.DataLoader(range(96), batch_size=4, sampler=sampler)):
+        if step == 2:
+            break
+    editor = shardwise.ShardedSampler(96, seed=3)
+    editor.load_state_dict(sampler.state_dict())
+    editor.skip_ids(10, 30)  # 20 ids: those the rest of epoch 0 holds, and every later epoch
+    state = editor.state_dict()
+    assert state["skip_ids"] == [[0, 12, 10, 30]]
+    sound = check_ledger(as_ref(f"{factory}:make_loader"), state, 2)
+    assert sound.verdict == "pass", sound
+    assert "1 skipped id range(s) [[0, 12, 10, 30]]" in sound.evidence
+    skipped = int(sound.evidence.split(": ", 1)[1].split(" skipped samples", 1)[0])
+    assert 0 < skipped <= 20, sound.evidence
+    forgetful = check_ledger(as_ref(f"{factory}:make_forgetful_ids"), state, 2)
+    assert forgetful.verdict == "error" and forgetful.finding is not None
+    assert f"{skipped} skipped samples were trained" in forgetful.finding.message

@@ -1,9 +1,10 @@
 """``verify(..., state=)``: a saved state's skip ledger, resumed on real ranks and checked.
 
-Given a state (or a checkpoint holding one) with skipped ranges, the ``skip_ledger`` check lists
-them and resumes the state on ``world_size`` real gloo ranks (each rank builds the factory and
-loads the state, as a resumed run does), then compares what the ranks train in the rest of the
-epoch with the plan, built once in this process at world size 1 from the same factory and state:
+Given a state (or a checkpoint holding one) with skipped ranges of plan positions (``skip``) or of
+sample ids (``skip_ids``), the ``skip_ledger`` check lists them and resumes the state on
+``world_size`` real gloo ranks (each rank builds the factory and loads the state, as a resumed run
+does), then compares what the ranks train in the rest of the epoch with the plan, built once in
+this process at world size 1 from the same factory and state:
 
 - the skipped samples (the plan's samples without the ledger, less those with it) never train;
 - every other sample after the saved position trains exactly once (the padding or dropping of at
@@ -91,9 +92,10 @@ def check_ledger(ref: FactoryRef, state: object, world_size: int, *, timeout: fl
 
     saved = read_state(state)
     ranges = [list(map(int, r)) for r in saved.get("skip", [])]
+    id_ranges = [list(map(int, r)) for r in saved.get("skip_ids", [])]
     epoch, consumed = int(saved["epoch"]), int(saved["consumed"])
     factory = ref.load()
-    plain = {key: value for key, value in saved.items() if key != "skip"}
+    plain = {key: value for key, value in saved.items() if key not in ("skip", "skip_ids")}  # both ledgers out
     whole, _, _ = _rest(factory, {**plain, "consumed": 0}, 0, 1)  # the epoch's plan without the ledger
     kept, _, _ = _rest(factory, {**saved, "consumed": 0}, 0, 1)  # with it
     rest, _, _ = _rest(factory, saved, 0, 1)  # what is left to train after the saved position
@@ -105,6 +107,8 @@ def check_ledger(ref: FactoryRef, state: object, world_size: int, *, timeout: fl
     leaked = sum((extra & skipped).values())
     units = [count for _, count, _ in ranks]
     where = f"epoch {epoch} from position {consumed}, {len(ranges)} skipped range(s) {ranges[:4]}"
+    if id_ranges:  # [epoch, from position, first id, stop id]
+        where += f", {len(id_ranges)} skipped id range(s) {id_ranges[:4]}"
     evidence = (
         f"{where}: {sum(skipped.values())} skipped samples never trained on {world_size} ranks, "
         f"{sum(lost.values())} lost, {sum(extra.values())} repeated (padding allows {allowance}), "
@@ -123,7 +127,7 @@ def check_ledger(ref: FactoryRef, state: object, world_size: int, *, timeout: fl
         LEDGER, ERROR, f"resuming the state with its skip ledger: {'; '.join(problems)} ({where}).",
         "add skips with shardwise.skip_steps or `shardwise skip` on a state of this factory's sampler, and resume "
         "through load_state_dict",
-        {"ranges": ranges, "leaked": leaked, "lost": sum(lost.values()), "repeated": sum(extra.values()),
+        {"ranges": ranges, "id_ranges": id_ranges, "leaked": leaked, "lost": sum(lost.values()), "repeated": sum(extra.values()),
          "units": units},
     )  # fmt: skip
     return CheckResult(LEDGER, ERROR, evidence, finding)
