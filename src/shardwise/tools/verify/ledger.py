@@ -127,7 +127,7 @@ def check_ledger(ref: FactoryRef, state: object, world_size: int, *, timeout: fl
         LEDGER, ERROR, f"resuming the state with its skip ledger: {'; '.join(problems)} ({where}).",
         "add skips with shardwise.skip_steps or `shardwise skip` on a state of this factory's sampler, and resume "
         "through load_state_dict",
-        {"ranges": ranges, "id_ranges": id_ranges, "leaked": leaked, "lost": sum(lost.values()), "repeated": sum(extra.values()),
-         "units": units},
+        {"ranges": ranges, "id_ranges": id_ranges, "leaked": leaked, "lost": sum(lost.values()),
+         "repeated": sum(extra.values()), "units": units},
     )  # fmt: skip
     return CheckResult(LEDGER, ERROR, evidence, finding)
