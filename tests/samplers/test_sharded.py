@@ -99,6 +99,20 @@ def test_repr_and_describe_show_configuration_and_resolution() -> None:
     assert described["seed"] == 9 and described["seed_source"] == "argument" and described["world_source"] == "arguments"
 
 
+def test_describe_says_when_the_seed_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No seed passed: seed_source 'default' (it said 'argument'); passed, even as 0: 'argument'."""
+    import shardwise
+
+    monkeypatch.delenv("SHARDWISE_SEED", raising=False)
+    assert ShardedSampler(7, num_replicas=1, rank=0).describe()["seed_source"] == "default"
+    assert ShardedSampler(7, num_replicas=1, rank=0, seed=0).describe()["seed_source"] == "argument"
+    described = shardwise.BucketBatchSampler([3, 1, 2], batch_size=2, num_replicas=1, rank=0).describe()
+    assert (described["seed"], described["seed_source"]) == (0, "default")
+    inner = ShardedSampler(8, num_replicas=1, rank=0, seed=4)
+    scheduled = shardwise.ScheduledBatchSampler(inner, batch_size=2, num_replicas=1, rank=0).describe()
+    assert (scheduled["seed"], scheduled["seed_source"]) == (4, "index sampler")
+
+
 def test_seed_none_is_shared_by_every_rank_of_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """seed=None resolves from the job identity: equal on every rank, and saved in the state."""
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")

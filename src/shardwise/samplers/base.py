@@ -96,7 +96,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     def _init_plan(self, keywords: Keywords) -> None:
         self._seed_arg = keywords.seed
         self._resolved_seed = self._seed_arg
-        self._seed_source = "argument"
+        self._seed_source = keywords.seed_source  # "default" when no seed was passed (0, as torch's)
         self._num_replicas_arg, self._rank_arg = keywords.num_replicas, keywords.rank
         self._even = keywords.even
         self._progress = Progress()

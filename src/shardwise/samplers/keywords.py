@@ -106,6 +106,9 @@ class Keywords:
     drop_last: bool
     cache_dir: str | bool | None
     cache_timeout: float
+    seed_source: str = "argument"
+    """Where ``seed`` came from, as ``describe()`` shows it: ``"argument"`` (passed), ``"default"`` (the
+    constructor's default, not passed) or ``"index sampler"`` (taken from the sampler batched)."""
 
     @property
     def even(self) -> Even:
@@ -113,8 +116,8 @@ class Keywords:
         return Even.DROP if self.drop_last else Even.PAD
 
     def with_seed(self, seed: int | None) -> Keywords:
-        """These keywords with another (checked) seed."""
-        return replace(self, seed=check_seed(seed))
+        """These keywords with the (checked) seed of the index sampler they batch."""
+        return replace(self, seed=check_seed(seed), seed_source="index sampler")
 
 
 def accepted_keywords(function: Callable[..., Any]) -> type | None:
@@ -189,6 +192,7 @@ def read_keywords(owner: str, kind: type, options: Mapping[str, Any],
         drop_last=drop_last,
         cache_dir=check_cache_dir(cache_dir, file_error=IndexCacheError) if "cache_dir" in accepted else None,
         cache_timeout=check_seconds("cache_timeout", timeout) if "cache_timeout" in accepted else DEFAULT_TIMEOUT,
+        seed_source="argument" if "seed" in options else "default",
     )
 
 
