@@ -334,8 +334,9 @@ def test_leaving_a_loop_stops_the_loader_workers_without_a_garbage_collection(ki
         gc.enable()
 
 
-def test_a_loop_restarted_without_set_epoch_continues_after_what_was_trained() -> None:
-    """Breaking out after k batches and iterating again continues at batch k+1, not after the prefetched ones."""
+def test_a_loop_left_after_k_batches_saves_batch_k_plus_1_and_iterating_again_starts_the_epoch() -> None:
+    """Breaking out after k batches: the state resumes at batch k+1 (not after the prefetched ones); a new pass
+    without a loaded state is the whole epoch, as with torch's sampler (NOTE [ A new pass starts its epoch ])."""
     sampler = _local("ShardedSampler")
     loader = _loader("ShardedSampler", sampler, num_workers=2)
     whole = _lists(_loader("ShardedSampler", _local("ShardedSampler")))
@@ -344,6 +345,28 @@ def test_a_loop_restarted_without_set_epoch_continues_after_what_was_trained() -
         head.append([int(i) for i in batch])
         if len(head) == 3:
             break
+    state = sampler.state_dict()
+    assert _lists(loader) == whole
+    resumed = _local("ShardedSampler")
+    resumed.load_state_dict(state)
+    assert head + _lists(_loader("ShardedSampler", resumed, num_workers=2)) == whole
+
+
+def test_a_loaded_state_survives_a_loader_iterator_whose_workers_only_prefetched() -> None:
+    """A loader iterator built after load_state_dict and dropped before its first batch moves nothing: the next resumes."""
+    saved = _local("ShardedSampler")
+    loader = _loader("ShardedSampler", saved)
+    whole = _lists(_loader("ShardedSampler", _local("ShardedSampler")))
+    head = []
+    for batch in loader:
+        head.append([int(i) for i in batch])
+        if len(head) == 2:
+            break
+    resumed = _local("ShardedSampler")
+    resumed.load_state_dict(saved.state_dict())
+    loader = _loader("ShardedSampler", resumed, num_workers=2)
+    dropped = iter(loader)  # its workers draw batches 3.. from the sampler; the loop receives none
+    del dropped
     assert head + _lists(loader) == whole
 
 

@@ -377,7 +377,7 @@ def test_state_loads_under_a_changed_schedule() -> None:
 
 # -- description -------------------------------------------------------------------------------------
 def test_repr_describe_and_pickle() -> None:
-    """repr shows schedule and world; describe is plain; pickling mid-pass keeps the position."""
+    """repr shows schedule and world; describe is plain; pickled mid-pass, the state resumes and a new pass starts."""
     sampler = ScheduledBatchSampler(101, batch_size=MID_EPOCH, num_replicas=2, rank=1, seed=3)
     assert repr(sampler) == (
         "ScheduledBatchSampler(n=101, batch_size=BatchSizeSchedule.by_samples({0: 4, 30: 6, 70: 3, 150: 5}), "
@@ -390,7 +390,10 @@ def test_repr_describe_and_pickle() -> None:
     assert info["batch_size"] == repr(MID_EPOCH)
     assert info["world_size"] == 2
     clone = pickle.loads(pickle.dumps(sampler))
-    assert head + list(clone) == list(ScheduledBatchSampler(101, batch_size=MID_EPOCH, num_replicas=2, rank=1, seed=3))
+    whole = list(ScheduledBatchSampler(101, batch_size=MID_EPOCH, num_replicas=2, rank=1, seed=3))
+    assert list(clone) == whole  # a new pass starts the epoch (NOTE [ A new pass starts its epoch ])
+    clone.load_state_dict(sampler.state_dict())
+    assert head + list(clone) == whole
     assert repr(BatchSizeSchedule.by_epoch({0: (8, 128), 2: (4, 224)})) == (
         "BatchSizeSchedule.by_epoch({0: (8, 128), 2: (4, 224)})"
     )

@@ -73,13 +73,26 @@ def test_explicit_arguments_win_over_the_environment(monkeypatch: pytest.MonkeyP
     assert (ShardedSampler(10, num_replicas=2, rank=1).world.rank, ShardedSampler(10).world.rank) == (1, 5)
 
 
-def test_pickles_mid_epoch_with_its_position() -> None:
-    """A sampler pickled mid-epoch (ddp_spawn, workers) carries its position, not its iterator."""
+def test_pickles_mid_epoch_with_its_state_and_its_next_pass_starts_the_epoch() -> None:
+    """A sampler pickled mid-epoch carries its state, not its iterator: its next pass is the whole epoch, as torch's."""
     sampler = ShardedSampler(100, num_replicas=2, rank=0, seed=1)
     iterator = iter(sampler)
     head = [next(iterator) for _ in range(10)]
     clone = pickle.loads(pickle.dumps(sampler))
-    assert head + list(clone) == list(ShardedSampler(100, num_replicas=2, rank=0, seed=1))
+    whole = list(ShardedSampler(100, num_replicas=2, rank=0, seed=1))
+    assert clone.state_dict() == sampler.state_dict()
+    assert list(clone) == whole
+    resumed = pickle.loads(pickle.dumps(sampler))
+    resumed.load_state_dict(sampler.state_dict())  # resuming is loading the state
+    assert head + list(resumed) == whole
+
+
+def test_a_new_iter_after_a_partial_pass_starts_the_epoch_as_torch() -> None:
+    """next(iter(s)); list(s) is the whole epoch, as with torch's DistributedSampler (issue 34, item 0)."""
+    for cls in (ShardedSampler, DistributedSampler):
+        sampler = cls(range(10), num_replicas=3, rank=0, shuffle=False)
+        assert next(iter(sampler)) == 0
+        assert list(sampler) == [0, 3, 6, 9], cls.__name__
 
 
 def test_huge_dataset_sizes_without_materialising() -> None:

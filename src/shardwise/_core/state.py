@@ -125,22 +125,30 @@ class Progress:
       ``set_epoch``, the restored iterator (``begin(keep_end=True)``) continues the loaded
       position (empty) and the next pass is ``e + 1``. An empty rest handed to a restored
       iterator leaves the loaded position as it was: torchdata may discard that iterator.
+    - NOTE [ A new pass starts its epoch ]: a pass begins at its epoch's start, as with torch's
+      ``DistributedSampler``, unless a loaded position is waiting for it (``loaded``): a pass that
+      was broken off (a loop left by ``break``, a sanity check of a few batches, ``next(iter(s))``)
+      leaves ``consumed`` saying what was trained, for ``state_dict``, but the next pass of the
+      same epoch starts at 0. A loaded position waits through ``set_epoch`` of its epoch and is
+      taken by the first pass that begins; the sampler gives it back (``loaded = True``) when that
+      pass was abandoned before the loop received anything from it.
     """
 
-    __slots__ = ("completed", "consumed", "epoch", "requested", "resumed")
+    __slots__ = ("completed", "consumed", "epoch", "loaded", "requested", "resumed")
 
     def __init__(self) -> None:
         self.epoch = 0
         self.consumed = 0
         self.completed = False
         self.resumed = False
+        self.loaded = False  # consumed is a loaded position that the next pass continues
         self.requested: int | None = None  # the epoch of the last set_epoch, until a pass begins
 
     def set_epoch(self, epoch: int) -> None:
         epoch = check_int("epoch", epoch, minimum=0)
         self.requested = epoch
         if epoch != self.epoch or (self.completed and not self.resumed):
-            self.epoch, self.consumed, self.completed = epoch, 0, False
+            self.epoch, self.consumed, self.completed, self.loaded = epoch, 0, False, False
         else:
             self.completed = False  # same epoch: keep the position, even at its end after a resume
         self.resumed = False
@@ -159,7 +167,9 @@ class Progress:
                 self.completed = False
         if self.completed:
             self.epoch, self.consumed = self.epoch + 1, 0
-        self.completed = self.resumed = False
+        elif not self.loaded:
+            self.consumed = 0  # NOTE [ A new pass starts its epoch ]: what a broken-off pass trained stays trained
+        self.completed = self.resumed = self.loaded = False
         self.requested = None
         return self.epoch, self.consumed
 
@@ -171,4 +181,4 @@ class Progress:
         """Adopt a saved position; a saved ``consumed >= total`` (nonzero) is a completed epoch."""
         self.epoch, self.consumed = epoch, consumed
         self.completed = total > 0 and consumed >= total
-        self.resumed = True
+        self.resumed = self.loaded = True

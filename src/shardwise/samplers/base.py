@@ -13,6 +13,7 @@ the next ``__iter__``). A Python generator would cost a frame switch per index.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import sys
 import warnings
@@ -155,8 +156,8 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         """Fold the live pass's trained position into the progress record.
 
         Trained, not handed out: a DataLoader's workers run ahead of the loop (see ``delivery``),
-        and a new ``__iter__`` (a loop restarted without ``set_epoch``, a loader that discards an
-        iterator it built to restore a state) continues from what the loop received.
+        so ``state_dict`` after a loop that stopped early resumes after what the loop received. A
+        new pass still starts its epoch (NOTE [ A new pass starts its epoch ] in ``_core.state``).
         """
         live = self._pass
         if live is None:
@@ -233,6 +234,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         even at the end of an epoch, rather than starting the next epoch.
         """
         self._sync()
+        self._abandon_pass()
         world = self.world
         seed = self.seed
         progress = self._progress
@@ -241,6 +243,21 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         if advancing:
             self._on_epoch(epoch)
         return world, seed, epoch, start, self._plan_size(epoch)
+
+    def _abandon_pass(self) -> None:
+        """Leave a pass that was broken off (synced, not complete) before another begins or a copy is made.
+
+        NOTE [ A new pass starts its epoch ] (``_core.state``): the next pass starts at the epoch's
+        start, unless the loop received nothing from the abandoned one (a loader's workers only
+        prefetched it, or a framework built and dropped an iterator): that pass moved nothing, so
+        the next one begins where it began, which keeps a loaded position waiting.
+        """
+        live = self._pass
+        if live is None:
+            return
+        self._pass = None
+        if live.trained() == 0:
+            self._progress.loaded = True  # consumed is live.start (synced): where the dropped pass began
 
     def __iter__(self) -> Iterator[T]:
         refuse_resharding(self)  # here, not in _begin_pass: it inspects the frames that called __iter__
@@ -270,7 +287,10 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         del caller
         live, chunks = self._start_pass(restored=restored)
         live.driver = driver
-        yield from chunks
+        for chunk in chunks:
+            live.check()  # load_state_dict stopped this pass (it cut the chunk being handed out)
+            yield chunk
+        live.check()
 
     def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[T]]]:
         """Begin the next pass: the live pass record and its units, chunk by chunk."""
@@ -337,6 +357,13 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict()`` output, in O(1), at any world size.
 
+        The next pass (the next ``iter()`` that is pulled) continues from the loaded position.
+
+        .. warning::
+            An iterator of this sampler that is running when the state is loaded does not carry
+            on from its old position: it raises ``RuntimeError`` at its next unit. Load the state
+            before iterating (frameworks do), then iterate again.
+
         Raises:
             StateMismatchError: the state belongs to another configuration (names the field).
             MalformedStateError: the dict is not a shardwise state of a known version.
@@ -350,6 +377,14 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
             self._adopt_seed(seed)
         self._skips = SkipLedger.from_state(state_dict.get(SKIP, ()))  # before the size below, which it shrinks
         self._skip_ids = IdSkips.from_state(state_dict.get(SKIP_IDS, ()))  # absent in older states: none
+        self._sync()
+        live = self._pass
+        if live is not None:  # a running pass: its iterator must not carry on from the old position
+            live.stop(
+                f"{type(self).__name__}.load_state_dict() was called while this iterator was running, so it stops "
+                "instead of carrying on from its old position; iterate the sampler again (a new for loop, "
+                "iter(loader)) to continue from the loaded state, and load states before iterating"
+            )
         self._pass = None
         self._progress.load(epoch, consumed, self._plan_size(epoch))
         self._on_epoch(epoch)
@@ -359,10 +394,15 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         self._resolved_seed, self._seed_source = seed, "resumed state"
 
     def __getstate__(self) -> dict[str, Any]:
-        # A live pass holds iterators; pickling (ddp_spawn, workers) carries only the position.
+        # A live pass holds iterators; pickling (ddp_spawn, workers) carries only the position. The copy
+        # holds no pass: like a new pass here, its first pass starts the epoch unless a state was loaded.
         self._sync()
         state = self.__dict__.copy()
         state["_pass"] = None
+        if self._pass is not None and self._pass.trained() == 0:
+            progress = copy.copy(self._progress)
+            progress.loaded = True  # as _abandon_pass: a pass the loop received nothing from moved nothing
+            state["_progress"] = progress
         return state
 
     # -- description ---------------------------------------------------------------------------

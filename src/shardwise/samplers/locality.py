@@ -77,6 +77,10 @@ class _Following:
     def __length_hint__(self) -> int:
         return len(self._ids) - self._next
 
+    def __setstate__(self, index: int) -> None:
+        """Continue from ``index``, as a list iterator does (a pass stopped by ``load_state_dict`` cuts its chunk)."""
+        self._next = min(max(index, 0), len(self._ids))
+
 
 class LocalitySampler(SizedPlanSampler):
     """A ``DistributedSampler`` over sharded data whose shuffle reads ``window`` shards at a time.

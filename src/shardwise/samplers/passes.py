@@ -22,7 +22,8 @@ UnitSource = Callable[[np.ndarray], list[Any]]
 class LivePass:
     """One rank's live pass over an epoch: where it started, what it handed out, what was trained."""
 
-    __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "total", "world_size")
+    __slots__ = ("count", "current", "current_len", "done_chunks", "driver", "even", "start", "stopped", "total",
+                 "world_size")  # fmt: skip
 
     def __init__(self, start: int, count: int, total: int, world_size: int, even: Even = Even.PAD) -> None:
         self.start, self.count, self.total, self.world_size, self.even = start, count, total, world_size, even
@@ -30,6 +31,23 @@ class LivePass:
         self.current: Iterator[Any] | None = None
         self.current_len = 0
         self.driver: LoaderDriver | None = None
+        self.stopped: str | None = None  # why the pass's iterator raises at its next unit (see ``stop``)
+
+    def stop(self, reason: str) -> None:
+        """Make the pass's iterator raise ``RuntimeError(reason)`` at its next unit instead of carrying on.
+
+        The chunk being handed out is cut short (a chunk iterator supports ``__setstate__(index)``,
+        as list iterators do); the pass raises when the next chunk is asked for (:meth:`check`).
+        """
+        self.stopped = reason
+        current = self.current
+        if current is not None:
+            current.__setstate__(self.current_len)  # type: ignore[attr-defined]
+
+    def check(self) -> None:
+        """Raise if the pass was stopped (see :meth:`stop`)."""
+        if self.stopped is not None:
+            raise RuntimeError(self.stopped)
 
     def local_done(self) -> int:
         """Units this rank has handed out in this pass."""

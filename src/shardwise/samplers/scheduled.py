@@ -272,6 +272,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                         f"{type(units[0]).__name__} units; batch samplers take a batch_size schedule themselves"
                     )
                 for step in range(stop - first):
+                    live.check()  # load_state_dict stopped this pass
                     batch = units[step * size : (step + 1) * size]
                     live.done += 1
                     yield [(index, run.payload) for index in batch] if with_payload else batch
