@@ -15,7 +15,9 @@ from ._core.version import __version__
 from ._core.weights import WeightSchedule, temperature_weights
 from .data.collate import PadCollate, PaddedBatch, pad_collate
 from .data.mixture import Mixture
-from .data.packing import PackCollate, PackedBatch, PackedDataset, PackedSample, pack_collate
+from .data.packed_batch import PackedBatch
+from .data.packed_dataset import PackedDataset, PackedSample
+from .data.packing import PackCollate, pack_collate
 from .data.ragged import RaggedArray, RaggedStoreError, RaggedWriter
 from .data.sharded import ShardCache, ShardedSource, ShardError
 from .index.arrow import column

@@ -21,179 +21,16 @@ out row by row. Which token goes where, for a batch of ``R`` rows of ``L`` colum
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Sized
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
 
 from .._core.errors import check_bool, check_int, shown
-from .._core.packing import PackedIndex
-
-
-class PackedSample(NamedTuple):
-    """One document of a packed batch, as :class:`PackedDataset` returns it."""
-
-    tokens: Any
-    """The document's tokens: a 1-D array, tensor or list (a piece of the sample when split)."""
-    sample: int
-    """The sample's index in the dataset."""
-    row: int | None
-    """The row of the batch it goes to (``None``: not known; :func:`pack_collate` fills rows in order)."""
-    start: int = 0
-    """Its first token's position in the sample (nonzero for the later pieces of a split sample)."""
-
-
-def _check_key(key: object) -> None:
-    """A dataset index: a PackedIndex (checked when made) or a non-negative int, never -1 (the padding's id)."""
-    if not isinstance(key, PackedIndex):
-        check_int("index", key, minimum=0)
-
-
-class PackedDataset(Dataset[PackedSample]):
-    """Wraps a map-style dataset of token sequences so that packed batches keep their rows and pieces.
-
-    ``dataset[i]`` must be a 1-D sequence of token ids (array, tensor, list; a
-    :class:`~shardwise.RaggedArray` item), or a mapping holding one under ``field`` (e.g. an HF
-    dataset row ``{"input_ids": [...]}``). Indexed with a ``PackedIndex`` it returns the piece
-    ``[start, stop)`` and the row; with a plain int, the whole sample and ``row=None``.
-    Picklable when the wrapped dataset is (DataLoader workers).
-
-    Args:
-        dataset: the map-style dataset.
-        field: the key of the token ids when items are mappings.
-        check_lengths: raise if a sample's length differs from the one the sampler planned
-            with (the ``stop`` it was given), instead of silently packing past ``max_len``.
-
-    Raises:
-        TypeError: ``dataset`` is iterable-style or has no ``len()``; ``dataset[0]`` is a mapping
-            and ``field`` is ``None``, or is not a mapping and ``field`` is given.
-        ValueError: ``dataset`` is empty, or ``dataset[0]`` has no key ``field``.
-
-    Construction reads ``dataset[0]`` (one sample, at any dataset size) to check ``field``.
-
-    Example:
-        >>> import numpy as np
-        >>> from shardwise import PackedBatchSampler, pack_collate
-        >>> docs = [np.arange(n) for n in (5, 3, 8, 2)]
-        >>> sampler = PackedBatchSampler([len(d) for d in docs], max_len=8, rows_per_batch=3, num_replicas=1, rank=0)
-        >>> data = PackedDataset(docs)
-        >>> batch = pack_collate([data[i] for i in next(iter(sampler))], max_len=8)
-        >>> batch.input_ids.shape, int(batch.cu_seqlens[-1])
-        (torch.Size([3, 8]), 24)
-    """
-
-    def __init__(self, dataset: Any, *, field: str | None = None, check_lengths: bool = True) -> None:
-        if isinstance(dataset, IterableDataset):
-            raise TypeError(
-                f"dataset should be a map-style dataset (with __getitem__ and __len__), but got "
-                f"{type(dataset).__name__}, an IterableDataset, which a batch sampler cannot index"
-            )
-        if not hasattr(dataset, "__getitem__") or not isinstance(dataset, Sized):
-            raise TypeError(
-                f"dataset should be a map-style dataset (with __getitem__ and __len__), but got "
-                f"{type(dataset).__name__}"
-            )
-        if field is not None and not isinstance(field, str):
-            raise TypeError(f"field should be a string key or None, but got field={field!r}")
-        self.dataset: Any = dataset
-        self.field = field
-        self.check_lengths = check_bool("check_lengths", check_lengths)
-        self._check_first_sample()
-
-    def _check_first_sample(self) -> None:
-        """Read ``dataset[0]`` (one sample, whatever the dataset's size) so that a wrong ``field`` fails now."""
-        if len(self.dataset) == 0:
-            raise ValueError(f"dataset should hold at least one sample, but {type(self.dataset).__name__} is empty")
-        item = self.dataset[0]
-        if isinstance(item, Mapping):
-            if self.field is not None and self.field not in item:
-                raise ValueError(
-                    f"field={self.field!r} should be a key of the dataset's items, but dataset[0] has keys "
-                    f"{sorted(map(str, item))!r}; pass the key of the token ids"
-                )
-            tokens = self._tokens(item, 0)[0]
-        elif self.field is not None:
-            raise TypeError(
-                f"field={self.field!r} is for items that are mappings, but dataset[0] is a {type(item).__name__}; "
-                "leave field=None"
-            )
-        else:
-            tokens = item
-        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sized) or getattr(tokens, "ndim", 1) != 1:
-            raise TypeError(
-                f"dataset items should be 1-D sequences of token ids{'' if self.field is None else ' under field'}, "
-                f"but dataset[0] holds {shown('tokens', tokens)} ({type(tokens).__name__})"
-            )
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def _tokens(self, item: Any, key: Any) -> Any:
-        if isinstance(item, Mapping):
-            if self.field is None:
-                raise TypeError(
-                    f"dataset[{int(key)}] is a mapping with keys {sorted(item)!r}; pass PackedDataset(dataset, "
-                    "field=<the key of the token ids>), e.g. field='input_ids'"
-                )
-            item = item[self.field]
-        if not isinstance(key, PackedIndex):
-            return item, None, 0
-        start, stop = key.start, key.stop
-        if self.check_lengths and stop >= 0 and len(item) < stop:
-            raise ValueError(
-                f"sample {int(key)} has {len(item)} tokens, but the sampler planned with a length of at least {stop}; "
-                "pass the sampler the lengths of exactly these token sequences"
-            )
-        return item[start:stop] if (start or stop != len(item)) else item, key.row, start
-
-    def __getitem__(self, key: int) -> PackedSample:
-        if type(key) is not int or key < 0:  # the common case (a plain int, a PackedIndex) costs one compare
-            _check_key(key)
-        tokens, row, start = self._tokens(self.dataset[key], key)
-        return PackedSample(tokens, int(key), row, start)
-
-    def __getitems__(self, keys: Sequence[int]) -> list[PackedSample]:
-        # A dataset's batched read (RaggedArray's) gets the plain indices; rows and pieces follow.
-        for key in keys:
-            if type(key) is not int or key < 0:
-                _check_key(key)
-        getitems = getattr(self.dataset, "__getitems__", None)
-        items = getitems([int(k) for k in keys]) if getitems is not None else [self.dataset[k] for k in keys]
-        out = []
-        for key, item in zip(keys, items, strict=True):
-            tokens, row, start = self._tokens(item, key)
-            out.append(PackedSample(tokens, int(key), row, start))
-        return out
-
-    def __repr__(self) -> str:
-        return f"PackedDataset({type(self.dataset).__name__}, field={self.field!r})"
-
-
-class PackedBatch(NamedTuple):
-    """A packed batch (see the module docstring for which token goes where). A named tuple, so
-    ``pin_memory`` and the device moves of Lightning and Accelerate map over it."""
-
-    input_ids: torch.Tensor
-    """``(R, L)`` int64 token ids, rows of concatenated documents, then ``pad_id``."""
-    labels: torch.Tensor
-    """``(R, L)`` int64 ``input_ids`` with ``ignore_index`` on each document's first token and on padding."""
-    position_ids: torch.Tensor
-    """``(R, L)`` int64 position of each token in its document (padding tails count from 0 too)."""
-    cu_seqlens: torch.Tensor
-    """``(segments + 1,)`` int32 segment boundaries in the flattened ``(R * L,)`` stream (documents, padding tails)."""
-    max_seqlen: int
-    """The longest segment."""
-    document_ids: torch.Tensor
-    """``(R, L)`` int64 document number in the batch (0, 1, ... in row order), -1 on padding."""
-    sample_ids: torch.Tensor
-    """``(R, L)`` int64 dataset index each token came from, -1 on padding."""
-    attention_mask: torch.Tensor | None
-    """``(R, 1, L, L)`` bool block-diagonal causal mask (True: may attend), or ``None`` unless asked for."""
-    num_tokens: int
-    """Real (non-padding) tokens in the batch."""
-
+from .attention import OWN, PackLayout, pack_layout
+from .packed_batch import PackedBatch
+from .packed_dataset import PackedSample
 
 _ID_MAX = int(np.iinfo(np.int64).max)
 
@@ -233,11 +70,12 @@ def pack_collate(
     pad_id: int = 0,
     ignore_index: int = -100,
     attention_mask: bool = False,
+    attn_implementation: str | None = None,
 ) -> PackedBatch:
     """Lay the documents of a packed batch out in rows: ids, labels, positions, ``cu_seqlens``, masks.
 
     Use as a DataLoader's ``collate_fn`` over a :class:`PackedDataset`; to fix options for
-    worker processes use :class:`PackCollate` (picklable).
+    worker processes, or to feed an HF model, use :class:`PackCollate` (picklable).
 
     Args:
         batch: :class:`PackedSample` items (their ``row`` says where each goes), or plain 1-D
@@ -248,11 +86,14 @@ def pack_collate(
             ``rows_per_batch`` batches that are one row short.
         pad_id: the id of padding tokens.
         ignore_index: the label of tokens no loss is taken on.
-        attention_mask: also build the ``(R, 1, L, L)`` block-diagonal causal mask for SDPA
-            (memory ``R * L * L`` bytes).
+        attention_mask: also build the ``(R, 1, L, L)`` block-diagonal causal mask for SDPA in
+            your own model (memory ``R * L * L`` bytes). Not for HF models (see :class:`PackCollate`).
+        attn_implementation: the HF attention implementation the batch feeds (``"sdpa"``,
+            ``"eager"``, ``"flex_attention"``, ``"flash_attention_2"``...): the inputs that keep
+            documents apart for it (see :class:`PackCollate`).
 
     Returns:
-        A :class:`PackedBatch`.
+        A :class:`PackedBatch`: the model's keyword arguments, with the bookkeeping in attributes.
 
     Raises:
         ValueError: an empty batch, a row longer than ``max_len``, a non-1-D item.
@@ -271,16 +112,55 @@ def pack_collate(
         [-100, 6, 7, -100, 9, -100]
     """
     length, count = _check_options(max_len, rows, pad_id, ignore_index)
-    return _pack(batch, length, count, pad_id, ignore_index, check_bool("attention_mask", attention_mask))
+    layout = _layout(None, attn_implementation, check_bool("attention_mask", attention_mask))
+    return _pack(batch, length, count, pad_id, ignore_index, attention_mask, layout)
+
+
+def _layout(model: Any, attn_implementation: str | None, with_mask: bool) -> PackLayout:
+    layout = pack_layout(model, attn_implementation)
+    if with_mask and layout.hf:
+        raise ValueError(
+            f"attention_mask=True builds a 4-D bool mask, which transformers passes to attention as it is and only "
+            f"sdpa reads right; for an HF model ({layout.name!r}) leave attention_mask=False: the batch carries "
+            "position_ids and use_cache=False, from which the model builds the mask its attention reads"
+        )
+    return layout
 
 
 class PackCollate:
     """:func:`pack_collate` with its options fixed, checked once; picklable for DataLoader workers.
 
+    Give it the model the batches feed, and each batch is exactly that model's keyword arguments
+    (``model(**batch)``), with the inputs that keep documents apart for its attention
+    implementation (:mod:`shardwise.data.attention` has the table):
+
+    - no model (your own module): ``input_ids``, ``labels``, ``position_ids`` in ``(R, L)`` rows,
+      and ``attention_mask`` (4-D bool, SDPA's form) with ``attention_mask=True``;
+    - an HF model with ``sdpa``, ``eager`` or ``flex_attention``: ``input_ids``, ``labels``,
+      ``position_ids`` in rows and ``use_cache=False`` (the model then builds a per-document mask);
+    - an HF model with flash-attention (``flash_attention_2``/``_3``, a ``...flash...`` kernel):
+      one flattened row ``(1, R * L)`` of each, ``use_cache=False`` and ``cu_seq_lens_q/k``,
+      ``max_length_q/k`` (varlen).
+
+    Only the model's config and ``forward`` signature are read at construction; the model is not
+    kept (workers get the options, not the model).
+
+    Args:
+        max_len, rows, pad_id, ignore_index, attention_mask: as :func:`pack_collate`.
+        model: the model the batches feed (an HF ``PreTrainedModel``, wrapped or not, or any module).
+        attn_implementation: an HF attention implementation, instead of the model's.
+
+    Raises:
+        ValueError: documents cannot be kept apart for ``model`` (an unknown or paged attention
+            implementation, a ``forward`` without ``position_ids``), or ``attention_mask=True`` for an
+            HF model (the model builds its own mask from ``position_ids``).
+
     Example:
         >>> collate = PackCollate(max_len=4, attention_mask=True)
         >>> collate([[1, 2], [3]]).attention_mask.shape
         torch.Size([1, 1, 4, 4])
+        >>> sorted(PackCollate(max_len=4, attn_implementation="sdpa")([[1, 2], [3]]))
+        ['input_ids', 'labels', 'position_ids', 'use_cache']
     """
 
     def __init__(
@@ -291,18 +171,27 @@ class PackCollate:
         pad_id: int = 0,
         ignore_index: int = -100,
         attention_mask: bool = False,
+        model: Any = None,
+        attn_implementation: str | None = None,
     ) -> None:
         self._length, self._rows = _check_options(max_len, rows, pad_id, ignore_index)
         self.max_len, self.rows, self.pad_id, self.ignore_index = max_len, rows, pad_id, ignore_index
         self.attention_mask = check_bool("attention_mask", attention_mask)
+        self.layout = _layout(model, attn_implementation, self.attention_mask)
+
+    def for_model(self, model: Any) -> PackCollate:
+        """The same options, for ``model`` (what ``ShardwiseTrainer`` uses when the collate names no model)."""
+        return PackCollate(max_len=self.max_len, rows=self.rows, pad_id=self.pad_id, ignore_index=self.ignore_index,
+                           attention_mask=self.attention_mask, model=model)  # fmt: skip
 
     def __call__(self, batch: Sequence[Any]) -> PackedBatch:
-        return _pack(batch, self._length, self._rows, self.pad_id, self.ignore_index, self.attention_mask)
+        return _pack(batch, self._length, self._rows, self.pad_id, self.ignore_index, self.attention_mask, self.layout)
 
     def __repr__(self) -> str:
+        target = "" if not self.layout.hf else f", attn_implementation={self.layout.name!r}"
         return (
             f"PackCollate(max_len={self.max_len!r}, rows={self.rows!r}, pad_id={self.pad_id!r}, "
-            f"ignore_index={self.ignore_index!r}, attention_mask={self.attention_mask!r})"
+            f"ignore_index={self.ignore_index!r}, attention_mask={self.attention_mask!r}{target})"
         )
 
 
@@ -333,7 +222,13 @@ def _documents(batch: Sequence[Any], max_len: int | None) -> tuple[list[np.ndarr
 
 
 def _pack(
-    batch: Sequence[Any], max_len: int | None, rows: int | None, pad_id: int, ignore_index: int, with_mask: bool
+    batch: Sequence[Any],
+    max_len: int | None,
+    rows: int | None,
+    pad_id: int,
+    ignore_index: int,
+    with_mask: bool,
+    layout: PackLayout = OWN,
 ) -> PackedBatch:
     if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
         raise TypeError(
@@ -395,14 +290,35 @@ def _pack(
         segment = np.repeat(np.arange(len(segments)), segments).reshape(num_rows, width)
         same = segment[:, :, None] == segment[:, None, :]
         mask = torch.from_numpy(same & np.tri(width, dtype=bool)[None]).unsqueeze(1)
-    return PackedBatch(
-        input_ids=torch.from_numpy(input_ids),
-        labels=torch.from_numpy(labels),
-        position_ids=torch.from_numpy(positions),
-        cu_seqlens=torch.from_numpy(cu_seqlens),
-        max_seqlen=int(max(segments)) if segments else 0,
-        document_ids=torch.from_numpy(document_ids),
-        sample_ids=torch.from_numpy(sample_ids),
-        attention_mask=mask,
-        num_tokens=int(row_tokens.sum()),
-    )
+    return _batch(
+        {"input_ids": input_ids, "labels": labels, "position_ids": positions},
+        {"document_ids": document_ids, "sample_ids": sample_ids},
+        mask, cu_seqlens, int(max(segments)) if segments else 0, int(row_tokens.sum()), layout,
+    )  # fmt: skip
+
+
+def _batch(
+    tensors: dict[str, np.ndarray],
+    kept: dict[str, np.ndarray],
+    mask: torch.Tensor | None,
+    cu_seqlens: np.ndarray,
+    longest: int,
+    num_tokens: int,
+    layout: PackLayout,
+) -> PackedBatch:
+    """The model's keyword arguments for ``layout``, the bookkeeping (``kept``...) in attributes."""
+    if layout.flatten:  # one row of R * L tokens: flash-attention's varlen layout
+        tensors = {k: v.reshape(1, -1) for k, v in tensors.items()}
+        kept = {k: v.reshape(1, -1) for k, v in kept.items()}
+    out = PackedBatch({k: torch.from_numpy(v) for k, v in tensors.items()})
+    if mask is not None:
+        out["attention_mask"] = mask
+    if layout.use_cache:
+        out["use_cache"] = False
+    cu = torch.from_numpy(cu_seqlens)
+    if layout.varlen:
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    out.document_ids = torch.from_numpy(kept["document_ids"])
+    out.sample_ids = torch.from_numpy(kept["sample_ids"])
+    out.cu_seqlens, out.max_seqlen, out.num_tokens = cu, longest, num_tokens
+    return out
