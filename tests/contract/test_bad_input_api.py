@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 
+import shardwise
 from shardwise import (
     BatchSizeSchedule,
     BucketBatchSampler,
@@ -113,6 +114,24 @@ class _Stream(IterableDataset[list[int]]):
 class _NoLen:
     def __getitem__(self, index: int) -> list[int]:
         return [1, 2]
+
+
+def _shards(tmp: Path, count: int = 1) -> list[str]:
+    """``count`` small Parquet shards with columns text, n, label (what ShardedSource rows read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": ["a", "bb", "ccc"], "n": [1, 2, 3], "label": [0, 1, 0]})
+    paths = [str(tmp / f"{i}.parquet") for i in range(count)]
+    for path in paths:
+        pq.write_table(table, path)
+    return paths
+
+
+def _source(**kwargs: Any) -> Call:
+    from shardwise import ShardedSource
+
+    return lambda tmp: ShardedSource(_shards(tmp, 2), index_dir=tmp / "index", **kwargs)
 
 
 ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
@@ -251,6 +270,73 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("state-consumed-2**63", _load({"consumed": 2**63}), MalformedStateError, ("state['consumed']",)),
     ("state-scheduled-seed-2**64", _load({"seed": 2**64}, lambda: ScheduledBatchSampler(
         10, batch_size=2, seed=None, num_replicas=1, rank=0)), MalformedStateError, ("state['seed']",)),
+    # -- issue 34: provenance edges ---------------------------------------------------------------------------
+    ("when-scheduled-past-the-data", lambda tmp: shardwise.when(ScheduledBatchSampler(100_003, batch_size=4, seed=1),
+     100_003, epochs=0, world_size=2), V, ("index", "[0, 100002]", "index=100003")),
+    ("when-scheduled-small-past-the-data", lambda tmp: shardwise.when(ScheduledBatchSampler(1000, batch_size=4),
+     1000, epochs=0, world_size=2), V, ("index", "[0, 999]", "index=1000")),
+    ("when-packed-past-the-data", lambda tmp: shardwise.when(_packed(num_replicas=1, rank=0), 4, epochs=0), V,
+     ("index", "[0, 1]", "PackedBatchSampler", "index=4")),
+    ("when-balanced-past-the-data", lambda tmp: shardwise.when(_balanced(num_replicas=1, rank=0), 40, epochs=0), V,
+     ("index", "index=40")),
+    ("when-two-past-the-data", lambda tmp: shardwise.when(_two(num_replicas=1, rank=0), 99, epochs=0), V,
+     ("index", "index=99")),
+    ("when-sharded-negative", lambda tmp: shardwise.when(ShardedSampler(10, num_replicas=1, rank=0), -1, epochs=0,
+     batch_size=2), V, ("index", "[0, 9]", "index=-1")),
+    ("sampler-skip-positions-past-the-plan", lambda tmp: ShardedSampler(100).skip_positions(0, 150, 160), V,
+     ("stop", "160", "100")),
+    ("sampler-skip-positions-across-the-end", lambda tmp: ShardedSampler(100).skip_positions(0, 90, 101), V,
+     ("stop", "101")),
+    ("sampler-skip-ranges-three-columns", lambda tmp: ShardedSampler(100).skip_ranges(0, [[1, 2, 3]]), V,
+     ("ranges", "(1, 3)")),
+    ("sampler-skip-ranges-str", lambda tmp: ShardedSampler(100).skip_ranges(0, "ab"), T, ("ranges", "'ab'")),
+    ("sampler-skip-ranges-int", lambda tmp: ShardedSampler(100).skip_ranges(0, 5), T, ("ranges", "5")),
+    ("sampler-skip-ranges-ragged", lambda tmp: ShardedSampler(100).skip_ranges(0, [[1, 2], [3]]), V,
+     ("ranges", "different lengths")),
+    ("sampler-skip-ranges-float", lambda tmp: ShardedSampler(100).skip_ranges(0, [[1.5, 2.0]]), T,
+     ("ranges", "float64")),
+    ("sampler-skip-ranges-past-the-plan", lambda tmp: ShardedSampler(100).skip_ranges(0, [[10, 20], [150, 160]]), V,
+     ("ranges", "[150, 160]", "[0, 100)")),
+    ("sampler-skip-ranges-reversed", lambda tmp: ShardedSampler(100).skip_ranges(0, [[20, 10]]), V,
+     ("ranges", "[[20, 10]]")),
+    ("sampler-skip-id-ranges-three-columns", lambda tmp: ShardedSampler(100).skip_id_ranges([[1, 2, 3]]), V,
+     ("ranges", "(1, 3)")),
+    ("sampler-skip-id-ranges-str", lambda tmp: ShardedSampler(100).skip_id_ranges("ab"), T, ("ranges", "'ab'")),
+    ("sampler-skip-id-ranges-past-the-data", lambda tmp: ShardedSampler(100).skip_id_ranges([[90, 120]]), V,
+     ("ranges", "[0, 99]", "[90, 120]")),
+    ("sampler-skip-ids-past-the-data", lambda tmp: ShardedSampler(100).skip_ids(90, 120), V,
+     ("stop", "120", "[0, 99]")),
+    # -- issue 34: messages that name the fix ------------------------------------------------------------------
+    ("source-length-column-typo", _source(length_column="txt"), V,
+     ("length_column", "'txt'", "['text', 'n', 'label']")),
+    ("source-label-column-typo", _source(label_column="lable"), V,
+     ("label_column", "'lable'", "['text', 'n', 'label']")),
+    ("source-columns-typo", _source(columns=["text", "nn"]), V, ("columns", "'nn'", "['text', 'n', 'label']")),
+    ("source-folder-missing", lambda tmp: shardwise.ShardedSource(str(tmp / "nope"), index_dir=False), V,
+     ("urls", "nope", "does not exist")),
+    ("two-primary-a-dataset", lambda tmp: TwoStreamBatchSampler(torch.utils.data.TensorDataset(torch.zeros(6, 3)),
+     range(3), primary_batch_size=2, secondary_batch_size=1), T, ("primary_indices", "TensorDataset",
+     "lists of indices into one dataset")),
+    ("two-secondary-strings", lambda tmp: TwoStreamBatchSampler(range(6), list("xyz"), primary_batch_size=2,
+     secondary_batch_size=1), T, ("secondary_indices", "lists of indices into one dataset")),
+    ("two-primary-rows", lambda tmp: TwoStreamBatchSampler(np.zeros((6, 3), dtype=int), range(3),
+     primary_batch_size=2, secondary_batch_size=1), V, ("primary_indices", "(6, 3)", "not two datasets")),
+    # -- public names added since the last round (issue 22 and after) ----------------------------------------
+    ("shard-cache-prefetch-threads-bool", lambda tmp: shardwise.ShardCache(tmp, prefetch_threads=True), T,
+     ("prefetch_threads", "True")),
+    ("shard-cache-prefetch-threads-2**70", lambda tmp: shardwise.ShardCache(tmp, prefetch_threads=2**70), V,
+     ("prefetch_threads",)),
+    ("shard-cache-timeout-zero", lambda tmp: shardwise.ShardCache(tmp, timeout=0), V, ("timeout", "0")),
+    ("shard-cache-storage-options-str", lambda tmp: shardwise.ShardCache(tmp, storage_options="anon"), T,
+     ("storage_options", "'anon'")),
+    ("source-cache-not-a-cache", _source(cache="cache"), T, ("cache", "'cache'")),
+    ("source-storage-options-list", _source(storage_options=["anon"]), T, ("storage_options", "['anon']")),
+    ("source-index-dir-int", lambda tmp: shardwise.ShardedSource(_shards(tmp), index_dir=3), T, ("index_dir", "3")),
+    ("source-columns-str", _source(columns="text"), T, ("columns", "'text'")),
+    ("source-open-shards-bool", _source(open_shards=True), T, ("open_shards", "True")),
+    ("locality-partitions-bool", lambda tmp: shardwise.LocalitySampler([3, 4], partitions=True), T,
+     ("partitions", "True")),
+    ("locality-window-str", lambda tmp: shardwise.LocalitySampler([3, 4], window="2"), T, ("window", "'2'")),
 ]  # fmt: skip
 
 

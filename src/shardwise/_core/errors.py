@@ -112,8 +112,10 @@ def check_path(name: str, value: object) -> str:
     return path
 
 
-def check_cache_dir(value: object, *, file_error: type[ValueError] = ValueError) -> str | bool | None:
-    """``cache_dir`` checked at construction: ``None``, ``False``, or a path that is not a file.
+def check_cache_dir(
+    value: object, *, file_error: type[ValueError] = ValueError, name: str = "cache_dir"
+) -> str | bool | None:
+    """``cache_dir`` (or ``name``) checked at construction: ``None``, ``False``, or a path that is not a file.
 
     The index cache itself checks ``cache_dir`` only when it builds or opens an entry, which a
     small input may never do; every sampler that takes ``cache_dir`` calls this first, so that a
@@ -126,11 +128,11 @@ def check_cache_dir(value: object, *, file_error: type[ValueError] = ValueError)
         return value
     path = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(path, str) or not path:
-        raise TypeError(f"cache_dir should be {accepted}, but got cache_dir={value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} should be {accepted}, but got {name}={value!r} ({type(value).__name__})")
     if os.path.isfile(os.path.expanduser(path)):
         raise file_error(
-            f"cache_dir should be a directory, but {path!r} is a file; pass another cache_dir, "
-            "or cache_dir=False to build the index in memory"
+            f"{name} should be a directory, but {path!r} is a file; pass another {name}, "
+            f"or {name}=False to build the index in memory"
         )
     return path
 

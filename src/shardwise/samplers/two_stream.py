@@ -26,7 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
 from .._core.arrays import digest
 from .._core.draws import counter_hash
@@ -111,6 +111,27 @@ def stream_overlap(primary: IndexList, secondary: IndexList) -> tuple[int, int]:
         return 0, -1
     secondary_bounds = check_values("secondary_indices", secondary)
     return shared_indices(primary, primary_bounds, secondary, secondary_bounds)
+
+
+TAKES_INDEX_LISTS = (
+    "TwoStreamBatchSampler takes two lists of indices into one dataset, not two datasets: e.g. over "
+    "ConcatDataset([labelled, unlabelled]), primary_indices=range(len(labelled)), "
+    "secondary_indices=range(len(labelled), len(labelled) + len(unlabelled))"
+)
+
+
+def _indices(name: str, values: object, *, allow_empty: bool = False) -> IndexList:
+    """``index_list`` of ``values``; a dataset, or anything that is not integers, is refused saying what to pass."""
+    if isinstance(values, Dataset) and not isinstance(values, (range, list, tuple, np.ndarray)):
+        # Never turned into an array: that would read the whole dataset.
+        raise TypeError(f"{name} should be a sequence of dataset indices, but got a {type(values).__name__} "
+                        f"(a dataset); {TAKES_INDEX_LISTS}")  # fmt: skip
+    try:
+        return index_list(name, values, allow_empty=allow_empty)
+    except (TypeError, ValueError) as error:
+        if "empty" in str(error):  # an empty list is not a dataset mix-up
+            raise
+        raise type(error)(f"{error}; {TAKES_INDEX_LISTS}") from None
 
 
 def _list_key(values: IndexList) -> str:
@@ -203,8 +224,8 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     ) -> None:
         keywords = self._read_keywords(options)
         # Used as they are (a memmap stays on disk, a range stays three integers): never copied.
-        self.primary_indices: IndexList = index_list("primary_indices", primary_indices)
-        self.secondary_indices: IndexList = index_list("secondary_indices", secondary_indices, allow_empty=True)
+        self.primary_indices: IndexList = _indices("primary_indices", primary_indices)
+        self.secondary_indices: IndexList = _indices("secondary_indices", secondary_indices, allow_empty=True)
         # Either size may be a per-epoch BatchSizeSchedule; the attributes hold epoch 0's value.
         self._schedules = EpochSizes("TwoStreamBatchSampler", len(self.primary_indices),
                                      primary_batch_size=primary_batch_size,

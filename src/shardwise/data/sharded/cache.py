@@ -116,6 +116,9 @@ class ShardCache:
         self.backoff = check_seconds("backoff", backoff)
         self.timeout = check_seconds("timeout", timeout, allow_zero=False)
         self.prefetch_threads = check_int("prefetch_threads", prefetch_threads, minimum=0)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError("storage_options should be a dict of fsspec options or None, but got "
+                            f"storage_options={storage_options!r} ({type(storage_options).__name__})")
         self.storage_options = dict(storage_options or {})
         self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order

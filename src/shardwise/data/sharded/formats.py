@@ -99,14 +99,25 @@ def _tar_members(handle: IO[bytes]) -> dict[str, dict[str, tuple[int, int]]]:
 
 def count_rows(handle: IO[bytes], fmt: Format) -> int:
     """Samples in one shard, from its metadata (``handle``: a seekable binary file, local or remote)."""
+    return shard_facts(handle, fmt)[0]
+
+
+def shard_facts(handle: IO[bytes], fmt: Format) -> tuple[int, list[str]]:
+    """``(samples, column names)`` of one shard, from its metadata (one read of a Parquet footer).
+
+    A WebDataset shard's "columns" are the member extensions of its first sample.
+    """
     if fmt is Format.PARQUET:
-        return int(pyarrow().parquet.ParquetFile(handle).metadata.num_rows)
+        parquet = pyarrow().parquet.ParquetFile(handle)
+        return int(parquet.metadata.num_rows), list(parquet.schema_arrow.names)
     if fmt is Format.ARROW:
         reader = _arrow_reader(handle)
+        names = list(reader.schema.names)
         if hasattr(reader, "num_record_batches"):
-            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-        return sum(batch.num_rows for batch in reader)
-    return len(_tar_members(handle))
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), names
+        return sum(batch.num_rows for batch in reader), names
+    members = _tar_members(handle)
+    return len(members), sorted(next(iter(members.values()), {}))
 
 
 def _as_values(column: Any, name: str) -> np.ndarray:

@@ -35,7 +35,7 @@ from ..._core.errors import check_cache_dir, check_choice, check_int, check_iter
 from ...index import build_or_open
 from ...index.cache import CacheDir
 from .cache import Derived, ShardCache, is_local
-from .formats import Format, ShardError, ShardReader, count_rows, decode_parquet, format_of, pyarrow, read_column
+from .formats import Format, ShardError, ShardReader, decode_parquet, format_of, pyarrow, read_column, shard_facts
 from .rows import OutputFormat, numeric_columns, table_rows
 
 KIND = "sharded-meta"
@@ -61,6 +61,12 @@ def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
         protocol = text.split("://", 1)[0] + "://" if "://" in text else ""
         if len(paths) == 1 and fs.isdir(paths[0]):
             paths = sorted(p for p in fs.find(paths[0]) if format_of(p) is not None)
+        elif len(paths) == 1 and format_of(paths[0]) is None and not fs.exists(paths[0]):
+            # Neither a folder nor a shard file: without this, the next error would be about format=.
+            raise ValueError(
+                f"urls should name shard files, a glob or a folder, but urls={text!r} does not exist; check the "
+                "path (and storage_options for a remote one)"
+            )
         found = [protocol + p if protocol and not p.startswith(protocol) else p for p in paths]
         if not found:
             raise ValueError(f"urls should name shard files, but urls={text!r} matched none (.parquet, .arrow, .tar)")
@@ -138,7 +144,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         if storage_options is not None and not isinstance(storage_options, dict):
             raise TypeError("storage_options should be a dict of fsspec options or None, but got "
                             f"storage_options={storage_options!r} ({type(storage_options).__name__})")
-        index_dir = check_cache_dir(index_dir)
+        index_dir = check_cache_dir(index_dir, name="index_dir")
         self.storage_options = dict(storage_options or (cache.storage_options if cache is not None else {}))
         self.urls = expand_urls(urls, self.storage_options)
         if given_format is None:
@@ -162,6 +168,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes, dtype=np.int64)])
         self.lengths: np.ndarray | None = arrays.get("lengths")
         self.labels: np.ndarray | None = arrays.get("labels")
+        self._check_columns(arrays["names"].tolist())
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._decoded: Derived | None = None  # what the cache keeps of a remote shard instead of it
         if self.format is Format.PARQUET and self.decode is Decode.NODE:
@@ -170,6 +177,17 @@ class ShardedSource(Dataset[dict[str, Any]]):
             self._decoded = Derived(f"{tag}.arrow", functools.partial(decode_parquet, columns=self.columns))
 
     # -- metadata ------------------------------------------------------------------------------
+    def _check_columns(self, names: list[str]) -> None:
+        """Refuse ``columns`` that name no column every shard has, now rather than at the first read."""
+        if self.columns is None or self.format is Format.WEBDATASET:  # a tar's members: read as they come
+            return
+        missing = [c for c in self.columns if c not in names and c.split(".", 1)[0] not in names]
+        if missing:
+            raise ValueError(
+                f"columns should name columns of the shards, but got columns={self.columns!r}, and no column "
+                f"{missing[0]!r} is in every shard; the columns every shard has are {names}"
+            )
+
     def _stat(self) -> list[tuple[str, int, str]]:
         """``(url, size, version)`` per shard: the version is the ETag, else the modification time."""
         stats = []
@@ -192,27 +210,40 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self._versions = np.asarray([
             int.from_bytes(hashlib.blake2b(json.dumps(stat).encode(), digest_size=8).digest(), "little")
             for stat in stats], dtype=np.uint64)
-        options = [self.format.value, self.length_column, self.label_column]
+        # "names": entries hold the columns every shard has (names.npy), which earlier entries did not.
+        options = [self.format.value, self.length_column, self.label_column, "names"]
         key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
 
         def build(directory: Path) -> None:
             counts, lengths, labels = [], [], []
+            common: list[str] | None = None  # the columns every shard read so far has
             for url, _, _ in stats:
                 fs = self.cache.filesystem(url)
                 try:
                     with fs.open(url, "rb") as handle:
-                        counts.append(count_rows(handle, self.format))
-                        if self.length_column is not None:
-                            handle.seek(0)
-                            lengths.append(read_column(handle, self.format, self.length_column))
-                        if self.label_column is not None:
-                            handle.seek(0)
-                            labels.append(read_column(handle, self.format, self.label_column))
+                        rows, names = shard_facts(handle, self.format)
+                        counts.append(rows)
+                        common = names if common is None else [name for name in common if name in names]
+                        # A column the shard lacks is raised below, outside the handler that blames its format.
+                        missing = [(option, column) for option, column in (("length_column", self.length_column),
+                                   ("label_column", self.label_column)) if column is not None and column not in names]
+                        for column, values in ((self.length_column, lengths), (self.label_column, labels)):
+                            if column is not None and not missing:
+                                handle.seek(0)
+                                values.append(read_column(handle, self.format, column))
                 except (OSError, ValueError, KeyError, TypeError) as error:
                     raise ShardError(
                         f"could not read the metadata of shard {url} as {self.format.value}: {error}"
                     ) from error
+                if missing:
+                    option, column = missing[0]
+                    what = "member extensions" if self.format is Format.WEBDATASET else "columns"
+                    raise ValueError(
+                        f"{option} should name a column of the shards, but got {option}={column!r}, which shard "
+                        f"{url} does not have; its {what} are {names}"
+                    )
             np.save(directory / "counts.npy", np.asarray(counts, dtype=np.int64))
+            np.save(directory / "names.npy", np.asarray(common or [], dtype=str))
             np.save(directory / "bytes.npy", np.asarray([size for _, size, _ in stats], dtype=np.int64))
             if self.length_column is not None:
                 np.save(directory / "lengths.npy", np.concatenate(lengths))
