@@ -78,14 +78,20 @@ def test_public_classes_show_their_real_signature() -> None:
 
 def test_samplers_share_one_constructor_convention() -> None:
     """Every public sampler and shard()/shard_batches(): data positional, the rest keyword-only, the shared
-    keywords last in one order, drop_last=False by default (TwoStreamBatchSampler: True, documented)."""
+    keywords last in one order, drop_last=False by default (TwoStreamBatchSampler: True, documented).
+    ShardedSampler, the drop-in DistributedSampler, takes torch's signature instead (NOTE [ Drop-in signature ])."""
     import inspect
+
+    from torch.utils.data import DistributedSampler
 
     from shardwise.samplers.keywords import ORDER
 
-    names = [n for n in shardwise.__all__ if n.endswith("Sampler")]
+    names = [n for n in shardwise.__all__ if n.endswith("Sampler") and n != "ShardedSampler"]
     names += ["ShardedWrapper", "ShardedBatchWrapper", "shard", "shard_batches"]
-    assert len(names) >= 13
+    assert len(names) >= 12
+    drop_in = inspect.signature(shardwise.ShardedSampler).parameters.values()
+    torch_order = inspect.signature(DistributedSampler).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in drop_in] == [(p.name, p.kind, p.default) for p in torch_order]
     for name in names:
         parameters = list(inspect.signature(getattr(shardwise, name)).parameters.values())
         positional = [p for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]

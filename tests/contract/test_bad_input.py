@@ -37,13 +37,37 @@ from shardwise import (
         ({"dataset": 10, "seed": "7"}, TypeError, r"seed should be an integer, but got seed='7'"),
         ({"dataset": 10, "shuffle": 1}, TypeError, r"shuffle should be True or False, but got shuffle=1"),
         ({"dataset": 10, "drop_last": None}, TypeError, r"drop_last should be True or False, but got drop_last=None"),
+        # torch's DistributedSampler positional order (NOTE [ Drop-in signature ]), and its "Invalid rank" wording
+        ({"dataset": 10, "args": (3, 3)}, ValueError, r"Invalid rank: rank should be in the interval \[0, 2\] for num_replicas=3"),
+        ({"dataset": 10, "args": (3, -1)}, ValueError, r"Invalid rank: rank should be a non-negative integer, but got rank=-1"),
+        ({"dataset": 10, "args": (2, 0, True, 0, False, 1)}, TypeError, r"ShardedSampler\(\) takes at most 6 positional arguments \(dataset, num_replicas, rank, shuffle, seed, drop_last\), but got 7"),
+        ({"dataset": 10, "args": (2,), "num_replicas": 2}, TypeError, r"ShardedSampler\(\) got multiple values for argument 'num_replicas'"),
+        ({"dataset": 10, "args": (2, 0, "no")}, TypeError, r"shuffle should be True or False, but got shuffle='no'"),
+        ({"dataset": 10, "args": (2, 0, True, -1)}, ValueError, r"seed should be a non-negative integer, but got seed=-1"),
     ],
 )
 def test_sharded_sampler_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
     """Each bad ShardedSampler argument raises at construction, naming parameter, value and what is accepted."""
     dataset = kwargs.pop("dataset")
+    args = kwargs.pop("args", ())
     with pytest.raises(error, match=match):
-        ShardedSampler(dataset, **kwargs)
+        ShardedSampler(dataset, *args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error", "match"),
+    [
+        ("drop_last", 1, TypeError, r"drop_last should be True or False, but got drop_last=1"),
+        ("shuffle", None, TypeError, r"shuffle should be True or False, but got shuffle=None"),
+        ("dataset", 2.5, TypeError, r"dataset should be a sized dataset or an int length, but got dataset=2.5"),
+        ("num_samples", -1, ValueError, r"num_samples should be a non-negative integer, but got num_samples=-1"),
+        ("total_size", "8", TypeError, r"total_size should be an integer, but got total_size='8'"),
+    ],
+)
+def test_sharded_sampler_rejects_bad_assignments(name: str, value: object, error: type, match: str) -> None:
+    """torch's attributes assigned after construction are checked as the constructor's arguments are."""
+    with pytest.raises(error, match=match):
+        setattr(ShardedSampler(10, num_replicas=2, rank=0), name, value)
 
 
 def test_numpy_integers_are_accepted_as_sizes() -> None:

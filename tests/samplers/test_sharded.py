@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 import pickle
+import typing
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from shardwise import ShardedSampler
 
@@ -161,3 +165,119 @@ def test_resumed_seed_none_sampler_takes_the_saved_seed(monkeypatch: pytest.Monk
     resumed.load_state_dict(state)
     assert resumed.seed == 123
     assert list(resumed) == list(ShardedSampler(50, seed=123, num_replicas=1, rank=0))[5:]
+
+
+# -- a drop-in DistributedSampler (issue 34, item 3): torch's own tests, with ShardedSampler in its place -------------
+def test_torch_distributed_sampler_invalid_rank() -> None:
+    """torch's test_distributed_sampler_invalid_rank: positional (dataset, num_replicas, rank), 'Invalid rank'."""
+    dataset = torch.IntTensor(range(10))
+    with pytest.raises(ValueError, match="Invalid rank"):
+        ShardedSampler(dataset, 3, 3)
+    with pytest.raises(ValueError, match="Invalid rank"):
+        ShardedSampler(dataset, 3, -1)
+    with pytest.raises(ValueError, match=r"Invalid rank.*rank should be in the interval \[0, 2\] for num_replicas=3"):
+        ShardedSampler(dataset, num_replicas=3, rank=3)
+
+
+def test_torch_duplicating_data_with_drop_last() -> None:
+    """torch's test_duplicating_data_with_drop_last: no sample twice over ranks when the loader drops the short batch."""
+    num_processes, num_batches = 4, 9
+    data_set = torch.IntTensor(range(num_batches))
+    scanned_data = torch.IntTensor([])
+    for i in range(num_processes):
+        s = ShardedSampler(data_set, num_processes, i)
+        d_loader = DataLoader(data_set, batch_size=int(num_batches / num_processes), drop_last=True, sampler=s)
+        for data in d_loader:
+            scanned_data = torch.cat((scanned_data, data), 0)
+    assert scanned_data.size() == scanned_data.unique().size()
+
+
+def test_takes_distributed_samplers_positional_arguments_and_signature() -> None:
+    """DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the same calls, the same signature."""
+    args = (range(11), 3, 1, False, 5, True)
+    assert list(ShardedSampler(*args)) == list(DistributedSampler(*args))
+    by_keyword = ShardedSampler(range(11), num_replicas=3, rank=1, shuffle=True, seed=5, drop_last=True)
+    assert ShardedSampler(range(11), 3, 1, True, 5, True).state_dict() == by_keyword.state_dict()
+    ours, theirs = inspect.signature(ShardedSampler), inspect.signature(DistributedSampler)
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in theirs.parameters.values()
+    ]
+    with pytest.raises(TypeError, match=r"ShardedSampler\(\) takes at most 6 positional arguments"):
+        ShardedSampler(range(4), 2, 0, True, 0, False, "extra")
+    with pytest.raises(TypeError, match=r"ShardedSampler\(\) got multiple values for argument 'rank'"):
+        ShardedSampler(range(4), 2, 0, rank=1)
+    with pytest.raises(TypeError, match=r"shuffle should be True or False"):
+        ShardedSampler(range(4), 2, 0, "yes")
+
+
+def test_drop_last_and_dataset_assigned_after_construction_take_effect() -> None:
+    """torch reads drop_last and dataset when iterating: assigning them changes the next pass (not one under way)."""
+    sampler = ShardedSampler(range(10), num_replicas=4, rank=3, shuffle=False)
+    assert list(sampler) == [3, 7, 1]
+    sampler.drop_last = True
+    assert (list(sampler), len(sampler), sampler.num_samples, sampler.total_size) == ([3, 7], 2, 2, 8)
+    sampler.dataset = range(13)
+    assert sampler.dataset == range(13)
+    assert list(sampler) == list(DistributedSampler(range(13), num_replicas=4, rank=3, shuffle=False, drop_last=True))
+    sampler.shuffle = True
+    assert sorted(sampler) != list(sampler) and len(list(sampler)) == 3
+    iterator = iter(sampler)
+    next(iterator)
+    for name, value in (("drop_last", False), ("dataset", range(5)), ("shuffle", False)):
+        with pytest.raises(RuntimeError, match=rf"{name} cannot change in the middle of an epoch; set it before"):
+            setattr(sampler, name, value)
+    with pytest.raises(TypeError, match=r"drop_last should be True or False"):
+        ShardedSampler(4).drop_last = "no"
+    with pytest.raises(TypeError, match=r"dataset should be a sized dataset"):
+        ShardedSampler(4).dataset = object()
+
+
+class _ElasticShardedSampler(ShardedSampler):
+    """torch's ElasticDistributedSampler (torch.distributed.elastic.utils.data), line for line, on ShardedSampler."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, start_index=0):  # type: ignore[no-untyped-def]
+        super().__init__(dataset=dataset, num_replicas=num_replicas, rank=rank)
+        self.start_index = start_index
+        if start_index >= len(dataset):
+            raise ValueError(f"Start index {start_index} should be less than dataset size {len(dataset)}")
+        self.num_samples = int(math.ceil(float(len(dataset) - self.start_index) / self.num_replicas))  # noqa: RUF046
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        g = torch.Generator()
+        g.manual_seed(self.epoch)
+        indices = torch.randperm(len(self.dataset) - self.start_index, generator=g).add(self.start_index).tolist()
+        indices += indices[: (self.total_size - len(indices))]
+        assert len(indices) == self.total_size
+        indices = indices[self.rank : self.total_size : self.num_replicas]
+        assert len(indices) == self.num_samples
+        return iter(indices)
+
+    def __len__(self):  # type: ignore[no-untyped-def]
+        return self.num_samples
+
+
+def test_a_subclass_that_sets_num_samples_works_as_on_torchs_sampler() -> None:
+    """torch's ElasticDistributedSampler assigns num_samples and total_size: on ShardedSampler it runs as on torch's."""
+    from torch.distributed.elastic.utils.data import ElasticDistributedSampler
+
+    for rank in range(3):
+        ours = _ElasticShardedSampler(range(20), num_replicas=3, rank=rank, start_index=7)
+        theirs = ElasticDistributedSampler(range(20), num_replicas=3, rank=rank, start_index=7)
+        ours.set_epoch(2)
+        theirs.set_epoch(2)
+        facts = [(list(s), len(s), s.num_samples, s.total_size) for s in (ours, theirs)]
+        assert facts[0] == facts[1]
+
+
+def test_is_subscriptable_like_distributed_sampler() -> None:
+    """ShardedSampler[int] works where DistributedSampler[int] does (annotations, subclassing)."""
+    assert DistributedSampler[int] is not None
+    alias = ShardedSampler[int]
+    assert typing.get_origin(alias) is ShardedSampler and typing.get_args(alias) == (int,)
+
+    class Mine(ShardedSampler[int]):
+        pass
+
+    assert list(Mine(range(4), num_replicas=2, rank=1, shuffle=False)) == [1, 3]
+    assert list(alias(range(4), 2, 0, False)) == [0, 2]

@@ -31,12 +31,19 @@ class World:
 
 
 def check_world_args(num_replicas: object, rank: object) -> tuple[int | None, int | None]:
-    """Validate explicit ``num_replicas``/``rank`` at construction (either may be ``None``)."""
+    """Validate explicit ``num_replicas``/``rank`` at construction (either may be ``None``).
+
+    A rank out of range says "Invalid rank", as torch's ``DistributedSampler`` does (code and
+    tests written for it match that), then the interval and the value.
+    """
     replicas = None if num_replicas is None else check_int("num_replicas", num_replicas, minimum=1)
-    rank_ = None if rank is None else check_int("rank", rank, minimum=0)
+    rank_ = None if rank is None else check_int("rank", rank)
+    if rank_ is not None and rank_ < 0:
+        raise ValueError(f"Invalid rank: rank should be a non-negative integer, but got rank={rank!r}")
     if replicas is not None and rank_ is not None and rank_ >= replicas:
         raise ValueError(
-            f"rank should be in the interval [0, {replicas - 1}] for num_replicas={replicas}, but got rank={rank_}"
+            f"Invalid rank: rank should be in the interval [0, {replicas - 1}] for num_replicas={replicas}, "
+            f"but got rank={rank_}"
         )
     return replicas, rank_
 

@@ -146,6 +146,14 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         self._seed_arg = self._resolved_seed = check_seed(value)
         self._seed_source = "argument"
 
+    def _refuse_mid_epoch(self, name: str) -> None:
+        """Raise before ``name`` changes while an epoch is under way (the pass and the state follow one plan)."""
+        self._sync()
+        if self._pass is not None or (self._progress.consumed and not self._progress.completed):
+            raise RuntimeError(
+                f"{name} cannot change in the middle of an epoch; set it before iterating or between epochs"
+            )
+
     @property
     def even(self) -> Even:
         """How ranks are given equal lengths: ``Even.PAD`` or ``Even.DROP``."""

@@ -157,6 +157,38 @@ def expand_signature(function: Callable[..., Any], defaults: Mapping[str, Any] |
     return signature.replace(parameters=parameters)
 
 
+def positional_keywords(owner: str, data: str, names: tuple[str, ...], values: tuple[Any, ...],
+                        options: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """``options`` with ``values``, given by position after the data argument ``data``, under ``names`` in order.
+
+    For a constructor that also takes shared keywords positionally (``ShardedSampler`` takes
+    torch's ``DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last)``).
+
+    Raises:
+        TypeError: more values than ``names``, or a value also given by keyword (Python's own wording).
+    """
+    if len(values) > len(names):
+        raise TypeError(
+            f"{owner}() takes at most {len(names) + 1} positional arguments ({', '.join((data, *names))}), but got "
+            f"{len(values) + 1}; pass the rest by keyword"
+        )
+    given = dict(zip(names, values, strict=False))  # fewer values than names: the rest by keyword
+    twice = [name for name in given if name in options]
+    if twice:
+        raise TypeError(f"{owner}() got multiple values for argument {twice[0]!r}")
+    return {**given, **options}
+
+
+def positional_signature(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:
+    """``signature`` (expanded, with a ``*values`` parameter) with ``names`` positional-or-keyword, in that order."""
+    parameters = list(signature.parameters.values())
+    by_name = {parameter.name: parameter for parameter in parameters}
+    shown = [by_name[name].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+    kept = [p for p in parameters if p.name not in names and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    first = [p for p in kept if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    return signature.replace(parameters=[*first, *shown, *(p for p in kept if p not in first)])
+
+
 def with_keywords(function: F) -> F:
     """Give a function taking ``**options: Unpack[...]`` its expanded signature (``shard()``)."""
     function.__signature__ = expand_signature(function)  # type: ignore[attr-defined]

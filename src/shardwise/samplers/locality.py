@@ -162,7 +162,7 @@ class LocalitySampler(SizedPlanSampler):
         self.ranks_per_partition = check_int("ranks_per_partition", ranks_per_partition, minimum=1)
         self._layout: tuple[int, PartitionLayout] | None = None  # (seed, layout): fixed for the run
         keywords = self._read_keywords(options)
-        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
+        self.shuffle = keywords.shuffle  # drop_last: the shell's, from keywords.even
         self._init_plan(keywords)
 
     def permutation(self, epoch: int) -> Plan | None:

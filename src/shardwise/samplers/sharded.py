@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core.errors import check_int
+from .._core.errors import check_bool, check_int
 from .._core.permutation import Permutation, positions_of
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
 from .identity import with_data
 from .inputs import dataset_size
-from .keywords import ShuffledKeywords
+from .keywords import ShuffledKeywords, positional_keywords, positional_signature
 from .passes import UnitSource
 from .sized import SizedPlanSampler
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+_TORCH_POSITIONAL = ("num_replicas", "rank", "shuffle", "seed", "drop_last")
+"""``DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last)``: NOTE [ Drop-in signature ]."""
 
 
 class ShardedSampler(SizedPlanSampler):
@@ -29,15 +33,27 @@ class ShardedSampler(SizedPlanSampler):
     ``shuffle=True`` the order comes from a keyed permutation computed position by position, so
     no rank ever materialises ``randperm(n)`` (torch's costs ~44 bytes a sample per rank).
 
+    NOTE [ Drop-in signature ]: it takes torch's calls: ``ShardedSampler(dataset, num_replicas,
+    rank, shuffle, seed, drop_last)`` positionally or by keyword (the only shardwise sampler whose
+    shared keywords may be positional: it stands in for torch's), "Invalid rank" errors,
+    ``ShardedSampler[int]``, ``drop_last``/``dataset``/``shuffle`` assigned between epochs (read
+    by the next pass, as torch reads them when iterating; refused mid-epoch), and subclasses that
+    assign ``num_samples``/``total_size`` (torch's ``ElasticDistributedSampler``).
+
+    Differences by design: the shuffled order is not torch's (same lengths, another uniform
+    permutation); without ``set_epoch`` the epoch advances after every complete pass (torch
+    repeats epoch 0's order); ``state_dict``/``load_state_dict`` resume mid-epoch; rank and world
+    size are resolved when iterated, not when built.
+
     Being a ``DistributedSampler`` subclass, frameworks keep it in place and call its
-    ``set_epoch``. Rank and world size are resolved when iterated, not when built.
+    ``set_epoch``.
 
     Args:
         dataset: a sized dataset, or its length as an int.
-        shuffle: shuffle the order, differently every epoch.
-        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         num_replicas: world size; default: torch.distributed, then the launcher's environment.
         rank: global rank; default: as ``num_replicas``.
+        shuffle: shuffle the order, differently every epoch.
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
         drop_last: cut the tail so ranks get equal lengths, instead of padding it by wrapping.
 
     Example:
@@ -57,12 +73,38 @@ class ShardedSampler(SizedPlanSampler):
     _CHUNK = 1 << 16
     _FIRST_CHUNK = 1 << 10
 
-    def __init__(self, dataset: Any, **options: Unpack[ShuffledKeywords]) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Any, *positional: Any, **options: Unpack[ShuffledKeywords]) -> None:
+        if positional:  # torch's order (NOTE [ Drop-in signature ]); the shell checks the values
+            options = positional_keywords(  # type: ignore[assignment]
+                type(self).__name__, "dataset", _TORCH_POSITIONAL, positional, options
+            )
+        self._dataset = dataset
         self._size = dataset_size(dataset)
         keywords = self._read_keywords(options)
-        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
+        self._shuffle = keywords.shuffle
         self._init_plan(keywords)
+
+    @property
+    def dataset(self) -> Any:
+        """The data (torch's attribute); assigned between epochs, the next pass samples the new data."""
+        return self._dataset
+
+    @dataset.setter
+    def dataset(self, dataset: Any) -> None:
+        size = dataset_size(dataset)
+        self._refuse_mid_epoch("dataset")
+        self._dataset, self._size = dataset, size
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether the order is shuffled (torch's attribute); assigned between epochs, the next pass follows it."""
+        return self._shuffle
+
+    @shuffle.setter
+    def shuffle(self, shuffle: bool) -> None:
+        value = check_bool("shuffle", shuffle)
+        self._refuse_mid_epoch("shuffle")
+        self._shuffle = value
 
     def _plan_size(self, epoch: int) -> int:
         return self._size
@@ -100,3 +142,9 @@ class ShardedSampler(SizedPlanSampler):
     def _data_repr(self) -> str:
         return f"n={self._size}"
 
+
+# NOTE [ Drop-in signature ]: help() and inspect.signature show torch's DistributedSampler parameters.
+ShardedSampler.__init__.__signature__ = positional_signature(  # type: ignore[attr-defined]
+    inspect.signature(ShardedSampler.__init__), ("self", "dataset", *_TORCH_POSITIONAL)
+)
+ShardedSampler.__signature__ = positional_signature(inspect.signature(ShardedSampler), ("dataset", *_TORCH_POSITIONAL))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.plan import rank_count
+from .._core.errors import check_bool, check_int
+from .._core.plan import Even, rank_count
 from .base import PlanSampler
 
 
@@ -12,18 +16,52 @@ class SizedPlanSampler(PlanSampler[int], DistributedSampler[int]):
     """A ``DistributedSampler`` whose epoch is a plan over ``_size`` samples (``ShardedSampler``, ``LocalitySampler``).
 
     ``num_samples`` and ``total_size`` are torch's attributes, derived from the data size and the
-    world size resolved now (a sampler is often built before the process group).
+    world size resolved now (a sampler is often built before the process group). A subclass may
+    assign them, as torch's ``ElasticDistributedSampler`` does for its own ``__iter__`` and
+    ``__len__``: the assigned value is what the attribute reads from then on (the shardwise plan,
+    which ``__iter__`` and ``__len__`` of this class deal, does not change). ``drop_last`` assigned
+    after construction applies from the next epoch's pass, as torch reads it when iterating.
     """
 
     _size: int
     """Samples in the data, hence positions in every epoch's plan."""
 
-    @property
-    def num_samples(self) -> int:  # type: ignore[override]  # derived from the data size and the world size resolved now
-        """Indices per rank per epoch (torch's attribute)."""
-        return rank_count(self._size, 0, self.num_replicas, self._even)
+    _assigned_num_samples: int | None = None
+    _assigned_total_size: int | None = None
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        # ``ShardedSampler[int]``, as ``DistributedSampler[int]``: the class, parametrised for readers.
+        return types.GenericAlias(cls, item)
 
     @property
-    def total_size(self) -> int:  # type: ignore[override]  # derived, as num_samples
+    def num_samples(self) -> int:  # derived from the data size and the world size resolved now, or assigned
+        """Indices per rank per epoch (torch's attribute)."""
+        if self._assigned_num_samples is not None:
+            return self._assigned_num_samples
+        return rank_count(self._size, 0, self.num_replicas, self._even)
+
+    @num_samples.setter
+    def num_samples(self, value: int) -> None:
+        self._assigned_num_samples = check_int("num_samples", value, minimum=0)
+
+    @property
+    def total_size(self) -> int:  # derived, as num_samples, or assigned
         """Indices per epoch over all ranks, padding included (torch's attribute)."""
+        if self._assigned_total_size is not None:
+            return self._assigned_total_size
         return self.num_samples * self.num_replicas
+
+    @total_size.setter
+    def total_size(self, value: int) -> None:
+        self._assigned_total_size = check_int("total_size", value, minimum=0)
+
+    @property
+    def drop_last(self) -> bool:  # the plan's Even, which a pass deals
+        """Cut the tail so ranks get equal lengths, instead of padding it (torch's attribute)."""
+        return self._even is Even.DROP
+
+    @drop_last.setter
+    def drop_last(self, value: bool) -> None:
+        drop_last = check_bool("drop_last", value)
+        self._refuse_mid_epoch("drop_last")
+        self._even = Even.DROP if drop_last else Even.PAD
