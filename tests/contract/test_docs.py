@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md runs as written, on CPU.
+"""Every code block of README.md and docs/*.md runs as written, on CPU, with nothing hidden.
 
 Each page is one script: its ```python blocks, in order, each at its own line number (a traceback's
 ``page.md.py, line 57`` is line 57 of the page), run in a fresh interpreter in a temporary folder
@@ -7,22 +7,32 @@ not run is a test of its own that is skipped with the reason the page gives. Blo
 ```bash run where marked, as shell commands at their place in the page's script; blocks fenced
 with a bare ``` are text (usage lines, file layouts) and are not code.
 
-What is run is chosen in the markdown, by an HTML comment (invisible when rendered) on the lines
-right before a fence:
+What runs is exactly what a reader sees. A page whose examples need data, a model or a file shows
+that setup itself, in a visible block (say, a short "To run these examples" block at the top),
+small enough to run in seconds: write the example small rather than hide a smaller one. The test
+adds no code of its own; its environment only keeps a run off the launcher variables of the
+calling process, off CUDA, and keeps shardwise's index cache (``SHARDWISE_CACHE_DIR``) in the
+temporary folder.
 
-    <!-- doc-test: skip REASON -->        the next block is not run; its test is skipped with REASON
+Which blocks are not run is chosen in the markdown, by an HTML comment (invisible when rendered)
+on the lines right before a fence (only other markers between them and the fence):
+
+    <!-- doc-test: skip REASON -->        the next block is not run; its test is skipped with REASON,
+                                          which is required (say what runs it instead)
     <!-- doc-test: requires PKG ... -->   the next block is skipped, naming the module, if one is missing
     <!-- doc-test: gpu -->                the next block is skipped unless CUDA is available
     <!-- doc-test: run -->                the next ```bash block runs (every bash block needs run or skip)
-    <!-- doc-test: setup
-    dataset = list(range(1000))          hidden Python run right before the next block: what the page
-    -->                                   leaves to the reader (``dataset``, ``model``, a file to read)
 
 A ```python block runs unless it is marked; a ```bash block without ``run`` or ``skip`` fails the
 page's test, so that nothing is left out silently, with one rule of its own: a ```bash block that
 starts with ``python3 -m venv`` (README's two set-up commands, for a fresh machine) is skipped with
 ``FRESH_MACHINE_REASON``: CI runs the test command itself (``.ci/run``), and ``tests/tools/test_demo.py``
 the demo. New pages under docs/ are picked up as they are.
+
+A ``<!-- doc-test: setup ... -->`` comment (hidden code run before a block) fails the page's test,
+saying to make that code visible; so do an unknown marker, a ``skip`` without a reason, and a
+marker that is not right before a ```python or ```bash fence. ``HIDDEN_SETUP_ALLOWED`` names the pages that still have
+hidden setup while they are rewritten (temporary).
 """
 
 from __future__ import annotations
@@ -50,6 +60,13 @@ FRESH_MACHINE_REASON = ("sets up a fresh machine (a virtual environment, install
 
 # Pages another branch owns, whose snippet needs a fix there: run, and expected to fail until it lands.
 NOT_YET: dict[str, str] = {}
+
+# TEMPORARY (issue 34, item 2): these two pages are being rewritten by another engineer right now and
+# still run hidden ``doc-test: setup`` code. Remove each entry when its page shows its setup; then
+# remove this allow-list and the ``allow_setup`` path below. No other page may be added here.
+HIDDEN_SETUP_ALLOWED = frozenset({"docs/packing.md", "docs/transformers.md"})
+HIDDEN_SETUP = ("runs code the reader never sees; show it in a visible block instead (e.g. a short "
+                "'To run these examples' block at the top of the page, small and fast)")  # fmt: skip
 
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARKER = re.compile(r"^<!--\s*doc-test:\s*(\w+)\s*(.*?)\s*(-->)?\s*$")
@@ -79,7 +96,7 @@ class Block:
     def why_not_run(self) -> str | None:
         """The reason this block is not run here, or None."""
         if self.skip is not None:
-            return self.skip or "marked skip"
+            return self.skip
         missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
         if missing:
             return f"needs {', '.join(missing)}, which is not installed"
@@ -93,6 +110,8 @@ class Block:
 
 def _mark(block: Block, kind: str, rest: str, where: str) -> None:
     if kind == "skip":
+        if not rest:
+            raise ValueError(f"{where}: doc-test skip needs a reason: <!-- doc-test: skip REASON --> (what runs it instead)")
         block.skip = rest
     elif kind == "requires":
         block.requires += rest.split()
@@ -101,53 +120,89 @@ def _mark(block: Block, kind: str, rest: str, where: str) -> None:
     elif kind == "run":
         block.run = True
     else:
-        raise ValueError(f"{where}: unknown doc-test marker {kind!r} (skip, requires, gpu, run, setup)")
+        raise ValueError(f"{where}: unknown doc-test marker {kind!r} (skip, requires, gpu, run)")
 
 
-def parse(page: Path) -> list[Block]:
-    """The page's ```python and ```bash blocks with their markers."""
+def _hidden_setup(page: Path, lines: list[str], i: int, closed: bool) -> tuple[int, tuple[int, list[str]]]:
+    """The hidden code of a setup comment opening at line ``i`` (0-based): (its closing line, (first line, lines))."""
+    body: list[str] = []
+    start = i + 2
+    while not closed:
+        i += 1
+        if i >= len(lines):
+            raise ValueError(f"{page.name}:{start - 1}: a doc-test setup comment is never closed by -->")
+        if lines[i].strip() == "-->":
+            break
+        body.append(lines[i])
+    return i, (start, body)
+
+
+def _fenced(lines: list[str], start: int, language: str, pending: Block) -> tuple[int, Block | None]:
+    """The fenced block opening at line ``start`` (0-based): (its closing line, the block if it is code)."""
+    i = start + 1
+    while i < len(lines) and not lines[i].startswith("```"):
+        i += 1
+    if language not in ("python", "bash", "sh"):
+        return i, None
+    pending.line, pending.language, pending.code = start + 1, "bash" if language == "sh" else language, \
+        lines[start + 1:i]  # fmt: skip
+    if pending.language == "bash" and pending.skip is None and not pending.run and pending.code and \
+            pending.code[0].startswith(FRESH_MACHINE):  # fmt: skip
+        pending.skip = FRESH_MACHINE_REASON
+    return i, pending
+
+
+def parse(page: Path, *, allow_setup: bool = False) -> list[Block]:
+    """The page's ```python and ```bash blocks with their markers.
+
+    Raises ValueError for a marker the page may not have: unknown, ``skip`` without a reason, not
+    right before a fence, or hidden ``setup`` code (unless ``allow_setup``: HIDDEN_SETUP_ALLOWED).
+    """
     lines = page.read_text().splitlines()
     blocks: list[Block] = []
     pending = Block(0, "", [])
+    marked_at: int | None = None  # 1-based line of the first marker waiting for its fence
     i = 0
     while i < len(lines):
-        text = lines[i]
-        marker = MARKER.match(text)
-        fence = FENCE.match(text)
+        marker, fence = MARKER.match(lines[i]), FENCE.match(lines[i])
+        if marked_at is not None and not marker and not fence:
+            raise ValueError(f"{page.name}:{marked_at}: a doc-test marker must be right before a code fence "
+                             f"(only other markers between them); line {i + 1} comes first")  # fmt: skip
         if marker:
             kind, rest, closed = marker.group(1), marker.group(2), marker.group(3)
+            marked_at = i + 1 if marked_at is None else marked_at
+            if kind == "setup" and not allow_setup:
+                raise ValueError(f"{page.name}:{i + 1}: a hidden <!-- doc-test: setup --> comment {HIDDEN_SETUP}")
             if kind == "setup":
-                body: list[str] = []
-                start = i + 2
-                while not closed:
-                    i += 1
-                    if i >= len(lines):
-                        raise ValueError(f"{page.name}:{start - 1}: a doc-test setup comment is never closed by -->")
-                    if lines[i].strip() == "-->":
-                        break
-                    body.append(lines[i])
-                pending.setup.append((start, body))
+                i, setup = _hidden_setup(page, lines, i, closed is not None)
+                pending.setup.append(setup)
             else:
                 _mark(pending, kind, rest, f"{page.name}:{i + 1}")
         elif fence:
-            language = fence.group(1)
-            start = i
-            i += 1
-            while i < len(lines) and not lines[i].startswith("```"):
-                i += 1
-            if language in ("python", "bash", "sh"):
-                pending.line, pending.language, pending.code = start + 1, "bash" if language == "sh" else language, \
-                    lines[start + 1:i]  # fmt: skip
-                if pending.language == "bash" and pending.skip is None and not pending.run and pending.code and \
-                        pending.code[0].startswith(FRESH_MACHINE):  # fmt: skip
-                    pending.skip = FRESH_MACHINE_REASON
-                blocks.append(pending)
+            i, block = _fenced(lines, i, fence.group(1), pending)
+            if block is None and marked_at is not None:  # a text block: the markers would fall on the next code
+                raise ValueError(f"{page.name}:{marked_at}: a doc-test marker is right before a text block (a bare ```), "
+                                 "which never runs; mark a ```python or ```bash block")  # fmt: skip
+            marked_at = None
+            if block is not None:
+                blocks.append(block)
                 pending = Block(0, "", [])
         i += 1
-    if pending.setup:  # setup after the last block: run at the end of the page
+    if pending.setup:  # setup after the last block (HIDDEN_SETUP_ALLOWED only): run at the end of the page
         pending.language, pending.line = "python", len(lines) + 1
         blocks.append(pending)
+    elif marked_at is not None:
+        raise ValueError(f"{page.name}:{marked_at}: a doc-test marker must be right before a code fence; the page ends")
     return blocks
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def _parse(page: Path) -> list[Block]:
+    """A page of this repository parsed, hidden setup refused unless the page is on the temporary allow-list."""
+    return parse(page, allow_setup=_name(page) in HIDDEN_SETUP_ALLOWED)
 
 
 def script(page: Path, blocks: list[Block]) -> str:
@@ -172,8 +227,11 @@ def script(page: Path, blocks: list[Block]) -> str:
 def _cases() -> list[object]:
     cases: list[object] = []
     for page in PAGES:
-        name = page.relative_to(ROOT).as_posix()
-        blocks = parse(page)
+        name = _name(page)
+        try:
+            blocks = _parse(page)
+        except ValueError:  # a marker the page may not have: its page test fails, saying which
+            blocks = []
         marks = [pytest.mark.xfail(reason=NOT_YET[name], strict=False)] if name in NOT_YET else []
         cases.append(pytest.param(page, None, id=name, marks=marks))
         for block in blocks:
@@ -185,7 +243,7 @@ def _cases() -> list[object]:
 @pytest.mark.parametrize(("page", "line"), _cases())
 def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> None:
     """The page's blocks, run in order as one script on CPU, exit 0; a block not run says why."""
-    blocks = parse(page)
+    blocks = _parse(page)
     if line is not None:
         block = next(b for b in blocks if b.line == line)
         pytest.skip(f"{page.name}:{line} ({block.language}): {block.why_not_run()}")
@@ -206,7 +264,7 @@ def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> N
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", SHARDWISE_VERIFY_PROCESSES="1",
-               PYTHONWARNINGS="ignore")  # fmt: skip
+               PYTHONWARNINGS="ignore", SHARDWISE_CACHE_DIR=str(tmp_path / "shardwise-cache"))  # fmt: skip
     try:
         done = subprocess.run([sys.executable, path.name], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT, check=False)  # fmt: skip
@@ -218,40 +276,72 @@ def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> N
 
 
 def test_markers_choose_what_runs_and_keep_the_page_line_numbers(tmp_path: Path) -> None:
-    """setup runs hidden code before its block, skip/requires/gpu give reasons, code keeps its page line."""
+    """skip/requires/gpu give reasons, code keeps its page line, and nothing runs that the page does not show."""
     page = tmp_path / "page.md"
     page.write_text(
         "# Page\n"  # 1
-        "<!-- doc-test: setup\n"  # 2
-        "x = 40\n"  # 3
-        "-->\n"  # 4
-        "```python\n"  # 5
-        "y = x + 2\n"  # 6
-        "```\n"  # 7
-        "<!-- doc-test: skip needs a cluster -->\n"  # 8
-        "```python\n"  # 9
-        "raise SystemExit(1)\n"  # 10
-        "```\n"  # 11
-        "<!-- doc-test: requires no_such_module_here -->\n"  # 12
-        "```python\n"  # 13
-        "import no_such_module_here\n"  # 14
-        "```\n"  # 15
-        "```bash\n"  # 16
-        "echo unmarked\n"  # 17
+        "To run this page: `x = 40`.\n"  # 2
+        "```python\n"  # 3
+        "x = 40\n"  # 4
+        "y = x + 2\n"  # 5
+        "```\n"  # 6
+        "<!-- doc-test: skip needs a cluster -->\n"  # 7
+        "```python\n"  # 8
+        "raise SystemExit(1)\n"  # 9
+        "```\n"  # 10
+        "<!-- doc-test: requires no_such_module_here -->\n"  # 11
+        "```python\n"  # 12
+        "import no_such_module_here\n"  # 13
+        "```\n"  # 14
+        "```bash\n"  # 15
+        "echo unmarked\n"  # 16
+        "```\n"  # 17
         "```\n"  # 18
-        "```\n"  # 19
-        "plain text, not code\n"  # 20
-        "```\n"  # 21
+        "plain text, not code\n"  # 19
+        "```\n"  # 20
     )
     blocks = parse(page)
-    assert [(b.line, b.language) for b in blocks] == [(5, "python"), (9, "python"), (13, "python"), (16, "bash")]
+    assert [(b.line, b.language) for b in blocks] == [(3, "python"), (8, "python"), (12, "python"), (15, "bash")]
     assert [b.why_not_run() for b in blocks] == [
         None, "needs a cluster", "needs no_such_module_here, which is not installed", None,
     ]
     assert not blocks[3].run and blocks[3].skip is None  # the page's test fails on this unmarked bash block
     lines = script(page, blocks).splitlines()
-    assert lines[2] == "x = 40" and lines[5] == "y = x + 2"  # 0-based: page lines 3 and 6
+    assert lines[3] == "x = 40" and lines[4] == "y = x + 2"  # 0-based: page lines 4 and 5
     assert "SystemExit" not in "\n".join(lines) and "no_such_module_here" not in "\n".join(lines)
-    with pytest.raises(ValueError, match="unknown doc-test marker 'skipp'"):
-        page.write_text("<!-- doc-test: skipp typo -->\n```python\npass\n```\n")
+    assert [text for text in lines[1:] if text] == ["x = 40", "y = x + 2"]  # the script is what the page shows
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<!-- doc-test: setup\nx = 40\n-->\n```python\ny = x + 2\n```\n",
+         r"page.md:1: a hidden <!-- doc-test: setup --> comment runs code the reader never sees; show it in a visible"),
+        ("<!-- doc-test: setup x = 40 -->\n```python\ny = x + 2\n```\n", "page.md:1: a hidden"),
+        ("```python\npass\n```\n<!-- doc-test: setup\nassert True\n-->\n", "page.md:4: a hidden"),
+        ("<!-- doc-test: skip -->\n```python\npass\n```\n", "page.md:1: doc-test skip needs a reason"),
+        ("<!-- doc-test: skipp typo -->\n```python\npass\n```\n", "unknown doc-test marker 'skipp'"),
+        ("<!-- doc-test: gpu -->\n\n```python\npass\n```\n", "page.md:1: a doc-test marker must be right before"),
+        ("<!-- doc-test: skip far away -->\nSome text.\n```python\npass\n```\n", "line 2 comes first"),
+        ("```python\npass\n```\n<!-- doc-test: requires numpy -->\n", "page.md:4: .* the page ends"),
+        ("<!-- doc-test: skip a usage line -->\n```\nusage\n```\n```python\npass\n```\n", "page.md:1: .* text block"),
+    ],
+    ids=["setup", "setup-one-line", "setup-at-end", "skip-no-reason", "unknown", "blank-line", "text-between", "at-end",
+         "before-text"],
+)
+def test_hidden_setup_and_stray_markers_fail_the_page(tmp_path: Path, text: str, message: str) -> None:
+    """What a reader would not see run, or a marker that would land on another block, is refused by name."""
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    with pytest.raises(ValueError, match=message):
         parse(page)
+
+
+def test_hidden_setup_runs_only_on_the_temporary_allow_list(tmp_path: Path) -> None:
+    """The allow-listed pages (being rewritten) keep their hidden setup until their rewrite lands; no other may."""
+    assert {"docs/packing.md", "docs/transformers.md"} >= HIDDEN_SETUP_ALLOWED  # never grows
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n<!-- doc-test: setup\nx = 40\n-->\n```python\ny = x + 2\n```\n")
+    blocks = parse(page, allow_setup=True)
+    lines = script(page, blocks).splitlines()
+    assert lines[2] == "x = 40" and lines[5] == "y = x + 2"
