@@ -139,3 +139,53 @@ def test_verify_output_into_a_missing_folder_is_refused_before_any_work(
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, err  # no table: verify never ran
     assert option in err and str(missing) in err and "does not exist" in err
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["verify"], ["which"], ["skip"]], ids=str)
+def test_help_shows_no_type_after_a_flag(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """--help lists flags (--json, --spawn, --help, --version) bare: no '<bool>' after them."""
+    with pytest.raises(SystemExit) as caught:
+        main([*command, "--help"])
+    assert caught.value.code == 0
+    out = capsys.readouterr().out
+    assert "<bool>" not in out and "--help" in out, out
+
+
+def test_json_is_a_flag_in_verify_and_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--json prints the JSON alone on stdout in both commands (it was a path in verify); --json-file PATH writes it."""
+    import json
+
+    monkeypatch.setenv("SHARDWISE_VERIFY_PROCESSES", "1")
+    target = "tests.verify_zoo:sharded_env"
+    with pytest.raises(SystemExit) as caught:
+        main(["verify", target, "-w", "2", "-e", "1", "--json", "--json-file", str(tmp_path / "v.json")])
+    assert caught.value.code == 0, capsys.readouterr().err
+    printed = json.loads(capsys.readouterr().out)  # nothing but the report
+    assert printed["ok"] is True and printed == json.loads((tmp_path / "v.json").read_text())
+    with pytest.raises(SystemExit) as caught:
+        main(["which", target, "-w", "2", "--step", "0", "--json", "--json-file", str(tmp_path / "w.json")])
+    assert caught.value.code in (0, None), capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "w.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("given", "read"),
+    [
+        (["verify", "t:f", "--json", "r.json"], ["verify", "t:f", "--json-file", "r.json"]),  # the older spelling
+        (["verify", "--json", "r.json", "t:f", "-w", "2"], ["verify", "--json-file", "r.json", "t:f", "-w", "2"]),
+        (["verify", "t:f", "--json=r.json"], ["verify", "t:f", "--json-file=r.json"]),
+        (["verify", "--json", "t:f", "-w", "2"], ["verify", "--json", "t:f", "-w", "2"]),  # the flag
+        (["verify", "t:f", "--json", "--plot", "p.png"], ["verify", "t:f", "--json", "--plot", "p.png"]),
+        (["verify", "-w", "4", "--json", "t:f"], ["verify", "-w", "4", "--json", "t:f"]),
+        (["which", "t:f", "--json", "-w", "2"], ["which", "t:f", "--json", "-w", "2"]),
+    ],
+)
+def test_the_older_json_path_spelling_still_writes_a_file(given: list[str], read: list[str]) -> None:
+    """`verify --json PATH` (before --json was a flag) is read as --json-file PATH; the flag stays a flag."""
+    import typer
+
+    from shardwise.tools.cli import _app, legacy_json
+
+    assert legacy_json(given, typer.main.get_command(_app())) == read

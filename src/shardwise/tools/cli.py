@@ -59,7 +59,9 @@ def _app() -> Any:
     from rich.console import Console
     from rich.table import Table
 
-    app = typer.Typer(add_completion=False, no_args_is_help=True, help="shardwise: distributed data sampling.")
+    # rich_markup_mode=None: click's plain help, where a flag shows no "<bool>" after it as typer's panels did.
+    app = typer.Typer(add_completion=False, no_args_is_help=True, help="shardwise: distributed data sampling.",
+                      rich_markup_mode=None)
     # Piped output (CI logs) gets a wide table instead of rich's 80-column default.
     console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -71,7 +73,7 @@ def _app() -> Any:
     ) -> None:
         """shardwise: distributed data sampling."""
 
-    @app.command()
+    @app.command(short_help="Run a real gloo job and show what every rank drew.")
     def demo(
         world_size: int = typer.Option(2, "--world-size", "-w", min=1, max=16, help="Processes to spawn (gloo)."),
         size: int = typer.Option(9_600, "--size", "-n", min=0, help="Samples in the demo dataset."),
@@ -115,7 +117,7 @@ def _app() -> Any:
         if not (all(row.ok for row in rows) and steps_equal and expected):
             raise typer.Exit(1)
 
-    @app.command()
+    @app.command(short_help="Show how this process resolves rank, world size and seed.")
     def check(
         size: int = typer.Option(1000, "--size", "-n", min=0, help="Dataset size for the example sampler."),
     ) -> None:
@@ -204,7 +206,9 @@ VERIFY_EPILOG = (
     "is imported only up to its own verify() call.\n\n"
     "Exit status: 0 safe (warnings allowed); 1 a finding would break training, the sampler raised, or "
     "verify timed out; 2 a usage error (bad option, target that cannot be imported or called, or that "
-    "returns something else than a sampler; --json/--plot into a folder that does not exist)."
+    "returns something else than a sampler; --json-file/--plot into a folder that does not exist).\n\n"
+    "--json prints the report as JSON on stdout (nothing else), as in shardwise which; --json-file PATH writes "
+    "it to a file (--json PATH, the older spelling, still works)."
 )
 
 
@@ -221,11 +225,35 @@ def _writable(option: str, path: Path | None) -> None:
         raise _verify_exit(f"{option} {str(path)!r} is a folder; give a file name, e.g. {path / 'report'}", 2)
 
 
+def _read_lengths(path: Path | None) -> Any:
+    """``verify --lengths``: the ``.npy`` array, or a usage error naming the file."""
+    if path is None:
+        return None
+    import numpy as np
+
+    try:
+        return np.load(path)
+    except (OSError, ValueError) as error:
+        raise _verify_exit(f"cannot read --lengths {str(path)!r}: {error}", 2) from None
+
+
+def _write_report(report: Any, as_json: bool, json_path: Path | None, plot_path: Path | None) -> None:
+    """``verify``'s outputs: the JSON on stdout (``--json``), into ``--json-file``, the PNG (``--plot``)."""
+    if as_json:
+        print(report.to_json(indent=2))
+    if json_path is not None:
+        json_path.write_text(report.to_json(indent=2))
+    if plot_path is not None:
+        from .verify.plot import plot_report
+
+        plot_report(report, plot_path)
+
+
 def _add_verify(app: Any, console: Any) -> None:
     """The ``verify`` command: exit 0 when safe, 1 when a finding breaks training, 2 on usage errors."""
     import typer
 
-    @app.command("verify", epilog=VERIFY_EPILOG)  # type: ignore[untyped-decorator]
+    @app.command("verify", epilog=VERIFY_EPILOG, short_help="Prove a sampler or DataLoader safe before training.")  # type: ignore[untyped-decorator]
     def verify_command(
         target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
         world_size: int = typer.Option(4, "--world-size", "-w", min=1, max=256, help="Ranks to verify."),
@@ -234,7 +262,8 @@ def _add_verify(app: Any, console: Any) -> None:
         size: int | None = typer.Option(None, "--size", "-n", min=0, help="Dataset size, for coverage."),
         # B008: typer declares options as call defaults; these are evaluated once, read-only.
         lengths: Path | None = typer.Option(None, "--lengths", help=".npy of per-sample lengths."),  # noqa: B008
-        json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),  # noqa: B008
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
+        json_path: Path | None = typer.Option(None, "--json-file", help="Also write the report as JSON here."),  # noqa: B008
         plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG (needs matplotlib)."),  # noqa: B008
         timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds before verify gives up."),
         state: Path | None = typer.Option(None, "--state", help="Saved state or checkpoint: check its skip ledger."),  # noqa: B008
@@ -242,7 +271,7 @@ def _add_verify(app: Any, console: Any) -> None:
         """Prove a sampler, batch sampler or DataLoader safe for distributed training, before the run."""
         from rich.table import Table
 
-        _writable("--json", json_path)
+        _writable("--json-file", json_path)
         _writable("--plot", plot_path)
         from .verify import TargetError, verify
         from .verify.report import ERROR, PASS, SKIPPED, WARNING
@@ -254,14 +283,7 @@ def _add_verify(app: Any, console: Any) -> None:
                 require_matplotlib()
             except ImportError as error:
                 raise _verify_exit(str(error), 2) from None
-        lengths_array = None
-        if lengths is not None:
-            import numpy as np
-
-            try:
-                lengths_array = np.load(lengths)
-            except (OSError, ValueError) as error:
-                raise _verify_exit(f"cannot read --lengths {str(lengths)!r}: {error}", 2) from None
+        lengths_array = _read_lengths(lengths)
         try:
             report = verify(
                 target, world_size=world_size, epochs=epochs, dataset_size=size, lengths=lengths_array,
@@ -271,6 +293,9 @@ def _add_verify(app: Any, console: Any) -> None:
             raise _verify_exit(str(error).splitlines()[0], 2) from None
         except (TimeoutError, RuntimeError) as error:
             raise _verify_exit(str(error).splitlines()[0], 1) from None
+        _write_report(report, as_json, json_path, plot_path)
+        if as_json:  # stdout holds the JSON only, for a pipe
+            raise typer.Exit(0 if report.ok else 1)
         styles = {PASS: "green", WARNING: "yellow", ERROR: "bold red", SKIPPED: "dim"}
         table = Table(title=f"shardwise verify {report.target} ({report.mode}, {report.world_size} ranks, "
                       f"{report.epochs} epochs)")
@@ -283,17 +308,44 @@ def _add_verify(app: Any, console: Any) -> None:
         for finding in report.findings:
             console.print(f"[{styles[finding.severity]}]{finding.severity}[/] {finding.check}: {finding.message}")
         if json_path is not None:
-            json_path.write_text(report.to_json(indent=2))
             console.print(f"report written to {json_path}")
         if plot_path is not None:
-            from .verify.plot import plot_report
-
-            plot_report(report, plot_path)
             console.print(f"plot written to {plot_path}")
         console.print("[green]safe for distributed training[/]" if report.ok else
                       "[bold red]NOT safe: a finding above would break training[/]")
         if not report.ok:
             raise typer.Exit(1)
+
+
+def legacy_json(args: list[str], command: Any) -> list[str]:
+    """``--json PATH`` (and ``--json=PATH``), the older spelling of ``--json-file PATH``, as ``--json-file``.
+
+    ``--json`` is a flag in every command (JSON on stdout); ``verify --json report.json`` wrote a file
+    before, and still does: the token after ``--json`` is taken as its path when the command would
+    otherwise get one positional argument too many.
+    """
+    name = next((token for token in args if not token.startswith("-")), None)
+    sub = getattr(command, "commands", {}).get(name) if name is not None else None
+    if name is None or sub is None or not any("--json-file" in p.opts for p in sub.params):
+        return args
+    out = [f"--json-file={t.split('=', 1)[1]}" if t.startswith("--json=") else t for t in args]
+    if "--json" not in out:
+        return out
+    takes_value = {o for p in sub.params if not getattr(p, "is_flag", False) and p.param_type_name == "option"
+                   for o in p.opts}  # fmt: skip
+    positional, skip = [], False
+    for i, token in enumerate(out[out.index(name) + 1 :], start=out.index(name) + 1):
+        if skip:
+            skip = False
+        elif token in takes_value:
+            skip = True
+        elif not token.startswith("-"):
+            positional.append(i)
+    wanted = sum(1 for p in sub.params if p.param_type_name == "argument")
+    at = out.index("--json")
+    if len(positional) > wanted and at + 1 in positional:
+        out[at] = "--json-file"
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -305,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(INSTALL_HINT)
     command = typer.main.get_command(app)
     click = _click_exceptions()
-    args = sys.argv[1:] if argv is None else list(argv)
+    args = legacy_json(sys.argv[1:] if argv is None else list(argv), command)
     try:
         # standalone_mode=False: click hands errors to us instead of printing a multi-line box.
         code = command.main(args=args, prog_name="shardwise", standalone_mode=False)

@@ -159,7 +159,7 @@ def add_which(app: Any, console: Any) -> None:
 
     add_skip(app, console)
 
-    @app.command("which")  # type: ignore[untyped-decorator]
+    @app.command("which", short_help="Which samples a step trained, or when a sample trained.")  # type: ignore[untyped-decorator]
     def which_command(
         target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
         world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run."),
@@ -173,6 +173,7 @@ def add_which(app: Any, console: Any) -> None:
         # B008: typer declares options as call defaults; evaluated once, read-only.
         state: Path | None = typer.Option(None, "--state", help="Saved sampler state or checkpoint."),  # noqa: B008
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        json_path: Path | None = typer.Option(None, "--json-file", help="Also write the JSON here."),  # noqa: B008
     ) -> None:
         """Which samples a step trained on each rank, or at which (epoch, step, rank) a sample trained."""
         from rich.table import Table
@@ -189,6 +190,12 @@ def add_which(app: Any, console: Any) -> None:
                 StateMismatchError) as error:  # fmt: skip
             print(f"shardwise which: error: {str(error).splitlines()[0]}", file=sys.stderr)
             raise typer.Exit(USAGE_ERROR) from None
+        if json_path is not None:
+            try:
+                json_path.write_text(json.dumps({kind: rows}))
+            except OSError as error:
+                print(f"shardwise which: error: --json-file {str(json_path)!r}: {error.strerror}", file=sys.stderr)
+                raise typer.Exit(USAGE_ERROR) from None
         if as_json:
             print(json.dumps({kind: rows}))
             return
@@ -279,7 +286,7 @@ def add_skip(app: Any, console: Any) -> None:
     """Register ``shardwise skip`` on the typer ``app``."""
     import typer
 
-    @app.command("skip")  # type: ignore[untyped-decorator]
+    @app.command("skip", short_help="Never train some steps or sample ids again: edit a saved state.")  # type: ignore[untyped-decorator]
     def skip_command(
         target: str = typer.Argument(..., help="path/to/file.py:make_loader or package.module:make_loader."),
         world_size: int = typer.Option(..., "--world-size", "-w", min=1, help="Ranks of the run that trains next."),

@@ -215,7 +215,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
         key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
 
         def build(directory: Path) -> None:
-            counts, lengths, labels = [], [], []
+            counts: list[int] = []
+            lengths: list[np.ndarray] = []
+            labels: list[np.ndarray] = []
             common: list[str] | None = None  # the columns every shard read so far has
             for url, _, _ in stats:
                 fs = self.cache.filesystem(url)
