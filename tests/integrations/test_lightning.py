@@ -281,3 +281,40 @@ def test_epoch_callback_reaches_a_nested_shardwise_batch_sampler() -> None:
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
         _trainer(devices=1, strategy="auto", limit_train_batches=1, callbacks=[ShardwiseEpochCallback()]).fit(module)
     assert epochs == [0, 1]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_validation_after_the_sanity_check_sees_every_sample(workers: int) -> None:
+    """Lightning's 2-step sanity check breaks off a validation pass: the first real validation still sees all 10
+    samples (it saw [4..9] when a new pass continued a partial one; issue 34, item 0)."""
+    import warnings
+
+    from lightning.pytorch import LightningModule
+
+    class Validated(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.validated: list[tuple[bool, list[int]]] = []
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch.float().unsqueeze(1)).sum() * 0.0
+
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+            self.validated.append((self.trainer.sanity_checking, [int(i) for i in batch]))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    sampler = shardwise.ShardedSampler(10, num_replicas=1, rank=0, shuffle=False)
+    val = DataLoader(Indices(10), sampler=sampler, batch_size=2, num_workers=workers)
+    train = DataLoader(Indices(2), batch_size=2)
+    module = Validated()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
+        _trainer(devices=1, strategy="auto", max_epochs=1, num_sanity_val_steps=2).fit(module, train, val)
+    sanity = [i for checking, batch in module.validated if checking for i in batch]
+    first = [i for checking, batch in module.validated if not checking for i in batch]
+    assert sanity == [0, 1, 2, 3]
+    assert first == list(range(10))
