@@ -102,3 +102,19 @@ def test_prepare_data_loader_keeps_the_shardwise_batches_in_one_process() -> Non
     assert loader in accelerator._dataloaders  # registered: save_state includes it
     shardwise.set_epoch(loader, 3)  # Accelerate's own counter first, then the sampler
     assert loader.iteration == 3 and batches.epoch == 3
+
+
+@pytest.mark.timeout(60)
+def test_an_evaluation_loop_after_a_partial_one_sees_every_sample() -> None:
+    """A prepared evaluation loader left after 2 batches (a quick check): the next evaluation sees all 10 samples."""
+    from accelerate import Accelerator
+
+    from shardwise import ShardedSampler
+    from shardwise.integrations.accelerate import prepare_data_loader
+
+    sampler = ShardedSampler(10, num_replicas=1, rank=0, shuffle=False)
+    loader = prepare_data_loader(Accelerator(cpu=True), DataLoader(range(10), sampler=sampler, batch_size=2))
+    for step, _batch in enumerate(loader):
+        if step == 1:
+            break
+    assert [int(i) for batch in loader for i in batch] == list(range(10))
