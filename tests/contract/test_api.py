@@ -41,9 +41,9 @@ def test_docstring_examples_run() -> None:
 
 
 def test_import_does_not_pull_optional_packages() -> None:
-    """`import shardwise` imports neither Lightning, Accelerate, torchdata, typer, rich nor matplotlib."""
+    """Every public name imported imports neither Lightning, Accelerate, torchdata, typer, rich nor matplotlib."""
     code = (
-        "import sys, shardwise; "
+        "import sys; from shardwise import *; "  # every name: `import shardwise` alone imports none (lazy)
         "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'accelerate', 'torchdata', 'typer', 'rich', "
         "'matplotlib') if m in sys.modules))"
     )
@@ -106,3 +106,33 @@ def test_samplers_share_one_constructor_convention() -> None:
         assert drop_last.annotation == "bool", name
     assert "even" in inspect.signature(shardwise.MixtureSampler).parameters  # the deprecated alias still works
     assert "even" in inspect.signature(shardwise.shard).parameters
+
+
+def test_import_shardwise_is_light_and_names_load_on_first_use() -> None:
+    """`import shardwise` and `shardwise --version` import neither torch nor numpy; a name imports its module."""
+    code = (
+        "import sys, shardwise\n"
+        "light = sorted(m for m in ('torch', 'numpy') if m in sys.modules)\n"
+        "from shardwise.tools.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "after = sorted(m for m in ('torch', 'numpy') if m in sys.modules)\n"
+        "print(light, after, shardwise.ShardedSampler.__module__, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split("\n")[:2] == [f"shardwise {shardwise.__version__}",
+                                          "[] [] shardwise.samplers.sharded True"], out.stdout  # fmt: skip
+
+
+def test_the_lazy_table_names_what_the_typed_imports_import() -> None:
+    """NOTE [ A light import shardwise ]: the runtime table, the TYPE_CHECKING imports and __all__ agree."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(shardwise.__file__).read_text())
+    guarded = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    typed = {alias.name: "." * node.level + (node.module or "") for node in guarded.body
+             if isinstance(node, ast.ImportFrom) for alias in node.names}  # fmt: skip
+    assert typed == shardwise._SOURCES
+    assert set(shardwise.__all__) == set(shardwise._SOURCES) | {"__version__"}
+    assert set(dir(shardwise)) >= set(shardwise.__all__)
+    assert shardwise.samplers.sharded.ShardedSampler is shardwise.ShardedSampler  # subpackages still reachable

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._core.state import CONSUMED, EPOCH, KEYS
-
 USAGE_ERROR = 2
 
 
@@ -32,6 +30,8 @@ def state_path(saved: object, depth: int = 8) -> list[Any]:
     Searched breadth first through dicts and lists, as deep as a Lightning checkpoint nests it
     (``loops/fit_loop/state_dict/combined_loader/0/...``).
     """
+    from .._core.state import KEYS  # here: the command line builds without numpy (shardwise --version)
+
     level: list[tuple[list[Any], object]] = [([], saved)]
     for _ in range(depth):
         nested: list[tuple[list[Any], object]] = []
@@ -121,6 +121,7 @@ def run(
     state: Path | None,
 ) -> tuple[str, list[dict[str, Any]]]:
     """The rows to print: ``("batches", ...)`` for ``--step``, ``("trained", ...)`` for ``--sample``."""
+    from .._core.state import CONSUMED, EPOCH
     from ..samplers.provenance import resolve, when, which
 
     if (step is None) == (sample is None):
@@ -238,6 +239,7 @@ def parse_ids(texts: list[str]) -> list[tuple[int, int]]:
 def skip(target: str, *, world_size: int, state: Path, steps: str | None, epoch: int | None, batch_size: int | None,
          out: Path, ids: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Add steps ``first:stop`` after the checkpoint in ``state``, or sample ``ids``, to its ledger; write ``out``."""
+    from .._core.state import CONSUMED, EPOCH
     from ..samplers.provenance import resolve, skip_steps
 
     if (steps is None) == (not ids):
