@@ -79,7 +79,9 @@ def test_demo_command_line() -> None:
         capture_output=True, text=True, timeout=240, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "equal steps on every rank: True" in result.stdout
+    assert "equal steps on every rank: True; epoch orders differ: yes, for all" in result.stdout
+    assert "{'" not in result.stdout  # no raw dict
+    assert "MixtureSampler: " in result.stdout and "samples an epoch over 300 held: stop='all_exhausted'" in result.stdout
     assert LOCALITY in result.stdout or f"skipped {LOCALITY}" in result.stdout
     assert "FAIL" not in result.stdout
     # The verify step: the ShardedSampler loader passes, a RandomSampler on every rank is caught (overlap).
@@ -95,3 +97,20 @@ def test_check_command_describes_resolution() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "world_size: 2" in result.stdout and "seed_source: SHARDWISE_SEED" in result.stdout
+
+
+def _row(scenario: str, drawn: int, data: int, padding: int | None = 0) -> demo.Row:
+    return demo.Row(scenario, 0, 0, 1, drawn // 2, 0, padding, 1.0, 1, data=data, drawn=drawn)
+
+
+def test_sample_counts_that_differ_from_the_header_are_explained() -> None:
+    """The table's per-scenario counts: a mixture drawing more, shards holding fewer, each get a line saying why;
+    a scenario drawing its data (padding aside) gets none; epoch orders are one sentence, never a raw dict."""
+    rows = [_row("ShardedSampler", 9_600, 9_600), _row("PackedBatchSampler", 9_601, 9_600, padding=1),
+            _row("MixtureSampler", 24_000, 9_600, padding=None), _row(LOCALITY, 2_400, 2_400)]  # fmt: skip
+    notes = demo.size_notes(rows, 9_600)
+    assert [note.split(":")[0] for note in notes] == ["MixtureSampler", LOCALITY]
+    assert "24,000 samples an epoch over 9,600 held: stop='all_exhausted'" in notes[0]
+    assert "2,400 samples an epoch over 2,400 held: its Parquet shards hold at most 2,400 rows" in notes[1]
+    assert demo.orders_line({"a": True, "b": True}) == "epoch orders differ: yes, for all 2 samplers"
+    assert demo.orders_line({"a": True, "b": False}) == "epoch orders differ: not for b"

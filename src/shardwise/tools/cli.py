@@ -85,25 +85,30 @@ def _app() -> Any:
         """Spawn a real torch.distributed (gloo, CPU) job; every rank iterates each sampler with an
         all_reduce per step; print what every rank drew."""
         check_environment(launcher=False)  # the demo sets its ranks' RANK/WORLD_SIZE itself
-        from .demo import SCENARIOS, epochs_differ, run_demo, run_verify
+        from .demo import SCENARIOS, epochs_differ, orders_line, run_demo, run_verify, size_notes
 
-        console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers; {size} samples; {epochs} epochs")
+        console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers over a dataset of {size:,} "
+                      f"samples (notes below the table where one holds or draws another number); {epochs} epochs")
         rows, reports = run_demo(world_size=world_size, size=size, epochs=epochs, timeout=timeout)
-        table = Table(title="What every rank drew (overlap must not exceed padding; coverage must be 100%; n/a: draws)")
-        for column in ("sampler", "epoch", "rank", "batches", "samples", "overlap", "padding", "coverage", "seed", ""):
+        table = Table(title="What every rank drew (overlap must not exceed padding; coverage must be 100%; n/a: draws "
+                      "with replacement; samples: this rank's, epoch: all ranks', data: samples held)")
+        columns = ("sampler", "epoch", "rank", "batches", "samples", "epoch total", "data", "overlap", "padding",
+                   "coverage", "seed", "")  # fmt: skip
+        for column in columns:
             table.add_column(column, justify="left" if column in ("sampler", "") else "right")
         for row in rows:
             table.add_row(
-                row.scenario, str(row.epoch), str(row.rank), str(row.batches), str(row.samples), _cell(row.overlap),
-                _cell(row.padding), "n/a" if row.coverage is None else f"{row.coverage:.1%}", str(row.seed),
-                "ok" if row.ok else "FAIL",
+                row.scenario, str(row.epoch), str(row.rank), str(row.batches), f"{row.samples:,}", f"{row.drawn:,}",
+                f"{row.data:,}", _cell(row.overlap), _cell(row.padding),
+                "n/a" if row.coverage is None else f"{row.coverage:.1%}", str(row.seed), "ok" if row.ok else "FAIL",
             )
         console.print(table)
-        differ = epochs_differ(reports)
+        for note in size_notes(rows, size):
+            console.print(f"  {note}", markup=False)
         steps_equal = all(
             len({tuple(report[name]["steps"]) for report in reports}) == 1 for name in reports[0]
         )
-        console.print(f"equal steps on every rank: {steps_equal}; epoch orders differ: {differ}")
+        console.print(f"equal steps on every rank: {steps_equal}; {orders_line(epochs_differ(reports))}")
         ranks = max(world_size, 2)  # one rank cannot overlap with another
         console.print(f"\nshardwise verify, before training ({ranks} simulated ranks, 2 epochs):")
         verified = run_verify(world_size=ranks, timeout=timeout)

@@ -83,6 +83,10 @@ class Scenario:
     files: Callable[[Path, int], None] | None = None
     requires: str | None = None
     install: str = ""
+    data_size: Callable[[int], int] = lambda size: size
+    """The samples the scenario's data holds for a demo ``size`` (the files of a scenario may hold fewer)."""
+    why: str = ""
+    """Why an epoch draws another number of samples than the data holds, or holds fewer than ``size``."""
 
     def missing(self) -> str | None:
         """The one-line note saying why this scenario cannot run here, or ``None``."""
@@ -214,11 +218,15 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         "MixtureSampler", _mixture, "3 sources at 2:3:5, exact per block, until all are used up",
         tracked=lambda size: None,
+        why="stop='all_exhausted' draws until every source is used up: the first, half the data at 20% of the "
+            "draws, sets the epoch (2.5x the data), and the other sources repeat",
     ),
     Scenario("PackedBatchSampler", _packed, "documents packed into 4 rows of 1024 tokens, balanced by attention"),
     Scenario(
         "LocalitySampler(ShardedSource)", _locality, "6 local Parquet shards (<= 2,400 rows), shuffled 2 at a time",
         tracked=_sharded_ids, files=_locality_files, requires="pyarrow", install="pip install 'shardwise[demo]'",
+        data_size=lambda size: min(size, SHARDED_SIZE),
+        why=f"its Parquet shards hold at most {SHARDED_SIZE:,} rows (a row read costs more than an index)",
     ),
 ]
 
@@ -298,6 +306,10 @@ class Row:
     padding: int | None
     coverage: float | None
     seed: int
+    data: int = 0
+    """The samples the scenario's data holds."""
+    drawn: int = 0
+    """The samples all ranks drew in this epoch."""
 
     @property
     def ok(self) -> bool:
@@ -312,8 +324,10 @@ def summarise(reports: list[dict[str, Any]], size: int) -> list[Row]:
     rows = []
     for name in reports[0]:
         tracked = scenarios[name].tracked(size)
+        data = scenarios[name].data_size(size)
         for epoch in range(len(reports[0][name]["seen"])):
             per_rank = [Counter(report[name]["seen"][epoch]) for report in reports]
+            drawn = sum(sum(counts.values()) for counts in per_rank)
             covered = padding = None
             if tracked is not None:
                 union: Counter[int] = Counter()
@@ -337,6 +351,8 @@ def summarise(reports: list[dict[str, Any]], size: int) -> list[Row]:
                         padding=padding,
                         coverage=covered,
                         seed=reports[rank][name]["describe"]["seed"],
+                        data=data,
+                        drawn=drawn,
                     )
                 )
     return rows
@@ -368,6 +384,30 @@ def run_demo(
         names = [s.name for s in chosen]
         reports = run_distributed(_rank_main, world_size, names, size, epochs, root, timeout=timeout)
     return summarise(reports, size), reports
+
+
+def size_notes(rows: list[Row], size: int) -> list[str]:
+    """One line for each scenario whose data holds other than ``size`` samples or whose epoch draws other
+    than its data holds (beyond the padding an even split adds): the table's sample counts, explained."""
+    scenarios = {s.name: s for s in SCENARIOS}
+    notes = []
+    for name in dict.fromkeys(row.scenario for row in rows):
+        mine = [row for row in rows if row.scenario == name]
+        data, drawn = mine[0].data, max(row.drawn for row in mine)
+        padding = max((row.padding or 0) for row in mine)
+        if data == size and abs(drawn - data) <= max(padding, len(mine)):
+            continue
+        why = scenarios[name].why or "see its sampler's documentation"
+        notes.append(f"{name}: {drawn:,} samples an epoch over {data:,} held: {why}")
+    return notes
+
+
+def orders_line(differ: dict[str, bool]) -> str:
+    """``epoch orders differ``, said for every sampler at once, or naming those whose order repeats."""
+    same = [name for name, changed in differ.items() if not changed]
+    if not same:
+        return f"epoch orders differ: yes, for all {len(differ)} samplers"
+    return f"epoch orders differ: not for {', '.join(same)}"
 
 
 def epochs_differ(reports: list[dict[str, Any]]) -> dict[str, bool]:
