@@ -56,7 +56,7 @@ def test_lightning_example(tmp_path: Path) -> None:
 
 def test_import_shardwise_imports_no_framework() -> None:
     """import shardwise (in a fresh interpreter) leaves lightning, accelerate and torchdata unimported."""
-    code = "import sys, shardwise; print(sorted(m for m in ('lightning', 'pytorch_lightning', 'accelerate', " \
+    code = "import sys; from shardwise import *; print(sorted(m for m in ('lightning', 'pytorch_lightning', 'accelerate', " \
            "'torchdata', 'typer', 'matplotlib') if m in sys.modules))"  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=ENV)
     assert result.stdout.strip() == "[]"
