@@ -1,0 +1,160 @@
+"""shardwise._core.threads: no thread of ours starts or ends across a fork; a forked child gets its locks back.
+
+The fork hooks are called here as ``os.fork()`` calls them (``_before_fork`` ... ``_after_fork_in_parent``)
+to hold a fork "in progress" for as long as a test needs, and real forks check the rest.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardwise
+from shardwise._core import threads
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    # Python 3.12+ warns on every fork of a process with threads; these tests fork one on purpose.
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+
+fork_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def _wait_for(condition: Any, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _exit_status(pid: int, seconds: float = 10.0) -> int | None:
+    """The child's exit code, or None if it did not exit in time (killed then)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.005)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
+
+
+def test_a_thread_does_not_start_while_a_fork_is_in_progress() -> None:
+    """``threads.start`` called during a fork returns, and the thread runs, only once the fork is done."""
+    ran = threading.Event()
+    started: list[threading.Thread] = []
+    threads._before_fork()
+    try:
+        caller = threading.Thread(target=lambda: started.append(threads.start(ran.set, name="shardwise-test")))
+        caller.start()
+        time.sleep(0.2)
+        assert not ran.is_set() and not started, "a thread started while the process was forking"
+    finally:
+        threads._after_fork_in_parent()
+    caller.join(5)
+    assert ran.wait(5) and started and started[0].name == "shardwise-test"
+
+
+def test_a_thread_whose_target_returns_during_a_fork_ends_only_after_it() -> None:
+    """A target that returns mid-fork leaves its thread alive (not ending) until the fork is done."""
+    release = threading.Event()
+    thread = threads.start(release.wait, name="shardwise-test")
+    threads._before_fork()
+    try:
+        release.set()
+        time.sleep(0.2)
+        assert thread.is_alive(), "a thread ended while the process was forking"
+    finally:
+        threads._after_fork_in_parent()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+@fork_only
+def test_a_fork_waits_until_the_threads_that_are_ending_are_gone() -> None:
+    """A thread whose target returned before the fork is wholly gone (joined) when ``fork()`` runs."""
+    thread = threads.start(lambda: None, name="shardwise-test")
+    assert _wait_for(lambda: threads.ending() >= 1)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(0)
+    assert not thread.is_alive()  # the before hook joined it
+    assert threads.ending() == 0
+    assert _exit_status(pid) == 0
+
+
+class _Owner:
+    """State a thread of ours holds a lock of, reset in a forked child like ShardCache's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        threads.reset_in_child(self, _Owner._forked)
+
+    def _forked(self) -> None:
+        self.lock = threading.Lock()
+
+
+@fork_only
+def test_a_lock_held_by_one_of_our_threads_at_the_fork_is_free_in_the_child() -> None:
+    """Without ``reset_in_child`` the child's first ``with lock:`` would hang (the holder was not copied)."""
+    owner, holding, release = _Owner(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with owner.lock:
+            holding.set()
+            release.wait(10)
+
+    thread = threads.start(hold, name="shardwise-test")
+    assert holding.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os._exit(0 if owner.lock.acquire(timeout=2) else 1)
+        assert owner.lock.locked()  # the parent's lock is still the holder's
+        assert _exit_status(pid) == 0
+    finally:
+        release.set()
+        thread.join(5)
+
+
+def test_reset_in_child_holds_its_owner_weakly() -> None:
+    """A registered owner is not kept alive by the registry (a ShardCache per source, an EntryCheck per open)."""
+    import gc
+    import weakref
+
+    owner = _Owner()
+    ref = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert ref() is None
+
+
+def _thread_starts(path: Path) -> list[str]:
+    """Calls in ``path`` that start a thread without ``shardwise._core.threads.start``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in {"Thread", "Timer", "start_new_thread", "start_new", "ThreadPoolExecutor", "ThreadPool"}:
+                found.append(f"{path.name}:{node.lineno}: {name}(...)")
+    return found
+
+
+def test_every_thread_shardwise_starts_goes_through_threads_start() -> None:
+    """One place starts threads: a new one that bypasses it would again start or end across a fork."""
+    package = Path(shardwise.__file__).parent
+    own = package / "_core" / "threads.py"
+    found = [hit for path in sorted(package.rglob("*.py")) if path != own for hit in _thread_starts(path)]
+    assert not found, f"start threads with shardwise._core.threads.start: {found}"
