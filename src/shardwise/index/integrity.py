@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from .._core import threads
+
 logger = logging.getLogger("shardwise")
 
 SYNC_BYTES = 1 << 22
@@ -211,6 +213,11 @@ class EntryCheck:
         self._pid = -1  # the process whose thread verifies (a forked child starts its own)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        threads.reset_in_child(self, type(self)._forked)
+
+    def _forked(self) -> None:
+        # A thread in ensure_verifying may hold _lock (waiting to start the check) while the process forks.
+        self._lock = threading.Lock()
 
     def adopt_marker(self) -> None:
         found = read_marker(self.entry, self.manifest_crc, self.identity)
@@ -239,8 +246,7 @@ class EntryCheck:
                 return
             self._pid = os.getpid()
             name = f"shardwise-verify-{self.entry.name}"
-            self._thread = threading.Thread(target=self._verify, name=name, daemon=True)
-            self._thread.start()
+            self._thread = threads.start(self._verify, name=name)
 
     def _verify(self) -> None:
         with contextlib.suppress(AttributeError, OSError):  # Linux: a thread has its own nice value

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from .._core import threads
 from .._core.errors import check_bool
 
 logger = logging.getLogger("shardwise")
@@ -138,8 +139,7 @@ class Heartbeat:
 
     def __enter__(self) -> Heartbeat:
         if progress_enabled():
-            self._thread = threading.Thread(target=self._run, name="shardwise-heartbeat", daemon=True)
-            self._thread.start()
+            self._thread = threads.start(self._run, name="shardwise-heartbeat")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from ..._core import threads
 from ..._core.errors import check_int, check_path, check_seconds
 from .formats import ShardError
 
@@ -132,6 +133,7 @@ class ShardCache:
         self._threads: list[threading.Thread] = []
         self._fs: dict[str, Any] = {}
         self._fs_pid = os.getpid()  # fsspec's async filesystems (s3, http) refuse use in a forked process
+        threads.reset_in_child(self, type(self)._forked)
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
@@ -144,6 +146,14 @@ class ShardCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._mutex, self._serial = threading.Lock(), threading.Lock()
+        threads.reset_in_child(self, type(self)._forked)
+
+    def _forked(self) -> None:
+        # In a forked child (a DataLoader worker): the parent's prefetch threads are not copied, and a
+        # lock or queue one of them held at the fork would stay held here (the worker's first download
+        # hung on _mutex). This process starts its own threads, with its own locks, when it follows a plan.
+        self._mutex, self._serial = threading.Lock(), threading.Lock()
+        self._queue, self._threads, self._inflight = None, [], {}
 
     def filesystem(self, url: str) -> Any:
         """The fsspec filesystem for ``url``'s protocol (one per protocol and process)."""
@@ -303,10 +313,8 @@ class ShardCache:
         if pending is None or not all(thread.is_alive() for thread in self._threads):
             self.close()  # threads of a parent process do not survive a fork: start this process's own
             pending = self._queue = queue.Queue()
-            self._threads = [threading.Thread(target=self._prefetch, args=(pending,), daemon=True,
-                                              name=f"shardwise-prefetch-{i}") for i in range(self.prefetch_threads)]
-            for thread in self._threads:
-                thread.start()
+            self._threads = [threads.start(self._prefetch, pending, name=f"shardwise-prefetch-{i}")
+                             for i in range(self.prefetch_threads)]  # fmt: skip
         self._generation += 1  # the new plan supersedes what is still queued or put off
         generation = self._generation
         while not pending.empty():
