@@ -5,8 +5,8 @@ under their mutex, and end) and a build heartbeat starts and ends, in a loop, wh
 thread forks two DataLoader workers a round (``multiprocessing_context="fork"``) that each download
 a shard through the same cache. Before ``shardwise._core.threads``, a worker forked while a prefetch
 thread held the cache's mutex hung at its first download (at ``with self._mutex`` in
-``ShardCache._download``): 5 rounds of 6 timed out on CPython 3.11.7, and this test failed in each
-of 10 runs; it passes in 20 of 20 after.
+``ShardCache._download``): on CPython 3.11.7 this test failed in each of 10 runs, at its first or
+second round; it passed in 20 of 20 after.
 
 Bounded: at most ``ROUNDS`` rounds or ``SECONDS`` seconds, a hung worker is a DataLoader timeout of
 ``HANG`` seconds, and pytest's timeout backs them up.
