@@ -409,12 +409,13 @@ def test_state_resumes_elastically_under_a_token_budget() -> None:
 
 
 def test_pickles_mid_epoch_without_its_cached_plan() -> None:
-    """Pickling carries configuration and position, not the cached plan; the copy continues identically."""
+    """Pickling carries configuration and state, not the cached plan; loading the state, the copy continues identically."""
     sampler = make(seed=4)
     iterator = iter(sampler)
     next(iterator)
     copy = pickle.loads(pickle.dumps(sampler))
     assert copy._cache is None
+    copy.load_state_dict(sampler.state_dict())  # a new pass starts the epoch unless a state is loaded
     assert [*copy] == [*iterator]
 
 

@@ -152,11 +152,15 @@ def test_state_resumes_and_refuses_other_data() -> None:
 
 
 def test_pickles_mid_epoch_and_repr_shows_configuration() -> None:
-    """Pickling carries the position; repr names sizes, batch sizes, drop_last, seed and world."""
+    """Pickling carries the state (its next pass starts the epoch, loading it resumes); repr names sizes, batch
+    sizes, drop_last, seed and world."""
     sampler = make()
     iterator = iter(sampler)
     next(iterator)
     clone = pickle.loads(pickle.dumps(sampler))
+    assert list(clone) == list(make())
+    clone = pickle.loads(pickle.dumps(sampler))
+    clone.load_state_dict(sampler.state_dict())
     assert list(clone) == list(make())[1:]
     text = repr(make())
     for part in ("primary=30", "secondary=7", "primary_batch_size=4", "secondary_batch_size=3", "drop_last=True"):
