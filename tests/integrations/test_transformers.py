@@ -213,11 +213,11 @@ WANTED = r"train_sampler should be a shardwise sampler or batch sampler instance
     ("make", "names"),
     [
         pytest.param(lambda: shardwise.ShardedSampler,
-                     r"the class ShardedSampler with signature \(dataset, \*, .*instead: train_sampler=Sharded", id="class"),
+                     r"the class ShardedSampler with signature \(dataset, num_replicas.*instead: train_sampler=Sharded", id="class"),
         pytest.param(lambda: shardwise.BucketBatchSampler,
                      r"the class BucketBatchSampler with signature \(lengths, .*does not take the 2", id="batch-class"),
         pytest.param(lambda: functools.partial(shardwise.ShardedSampler, seed=3),
-                     r"ShardedSampler'>, seed=3\) with signature \(dataset, \*, .*instead: train_sampler=", id="partial"),
+                     r"ShardedSampler'>, seed=3\) with signature \(dataset, num_replicas.*instead: train_sampler=", id="partial"),
         pytest.param(lambda: torch.utils.data.RandomSampler,
                      r"the class RandomSampler, which does not build a shardwise sampler or batch", id="torch-class"),
         pytest.param(lambda: functools.partial(torch.utils.data.RandomSampler, replacement=True),

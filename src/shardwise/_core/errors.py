@@ -201,6 +201,11 @@ def check_instance_or_factory(
     parameters = list(signature.parameters.values())[0 if cls is None else 1 :]  # a class: drop self
     try:
         signature.replace(parameters=parameters).bind(*given, *arguments, **keywords)
+        # A class is built positionally: ShardedSampler(dataset, num_replicas, ...) binds (train_dataset, args), but
+        # would read args as num_replicas. A class is a factory only if its later positions are named as they mean.
+        named = [p.name for p in parameters[len(given) + 1 : len(given) + len(arguments)]]
+        if cls is not None and named != list(arguments[1:]):
+            raise TypeError
     except TypeError:
         bare = inspect.Signature([parameter.replace(annotation=inspect.Parameter.empty) for parameter in parameters])
         fix = f"; pass an instance instead: {name}={cls.__name__}(...)" if cls is not None else ""
