@@ -43,20 +43,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
 from .._core.errors import check_instance_or_factory
 from .._core.foreign import check, private
 from .._core.plan import pass_end, rank_count
-from ..index.arrow import column, hf_dataset
+from ..data.attention import packing_leak
+from ..data.packed_dataset import PackedDataset
+from ..data.packing import PackCollate
 from ..samplers.base import PlanSampler
-from ..samplers.bucket import BucketBatchSampler
 from ..samplers.frameworks import is_batch_plan
-from ..samplers.sharded import ShardedSampler
+from ..samplers.packed import PackedBatchSampler
 from . import require
 from .loader_settings import trainer_settings
+from .trainer_sampling import default_train_sampler
 
 _transformers = require("transformers", "transformers", "transformers", "transformers")
 _trainer_module: Any = require("transformers.trainer", "transformers", "transformers", "transformers")
@@ -74,7 +76,6 @@ STATE_FILE = "shardwise_sampler.json"
 SamplerFactory = Callable[[Any, Any], PlanSampler[Any]]
 """``factory(train_dataset, training_args) -> shardwise sampler``, called when the loader is built."""
 
-_STRATEGIES = ("random", "sequential", "group_by_length")
 _DESCRIBED = "a shardwise sampler or batch sampler"
 _Base: Any = object
 _Trainer: Any = _transformers.Trainer
@@ -87,91 +88,6 @@ _HOOKS = tuple(
 """Trainer's private methods :class:`ShardwiseTrainerMixin` overrides or calls (see ``shardwise._core.foreign``)."""
 _TRAIN_BATCH_SIZE = private("transformers", "_train_batch_size")
 _SKIP = private("transformers", "skip_first_batches")  # transformers.trainer's, replaced in a resumed epoch
-
-
-def _arrow_parts(dataset: Any) -> list[Any]:
-    """The HF Datasets ``dataset`` is made of (itself, or a ``shardwise.Mixture`` of them); [] if not Arrow."""
-    if hf_dataset(dataset):
-        return [dataset]
-    parts = getattr(dataset, "datasets", None)
-    if isinstance(parts, Sequence) and parts and all(hf_dataset(part) for part in parts):
-        return list(parts)
-    return []
-
-
-def _lengths(dataset: Any, args: Any, model_input_name: str) -> Any:
-    """Sample lengths for ``group_by_length``: from the Arrow column of an HF Dataset, else one pass as ``Trainer``.
-
-    An HF ``datasets.Dataset`` (or a ``shardwise.Mixture`` of them) is read with
-    :func:`shardwise.column`: its ``length_column_name`` column, else the row lengths of its
-    ``model_input_name`` column from the Arrow offsets (one vectorised pass, cached per node:
-    seconds at 1e7 rows, milliseconds on the other ranks), never a Python loop per row.
-    """
-    column_name = getattr(args, "length_column_name", "length")
-    parts = _arrow_parts(dataset)
-    if parts:
-        shared = set.intersection(*(set(part.column_names) for part in parts))
-        if column_name in shared:
-            return column(dataset, column_name, kind="values")
-        if model_input_name in shared:
-            return column(dataset, model_input_name, kind="length")
-        raise ValueError(
-            f"train_sampling_strategy='group_by_length' reads each sample's length from the dataset's "
-            f"{column_name!r} column, else from its {model_input_name!r} column, but the dataset has columns "
-            f"{sorted(shared)}; add a length column: dataset = dataset.map(lambda b: {{{column_name!r}: "
-            f"[len(x) for x in b['<token column>']]}}, batched=True) (or with Arrow: dataset.add_column("
-            f"{column_name!r}, pyarrow.compute.list_value_length(dataset.data.column('<token column>')).to_numpy())), "
-            "or pass ShardwiseTrainer(train_sampler=...)"
-        )
-    names = getattr(dataset, "column_names", None)
-    if names is not None and column_name in names:
-        return [int(length) for length in dataset[column_name]]
-    first = dataset[0]
-    if not isinstance(first, dict) and not hasattr(first, "keys"):
-        raise TypeError(
-            "train_sampling_strategy='group_by_length' needs each sample to be a dict with a "
-            f"{model_input_name!r} key, or a {column_name!r} column, but the first sample is a {type(first).__name__}; "
-            "pass ShardwiseTrainer(train_sampler=shardwise.BucketBatchSampler(lengths, batch_size=...)) instead"
-        )
-    if model_input_name not in first:
-        raise ValueError(
-            f"train_sampling_strategy='group_by_length' reads lengths from each sample's {model_input_name!r}, "
-            f"but the first sample has keys {sorted(first.keys())}; add a {column_name!r} column or pass train_sampler="
-        )
-    return [len(dataset[i][model_input_name]) for i in range(len(dataset))]
-
-
-def default_train_sampler(dataset: Any, args: Any, *, model_input_name: str = "input_ids") -> PlanSampler[Any]:
-    """The shardwise sampler for ``args.train_sampling_strategy`` (what ``Trainer`` would pick).
-
-    Args:
-        dataset: the map-style training dataset.
-        args: the ``TrainingArguments``; reads ``train_sampling_strategy``, ``data_seed``/``seed``,
-            ``per_device_train_batch_size``, ``dataloader_drop_last`` and ``length_column_name``.
-        model_input_name: the key whose length is a sample's length (``group_by_length`` only).
-
-    Returns:
-        ``"random"``: ``ShardedSampler(dataset)``; ``"sequential"``: the same with ``shuffle=False``;
-        ``"group_by_length"``: ``BucketBatchSampler(lengths, batch_size=per_device_train_batch_size)``,
-        whose batches hold similar lengths across the whole epoch (least padding).
-
-    Raises:
-        ValueError: another strategy (``"batch_rebalance"``): pass ``train_sampler=`` instead.
-    """
-    strategy = str(getattr(args, "train_sampling_strategy", "random"))
-    if getattr(args, "group_by_length", False) is True:  # the flag of transformers < 5
-        strategy = "group_by_length"
-    seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
-    drop_last = bool(args.dataloader_drop_last)
-    if strategy == "group_by_length":
-        lengths = _lengths(dataset, args, model_input_name)
-        return BucketBatchSampler(lengths, batch_size=args.per_device_train_batch_size, seed=seed, drop_last=drop_last)
-    if strategy in ("random", "sequential"):
-        return ShardedSampler(dataset, shuffle=strategy == "random", seed=seed, drop_last=drop_last)
-    raise ValueError(
-        f"train_sampling_strategy should be one of {', '.join(map(repr, _STRATEGIES))} for a shardwise default, "
-        f"but got train_sampling_strategy={strategy!r}; pass ShardwiseTrainer(train_sampler=...) instead"
-    )
 
 
 class _Position:
@@ -249,6 +165,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         self._shardwise_source = train_sampler
         self._shardwise_sampler: PlanSampler[Any] | None = None
         self._shardwise_position: _Position | None = None
+        self._shardwise_checked = False  # the first training batch is checked for packed documents that would leak
         super().__init__(*args, **kwargs)
 
     @property
@@ -286,15 +203,18 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
                 "a shardwise sampler needs a map-style train_dataset (with __len__ and __getitem__), but got an "
                 f"IterableDataset ({type(dataset).__name__}); use transformers.Trainer for iterable datasets"
             )
+        if self._shardwise_sampler is None:
+            self._shardwise_sampler = self._build_shardwise_sampler(dataset)
+        sampler = self._shardwise_sampler
+        self._fit_pack_collate(sampler)
+        if isinstance(sampler, PackedBatchSampler) and not isinstance(dataset, PackedDataset):
+            dataset = self._packed_dataset(dataset)
         collator = self.data_collator
         datasets = _trainer_module.datasets if _trainer_module.is_datasets_available() else None
         if datasets is not None and isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="Training")
         else:
             collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
-        if self._shardwise_sampler is None:
-            self._shardwise_sampler = self._build_shardwise_sampler(dataset)
-        sampler = self._shardwise_sampler
         args = self.args
         params: dict[str, Any] = {
             **trainer_settings(args),
@@ -316,9 +236,37 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         self._shardwise_position = _Position(sampler, prepared, batch_size, drop_last)
         return prepared
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.training_step``, counting the batches trained (what checkpoints record)."""
-        loss = super().training_step(*args, **kwargs)
+    def _packed_dataset(self, dataset: Any) -> PackedDataset:
+        """A dataset of token rows (an HF Dataset, TRL's prepared one) read as the pieces PackedBatchSampler plans."""
+        names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+        first = dataset[0]
+        return PackedDataset(dataset, field=names[0] if isinstance(first, Mapping) else None)
+
+    def _fit_pack_collate(self, sampler: PlanSampler[Any]) -> None:
+        """Packed batches get the inputs that keep documents apart for this model (see ``shardwise.data.attention``)."""
+        collator: Any = vars(self).get("data_collator")  # set by Trainer.__init__
+        if isinstance(collator, PackCollate):
+            if not collator.layout.hf:
+                self.data_collator = collator.for_model(self.model)
+                logger.info("PackCollate fitted to the model: %r", self.data_collator)
+        elif isinstance(sampler, PackedBatchSampler):
+            raise TypeError(
+                f"PackedBatchSampler's batches are packed rows that data_collator={type(collator).__name__} does not "
+                "lay out; pass data_collator=shardwise.PackCollate(max_len=..., rows=...) (fitted to the model here)"
+            )
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.training_step``, counting the batches trained (what checkpoints record).
+
+        The first batch is checked before it trains: inputs whose documents would attend to each
+        other (``shardwise.data.attention.packing_leak``) raise, naming the fix.
+        """
+        if not self._shardwise_checked:
+            self._shardwise_checked = True
+            leak = packing_leak(model, inputs)
+            if leak is not None:
+                raise ValueError(f"this batch of packed documents would train across documents: {leak}")
+        loss = super().training_step(model, inputs, *args, **kwargs)
         if self._shardwise_position is not None:
             self._shardwise_position.trained += 1
         return loss
