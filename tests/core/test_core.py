@@ -92,3 +92,20 @@ def test_progress_rules() -> None:
     progress.load(3, 10, total=10)
     progress.set_epoch(3)
     assert progress.begin() == (3, 10)  # the saved epoch was complete: nothing left of it
+
+
+def test_progress_a_new_pass_starts_its_epoch_unless_a_loaded_position_waits() -> None:
+    """NOTE [ A new pass starts its epoch ]: a broken-off position restarts; a loaded one, even after set_epoch, resumes."""
+    progress = Progress()
+    progress.set_epoch(2)
+    assert progress.begin() == (2, 0)
+    progress.consumed = 6  # the pass was broken off after 6 units: state_dict says 6
+    assert progress.begin() == (2, 0)
+    progress.consumed = 6
+    progress.set_epoch(2)  # Lightning sets the epoch again before the next validation run
+    assert progress.begin() == (2, 0)
+    progress.load(2, 6, total=10)
+    progress.set_epoch(2)
+    assert progress.begin() == (2, 6)
+    progress.consumed = 8  # the resumed pass broken off in turn: the next pass starts the epoch
+    assert progress.begin() == (2, 0)
