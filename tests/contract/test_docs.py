@@ -31,8 +31,7 @@ the demo. New pages under docs/ are picked up as they are.
 
 A ``<!-- doc-test: setup ... -->`` comment (hidden code run before a block) fails the page's test,
 saying to make that code visible; so do an unknown marker, a ``skip`` without a reason, and a
-marker that is not right before a ```python or ```bash fence. ``HIDDEN_SETUP_ALLOWED`` names the pages that still have
-hidden setup while they are rewritten (temporary).
+marker that is not right before a ```python or ```bash fence.
 """
 
 from __future__ import annotations
@@ -61,10 +60,6 @@ FRESH_MACHINE_REASON = ("sets up a fresh machine (a virtual environment, install
 # Pages another branch owns, whose snippet needs a fix there: run, and expected to fail until it lands.
 NOT_YET: dict[str, str] = {}
 
-# TEMPORARY (issue 34, item 2): these two pages are being rewritten by another engineer right now and
-# still run hidden ``doc-test: setup`` code. Remove each entry when its page shows its setup; then
-# remove this allow-list and the ``allow_setup`` path below. No other page may be added here.
-HIDDEN_SETUP_ALLOWED = frozenset({"docs/transformers.md"})
 HIDDEN_SETUP = ("runs code the reader never sees; show it in a visible block instead (e.g. a short "
                 "'To run these examples' block at the top of the page, small and fast)")  # fmt: skip
 
@@ -87,7 +82,6 @@ class Block:
     line: int  # 1-based line of the opening fence
     language: str
     code: list[str]
-    setup: list[tuple[int, list[str]]] = field(default_factory=list)  # (first line, lines)
     skip: str | None = None
     requires: list[str] = field(default_factory=list)
     gpu: bool = False
@@ -123,20 +117,6 @@ def _mark(block: Block, kind: str, rest: str, where: str) -> None:
         raise ValueError(f"{where}: unknown doc-test marker {kind!r} (skip, requires, gpu, run)")
 
 
-def _hidden_setup(page: Path, lines: list[str], i: int, closed: bool) -> tuple[int, tuple[int, list[str]]]:
-    """The hidden code of a setup comment opening at line ``i`` (0-based): (its closing line, (first line, lines))."""
-    body: list[str] = []
-    start = i + 2
-    while not closed:
-        i += 1
-        if i >= len(lines):
-            raise ValueError(f"{page.name}:{start - 1}: a doc-test setup comment is never closed by -->")
-        if lines[i].strip() == "-->":
-            break
-        body.append(lines[i])
-    return i, (start, body)
-
-
 def _fenced(lines: list[str], start: int, language: str, pending: Block) -> tuple[int, Block | None]:
     """The fenced block opening at line ``start`` (0-based): (its closing line, the block if it is code)."""
     i = start + 1
@@ -152,11 +132,11 @@ def _fenced(lines: list[str], start: int, language: str, pending: Block) -> tupl
     return i, pending
 
 
-def parse(page: Path, *, allow_setup: bool = False) -> list[Block]:
+def parse(page: Path) -> list[Block]:
     """The page's ```python and ```bash blocks with their markers.
 
     Raises ValueError for a marker the page may not have: unknown, ``skip`` without a reason, not
-    right before a fence, or hidden ``setup`` code (unless ``allow_setup``: HIDDEN_SETUP_ALLOWED).
+    right before a fence, or hidden ``setup`` code.
     """
     lines = page.read_text().splitlines()
     blocks: list[Block] = []
@@ -169,15 +149,11 @@ def parse(page: Path, *, allow_setup: bool = False) -> list[Block]:
             raise ValueError(f"{page.name}:{marked_at}: a doc-test marker must be right before a code fence "
                              f"(only other markers between them); line {i + 1} comes first")  # fmt: skip
         if marker:
-            kind, rest, closed = marker.group(1), marker.group(2), marker.group(3)
+            kind, rest = marker.group(1), marker.group(2)
             marked_at = i + 1 if marked_at is None else marked_at
-            if kind == "setup" and not allow_setup:
-                raise ValueError(f"{page.name}:{i + 1}: a hidden <!-- doc-test: setup --> comment {HIDDEN_SETUP}")
             if kind == "setup":
-                i, setup = _hidden_setup(page, lines, i, closed is not None)
-                pending.setup.append(setup)
-            else:
-                _mark(pending, kind, rest, f"{page.name}:{i + 1}")
+                raise ValueError(f"{page.name}:{i + 1}: a hidden <!-- doc-test: setup --> comment {HIDDEN_SETUP}")
+            _mark(pending, kind, rest, f"{page.name}:{i + 1}")
         elif fence:
             i, block = _fenced(lines, i, fence.group(1), pending)
             if block is None and marked_at is not None:  # a text block: the markers would fall on the next code
@@ -188,21 +164,13 @@ def parse(page: Path, *, allow_setup: bool = False) -> list[Block]:
                 blocks.append(block)
                 pending = Block(0, "", [])
         i += 1
-    if pending.setup:  # setup after the last block (HIDDEN_SETUP_ALLOWED only): run at the end of the page
-        pending.language, pending.line = "python", len(lines) + 1
-        blocks.append(pending)
-    elif marked_at is not None:
+    if marked_at is not None:
         raise ValueError(f"{page.name}:{marked_at}: a doc-test marker must be right before a code fence; the page ends")
     return blocks
 
 
 def _name(page: Path) -> str:
     return page.relative_to(ROOT).as_posix()
-
-
-def _parse(page: Path) -> list[Block]:
-    """A page of this repository parsed, hidden setup refused unless the page is on the temporary allow-list."""
-    return parse(page, allow_setup=_name(page) in HIDDEN_SETUP_ALLOWED)
 
 
 def script(page: Path, blocks: list[Block]) -> str:
@@ -212,9 +180,6 @@ def script(page: Path, blocks: list[Block]) -> str:
     for block in blocks:
         if block.why_not_run() is not None:
             continue
-        for start, body in block.setup:
-            for k, text in enumerate(body):
-                out[start - 1 + k] = text
         if block.language == "python":
             for k, text in enumerate(block.code):
                 out[block.line + k] = text
@@ -229,7 +194,7 @@ def _cases() -> list[object]:
     for page in PAGES:
         name = _name(page)
         try:
-            blocks = _parse(page)
+            blocks = parse(page)
         except ValueError:  # a marker the page may not have: its page test fails, saying which
             blocks = []
         marks = [pytest.mark.xfail(reason=NOT_YET[name], strict=False)] if name in NOT_YET else []
@@ -243,7 +208,7 @@ def _cases() -> list[object]:
 @pytest.mark.parametrize(("page", "line"), _cases())
 def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> None:
     """The page's blocks, run in order as one script on CPU, exit 0; a block not run says why."""
-    blocks = _parse(page)
+    blocks = parse(page)
     if line is not None:
         block = next(b for b in blocks if b.line == line)
         pytest.skip(f"{page.name}:{line} ({block.language}): {block.why_not_run()}")
@@ -335,16 +300,3 @@ def test_hidden_setup_and_stray_markers_fail_the_page(tmp_path: Path, text: str,
     page.write_text(text)
     with pytest.raises(ValueError, match=message):
         parse(page)
-
-
-def test_hidden_setup_runs_only_on_the_temporary_allow_list(tmp_path: Path) -> None:
-    """The allow-listed pages (being rewritten) keep their hidden setup until their rewrite lands; no other may."""
-    assert {"docs/packing.md", "docs/transformers.md"} >= HIDDEN_SETUP_ALLOWED  # never grows
-    page = tmp_path / "page.md"
-    page.write_text("# Page\n<!-- doc-test: setup\nx = 40\n-->\n```python\ny = x + 2\n```\n")
-    blocks = parse(page, allow_setup=True)
-    lines = script(page, blocks).splitlines()
-    assert lines[2] == "x = 40" and lines[5] == "y = x + 2"
-    for name in sorted(HIDDEN_SETUP_ALLOWED):  # an entry outlives its page's hidden setup: take it off the list
-        setups = [b.setup for b in parse(ROOT / name, allow_setup=True) if b.setup]
-        assert setups, f"{name} has no hidden setup any more: remove it from HIDDEN_SETUP_ALLOWED"
