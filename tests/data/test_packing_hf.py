@@ -168,3 +168,19 @@ def test_layouts_for_models_that_cannot_keep_documents_apart_are_refused() -> No
     wrapped = torch.nn.Module()
     wrapped.module = _model("gpt2", "eager")  # DDP-style wrapper
     assert pack_layout(wrapped).name == "eager" and pack_layout(torch.nn.Linear(2, 2)).name == "own"
+
+
+def test_the_device_moves_of_accelerate_lightning_and_the_trainer_keep_the_batch_whole() -> None:
+    """Accelerate's send_to_device and Lightning's move_data_to_device call batch.to (bookkeeping kept); a torch
+    DataLoader with workers pickles it; the Trainer's rebuild keeps the model inputs."""
+    accelerate_ops = pytest.importorskip("accelerate.utils")
+    lightning_apply = pytest.importorskip("lightning.fabric.utilities.apply_func")
+    docs = _docs()
+    sampler = shardwise.PackedBatchSampler([d.size for d in docs], max_len=48, rows_per_batch=2, num_replicas=1, rank=0)
+    collate = shardwise.PackCollate(max_len=48, rows=2, attn_implementation="sdpa")
+    loader = DataLoader(shardwise.PackedDataset(docs), batch_sampler=sampler, collate_fn=collate, num_workers=1)
+    batch = next(iter(loader))  # made in a worker process, pickled back
+    for moved in (accelerate_ops.send_to_device(batch, "cpu"), lightning_apply.move_data_to_device(batch, "cpu")):
+        assert isinstance(moved, shardwise.PackedBatch) and sorted(moved) == sorted(batch)
+        assert torch.equal(moved.sample_ids, batch.sample_ids) and moved.num_tokens == batch.num_tokens
+        assert moved.use_cache is False
