@@ -3,7 +3,8 @@
 A tiny GPT-2 (2 layers, 64-token vocabulary) built from a config with random weights, on a synthetic
 token dataset of variable-length samples: nothing is downloaded.
 
-Run (2 CPU processes; on GPUs drop ``--cpu`` and use ``torchrun`` or ``accelerate launch`` as usual)::
+Run (2 CPU processes: the script sets ``use_cpu=True, ddp_backend="gloo"``; on GPUs remove those two
+arguments and launch with ``torchrun`` or ``accelerate launch`` as usual)::
 
     python -m torch.distributed.run --nproc-per-node 2 --standalone examples/transformers_trainer.py \
         --out /tmp/hf --strategy group_by_length
