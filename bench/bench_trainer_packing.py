@@ -22,7 +22,8 @@ is its own. Arms, at about the same real tokens a step:
 - ``packed``: ``ShardwiseTrainer`` with ``PackedBatchSampler(max_len, rows_per_batch)`` and
   ``PackCollate`` (which the trainer fits to the model: rows, ``use_cache=False``).
 
-Printed: real tokens/s, the ratio to ``random`` and to ``length_grouped``, padding, steps, peak
+Printed (with ``--rounds N``, the median of N interleaved runs of every arm): real tokens/s, the
+ratio to ``random`` and to ``length_grouped``, padding, steps, peak
 GPU memory (``torch.cuda.max_memory_allocated``; on CPU the peak resident set instead).
 ``--check`` runs every document of packed batches through Llama/GPT-2/Qwen2 with each attention
 implementation the device runs and prints the largest difference from the document run alone.
@@ -260,6 +261,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=6_000, help="documents in the data set")
     parser.add_argument("--warmup", type=int, default=3, help="optimizer steps before timing")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--rounds", type=int, default=1, help="run every arm this many times, interleaved; medians")
     parser.add_argument("--check", action="store_true", help="per-document exactness instead of throughput")
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in a fresh process (internal)
     args = parser.parse_args()
@@ -270,19 +272,21 @@ def main() -> None:
     if args.arm:
         print(json.dumps(run_arm(args.arm, args.size, device, args.docs, args.tokens, args.warmup)))
         return
-    results = {}
-    for arm in args.arms.split(","):
-        command = [sys.executable, __file__, "--arm", arm, "--size", args.size, "--tokens", str(args.tokens),
-                   "--docs", str(args.docs), "--warmup", str(args.warmup)]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=False, env=os.environ)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode or not lines:
-            print(f"{arm}: failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-3:]}", flush=True)
-            continue
-        results[arm] = json.loads(lines[-1])
-        print(f"{arm}: {results[arm]}", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(args.rounds):
+        for arm in args.arms.split(","):
+            command = [sys.executable, __file__, "--arm", arm, "--size", args.size, "--tokens", str(args.tokens),
+                       "--docs", str(args.docs), "--warmup", str(args.warmup)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, check=False, env=os.environ)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode or not lines:
+                print(f"{arm}: failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-3:]}", flush=True)
+                continue
+            runs.setdefault(arm, []).append(json.loads(lines[-1]))
+            print(f"{arm}: {runs[arm][-1]}", flush=True)
+    results = {arm: sorted(r, key=lambda x: x["tokens_per_s"])[len(r) // 2] for arm, r in runs.items()}  # medians
     memory = "peak GPU GiB" if device == "cuda" else "peak RSS GiB"
-    print(f"\nsize {args.size}, {args.tokens} target tokens timed per arm, device "
+    print(f"\nsize {args.size}, {args.tokens} target tokens timed per arm, median of {args.rounds} round(s), device "
           f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}")  # fmt: skip
     print(f"| arm | real tokens/s | x random | x length_grouped | padding | steps | {memory} |")
     print("|---|---:|---:|---:|---:|---:|---:|")
