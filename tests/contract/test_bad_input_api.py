@@ -232,6 +232,17 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("pack-collate-tokens-uint64-2**63", lambda tmp: pack_collate([np.array([2**63], np.uint64)]), V,
      ("batch item 0", str(2**63))),
     ("packcollate-call-none", lambda tmp: PackCollate(max_len=4)(None), T, ("batch", "None")),  # type: ignore[arg-type]
+    # -- PackCollate / pack_collate for a model: what cannot keep packed documents apart (issue 29) -----------
+    ("packcollate-attn-implementation-int", lambda tmp: PackCollate(attn_implementation=3), T,  # type: ignore[arg-type]
+     ("attn_implementation", "3")),
+    ("packcollate-attn-implementation-unknown", lambda tmp: PackCollate(attn_implementation="my_kernel"), V,
+     ("attn_implementation='my_kernel'", "'sdpa'", "'flash_attention_2'")),
+    ("packcollate-attn-implementation-paged", lambda tmp: PackCollate(attn_implementation="paged|sdpa"), V,
+     ("paged", "generation")),
+    ("packcollate-mask-for-an-hf-model", lambda tmp: PackCollate(attention_mask=True, attn_implementation="eager"), V,
+     ("attention_mask=True", "leave attention_mask=False", "position_ids")),
+    ("pack-collate-attn-implementation-empty", lambda tmp: pack_collate([[1, 2]], attn_implementation=""), V,
+     ("attn_implementation", "''")),
     ("mixture-datasets-getitem-float", lambda tmp: MIXTURE[1.5], T, ("index", "1.5")),  # type: ignore[index]
     ("mixture-datasets-getitem-bool", lambda tmp: MIXTURE[True], T, ("index", "True")),
     # -- shard_batches over a sampler of single indices ----------------------------------------------------

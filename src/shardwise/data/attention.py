@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from .._core.errors import check_str
+
 ROW_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 """HF attention implementations that build a per-document mask from ``position_ids`` (with no cache)."""
 
@@ -98,8 +100,8 @@ def pack_layout(model: Any = None, attn_implementation: str | None = None) -> Pa
         ValueError: documents cannot be kept apart for this model: an attention implementation
             shardwise does not know, a paged (inference) one, or a ``forward`` without ``position_ids``.
     """
-    if attn_implementation is not None and not isinstance(attn_implementation, str):
-        raise TypeError(f"attn_implementation should be a string or None, but got {attn_implementation!r}")
+    if attn_implementation is not None:
+        check_str("attn_implementation", attn_implementation)
     implementation = attn_implementation or (None if model is None else model_implementation(model))
     if implementation is None:
         return OWN
