@@ -58,7 +58,6 @@ def test_sharded_sampler_rejects_bad_arguments(kwargs: dict, error: type, match:
     ("name", "value", "error", "match"),
     [
         ("drop_last", 1, TypeError, r"drop_last should be True or False, but got drop_last=1"),
-        ("shuffle", None, TypeError, r"shuffle should be True or False, but got shuffle=None"),
         ("dataset", 2.5, TypeError, r"dataset should be a sized dataset or an int length, but got dataset=2.5"),
         ("num_samples", -1, ValueError, r"num_samples should be a non-negative integer, but got num_samples=-1"),
         ("total_size", "8", TypeError, r"total_size should be an integer, but got total_size='8'"),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core.errors import check_bool, check_int
+from .._core.errors import check_int
 from .._core.permutation import Permutation, positions_of
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
@@ -36,8 +36,9 @@ class ShardedSampler(SizedPlanSampler):
     NOTE [ Drop-in signature ]: it takes torch's calls: ``ShardedSampler(dataset, num_replicas,
     rank, shuffle, seed, drop_last)`` positionally or by keyword (the only shardwise sampler whose
     shared keywords may be positional: it stands in for torch's), "Invalid rank" errors,
-    ``ShardedSampler[int]``, ``drop_last``/``dataset``/``shuffle`` assigned between epochs (read
-    by the next pass, as torch reads them when iterating; refused mid-epoch), and subclasses that
+    ``ShardedSampler[int]``, ``drop_last``/``dataset`` assigned between epochs (read by the next
+    pass, as torch reads them when iterating; checked, and refused mid-epoch; ``shuffle`` is a
+    plain attribute, as torch's, read by every pass), and subclasses that
     assign ``num_samples``/``total_size`` (torch's ``ElasticDistributedSampler``).
 
     Differences by design: the shuffled order is not torch's (same lengths, another uniform
@@ -81,7 +82,7 @@ class ShardedSampler(SizedPlanSampler):
         self._dataset = dataset
         self._size = dataset_size(dataset)
         keywords = self._read_keywords(options)
-        self._shuffle = keywords.shuffle
+        self.shuffle = keywords.shuffle  # a plain attribute, as torch's: read by every pass (and by `shardwise verify`)
         self._init_plan(keywords)
 
     @property
@@ -94,17 +95,6 @@ class ShardedSampler(SizedPlanSampler):
         size = dataset_size(dataset)
         self._refuse_mid_epoch("dataset")
         self._dataset, self._size = dataset, size
-
-    @property
-    def shuffle(self) -> bool:
-        """Whether the order is shuffled (torch's attribute); assigned between epochs, the next pass follows it."""
-        return self._shuffle
-
-    @shuffle.setter
-    def shuffle(self, shuffle: bool) -> None:
-        value = check_bool("shuffle", shuffle)
-        self._refuse_mid_epoch("shuffle")
-        self._shuffle = value
 
     def _plan_size(self, epoch: int) -> int:
         return self._size
