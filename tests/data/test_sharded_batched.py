@@ -257,9 +257,9 @@ def test_a_missing_shard_names_its_url_and_the_sample(s3: dict[str, Any], shards
 
 
 def test_parquet_columns_are_kept_and_a_missing_one_is_refused(shards: dict[str, list[str]], tmp_path: Path) -> None:
-    """``columns=`` selects the columns of a row; a column no shard has fails naming the shard, sample and column."""
+    """``columns=`` selects the columns of a row; a column no shard has is refused at construction, naming it and
+    the columns every shard has (it was caught at the first read, blaming a file)."""
     source = _source(shards, "parquet", tmp_path, columns=["tokens", "id"])
     assert source.__getitems__([40, 2]) == [{"tokens": [0, 1, 2, 3, 4], "id": 40}, {"tokens": [0, 1], "id": 2}]
-    missing = _source(shards, "parquet", tmp_path, columns=["id", "nope"])
-    with pytest.raises(ShardError, match=rf"shard {shards['parquet'][1]} \(needed for sample 40\) .*nope"):
-        missing.__getitems__([40, 2])
+    with pytest.raises(ValueError, match=r"columns=\['id', 'nope'\].*'nope'.*\['id', 'text', 'tokens'\]"):
+        _source(shards, "parquet", tmp_path, columns=["id", "nope"])
