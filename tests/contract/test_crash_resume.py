@@ -36,6 +36,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 import shardwise
 from shardwise.tools.demo import IndexDataset
 from shardwise.tools.launch import run_distributed
+from tests.lockstep import worker_context
 
 pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
 
@@ -86,8 +87,8 @@ def build(kind: str, path: str, workers: int, **world: Any) -> tuple[Any, Any]:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         loader_class = StatefulDataLoader
-    # A spawned rank would spawn its workers too (seconds each); torchrun ranks fork them.
-    settings: dict[str, Any] = {"num_workers": workers, "multiprocessing_context": "fork" if workers else None}
+    # A spawned rank would spawn its workers too (seconds each); torchrun ranks fork them (lockstep.worker_context).
+    settings: dict[str, Any] = {"num_workers": workers, "multiprocessing_context": worker_context() if workers else None}
     if kind in INDEX_KINDS:
         return sampler, loader_class(data, sampler=sampler, batch_size=BATCH, **settings)
     return sampler, loader_class(data, batch_sampler=sampler, **settings)
@@ -465,7 +466,7 @@ def _lightning_loader(name: str, workers: int) -> Any:
 
     sampler = lt.make(name)
     data = IndexDataset(lt.TWO_STREAM_N if name == "TwoStreamBatchSampler" else lt.N)
-    settings: dict[str, Any] = {"num_workers": workers, "multiprocessing_context": "fork" if workers else None}
+    settings: dict[str, Any] = {"num_workers": workers, "multiprocessing_context": worker_context() if workers else None}
     if name in lt.INDEX:
         return StatefulDataLoader(data, sampler=sampler, batch_size=4, **settings)
     return StatefulDataLoader(data, batch_sampler=sampler, **settings)
@@ -526,7 +527,7 @@ def _accelerate_runs(rank: int, world_size: int, directory: str, combos: list[tu
     def loader(workers: int) -> tuple[Any, Any]:
         """A new Accelerator (as in a new process) and its prepared loader."""
         accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
-        settings: dict[str, Any] = {"num_workers": workers, "multiprocessing_context": "fork" if workers else None}
+        settings: dict[str, Any] = {"num_workers": workers, "multiprocessing_context": worker_context() if workers else None}
         sampler = shardwise.BucketBatchSampler(np.arange(N) % 13 + 1, batch_size=BATCH, seed=7)
         data = DataLoader(IndexDataset(N), batch_sampler=sampler, **settings)
         return accelerator, prepare_data_loader(accelerator, data)
