@@ -13,7 +13,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 from shardwise import ShardedSampler, shard, shard_batches
 from shardwise.tools.launch import run_distributed
 from tests.classic import TwoStreamBatchSampler
-from tests.lockstep import lockstep_epochs
+from tests.lockstep import lockstep_epochs, worker_context
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -35,7 +35,8 @@ def _samplers_main(rank: int, world_size: int) -> dict:
     out["resolved"] = (plain.rank, plain.num_replicas)
     # Ranks are ordinary processes: they can start DataLoader workers, as torchrun ranks do.
     workers = 2 if world_size == 2 else 0  # once is enough: workers cost seconds per epoch
-    out["sharded"] = _step_all(DataLoader(dataset, batch_size=16, sampler=plain, num_workers=workers))
+    out["sharded"] = _step_all(DataLoader(dataset, batch_size=16, sampler=plain, num_workers=workers,
+                                          multiprocessing_context=worker_context() if workers else None))
     wrapped = shard(RandomSampler(dataset), seed=17)
     out["shard"] = _step_all(DataLoader(dataset, batch_size=16, sampler=wrapped))
     batches = shard_batches(BatchSampler(RandomSampler(dataset), 16, drop_last=False), seed=17)
