@@ -86,7 +86,7 @@ def main() -> None:
         "output_dir": os.path.join(args.out, "checkpoints"), "per_device_train_batch_size": 1,
         "gradient_accumulation_steps": 2, "num_train_epochs": 1, "optim": "sgd", "learning_rate": 0.5,
         "lr_scheduler_type": "constant", "max_grad_norm": 0.0, "save_steps": 1, "report_to": [], "use_cpu": True,
-        "ddp_backend": "gloo", "logging_strategy": "no", "seed": 0, "dataloader_num_workers": 1,
+        "ddp_backend": "gloo", "logging_strategy": "no", "seed": 0,  # no workers: forked ones can hang on 3.11.7 (gh-112275)
     }  # fmt: skip
     rows = [{"input_ids": d} for d in documents()]
     collate = shardwise.PackCollate(max_len=MAX_LEN, rows=ROWS)  # the trainer fits it to the model
