@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--save-steps", type=int, default=3)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--mp-context", choices=["fork", "forkserver", "spawn"],
+                        help="how DataLoader workers start (forkserver on CPython < 3.11.8 with workers: gh-112275)")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from")
     parser.add_argument("--phase", default=None, help="name of the output files (default: run or resume)")
     options = parser.parse_args()
@@ -103,6 +105,7 @@ def main() -> None:
         save_strategy="steps",
         save_steps=options.save_steps,
         dataloader_num_workers=options.workers,
+        dataloader_multiprocessing_context=options.mp_context,
         remove_unused_columns=False,  # the collator's "idx" is recorded, then removed, by RecordingTrainer
         use_cpu=True,
         ddp_backend="gloo",

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 
-def _fork_is_safe(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
+def fork_is_safe(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
     """Whether this CPython has the fix for gh-112275 (a fork while another thread creates or deletes its thread
     state can deadlock the child in ``os.fork()``): 3.10.15+, 3.11.8+, 3.12.1+."""
     return version >= (3, 12, 1) or (3, 11, 8) <= version < (3, 12) or (3, 10, 15) <= version < (3, 11)
@@ -26,7 +26,7 @@ def worker_context() -> str:
     The fork server is a fresh process with no such threads; it imports torch and shardwise once, so
     each worker it forks starts in milliseconds.
     """
-    if _fork_is_safe():
+    if fork_is_safe():
         return "fork"
     multiprocessing.set_forkserver_preload(["torch", "numpy", "shardwise.tools.demo"])  # the tests' datasets
     return "forkserver"

@@ -20,12 +20,14 @@ import pytest
 import torch
 
 import shardwise
+from tests.lockstep import fork_is_safe
 
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "transformers_trainer.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+WORKERS_CONTEXT = () if fork_is_safe() else ("--mp-context", "forkserver")  # gh-112275: see lockstep.worker_context
 BATCH, PER_EPOCH = 4, 12  # 96 samples, 4 per batch, 2 ranks: 12 batches per rank and epoch
 
 
@@ -65,7 +67,7 @@ def _waste(batches: list[list[int]], lengths: np.ndarray) -> float:
 @pytest.mark.timeout(240)
 def test_trainer_two_ranks_every_sample_once_and_resume_without_replay(tmp_path: Path) -> None:
     """random: every sample once per epoch, equal steps, new order; a mid-epoch checkpoint resumes exactly, on 2 or 1 ranks."""
-    _launch(tmp_path, 2, "--strategy", "random", "--save-steps", "5", "--workers", "2")
+    _launch(tmp_path, 2, "--strategy", "random", "--save-steps", "5", "--workers", "2", *WORKERS_CONTEXT)
     run = _seen(tmp_path, "run")
     assert len(run[0]) == len(run[1]) == 2 * PER_EPOCH
     first, second = _epochs(run)
@@ -112,7 +114,7 @@ def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(tmp
 
     # checkpoint-2 (2 optimizer steps x 2 accumulated batches per rank), resumed on ONE process with
     # 2 workers: it trains the rest of the global plan in plan order, i.e. the 2 ranks' batches interleaved.
-    _launch(tmp_path, 1, "--strategy", "group_by_length", "--grad-accum", "2", "--workers", "2",
+    _launch(tmp_path, 1, "--strategy", "group_by_length", "--grad-accum", "2", "--workers", "2", *WORKERS_CONTEXT,
             "--resume", str(tmp_path / "checkpoints" / "checkpoint-2"))  # fmt: skip
     resumed = _seen(tmp_path, "resume", world_size=1)[0]
     assert resumed == [run[rank][step] for step in range(4, 2 * PER_EPOCH) for rank in (0, 1)]
