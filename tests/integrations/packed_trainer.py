@@ -14,6 +14,7 @@ sample ids of its documents; rank 0 also saves the model's weights after every o
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 from typing import Any
@@ -114,6 +115,13 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     with open(os.path.join(args.out, f"{args.phase}-rank{rank}.json"), "w", encoding="utf-8") as file:
         json.dump({"seen": trainer.seen, "collator": repr(trainer.data_collator)}, file)
+    if torch.distributed.is_initialized():
+        # A clean exit with gloo, as examples/transformers_trainer.py does: no collective in flight, the DDP model
+        # freed while the group is registered, then the group destroyed (else the exit can abort in gloo's thread).
+        trainer.accelerator.wait_for_everyone()
+        del trainer
+        gc.collect()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
