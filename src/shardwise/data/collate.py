@@ -26,13 +26,17 @@ class PaddedBatch(NamedTuple):
 
     def to(self, *args: Any, **kwargs: Any) -> PaddedBatch:
         """Move or cast like ``Tensor.to`` (``data`` only is cast; lengths and mask keep their dtypes)."""
-        device_kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
-        device_args = [a for a in args if not isinstance(a, torch.dtype)]
+        device_args, device_kwargs = device_only(args, kwargs)
         return PaddedBatch(
             self.data.to(*args, **kwargs),
             self.lengths.to(*device_args, **device_kwargs),
             self.mask.to(*device_args, **device_kwargs),
         )
+
+
+def device_only(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """``Tensor.to``'s arguments without the dtype: what moves a tensor that must keep its dtype."""
+    return [a for a in args if not isinstance(a, torch.dtype)], {k: v for k, v in kwargs.items() if k != "dtype"}
 
 
 def _check_padding(padding_value: object) -> None:

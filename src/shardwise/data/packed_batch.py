@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .collate import device_only
+
 _BOOKKEEPING = ("document_ids", "sample_ids", "cu_seqlens", "max_seqlen", "num_tokens")
 _OPTIONAL_INPUTS = ("attention_mask",)  # read as None when the batch has no such key (no mask asked for)
 
@@ -79,8 +81,7 @@ class PackedBatch(dict[str, Any]):
     def to(self, *args: Any, **kwargs: Any) -> PackedBatch:
         """Move like ``Tensor.to``: every tensor to the device; a dtype casts floating-point tensors only
         (token ids, positions and labels keep their integer dtypes)."""
-        device_args = [a for a in args if not isinstance(a, torch.dtype)]
-        device_kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
+        device_args, device_kwargs = device_only(args, kwargs)
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
             if tensor.is_floating_point():

@@ -182,8 +182,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         elif source is not None:
             sampler = source(dataset, self.args)
         else:
-            names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
-            sampler = default_train_sampler(dataset, self.args, model_input_name=names[0])
+            sampler = default_train_sampler(dataset, self.args, model_input_name=self._model_input_name())
         if not isinstance(sampler, PlanSampler):
             raise TypeError(
                 f"the train_sampler factory should return {_DESCRIBED}, but it returned {type(sampler).__name__}"
@@ -203,18 +202,19 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
                 "a shardwise sampler needs a map-style train_dataset (with __len__ and __getitem__), but got an "
                 f"IterableDataset ({type(dataset).__name__}); use transformers.Trainer for iterable datasets"
             )
+        datasets = _trainer_module.datasets if _trainer_module.is_datasets_available() else None
+        arrow = datasets is not None and isinstance(dataset, datasets.Dataset)
+        if arrow:
+            dataset = self._remove_unused_columns(dataset, description="Training")
         if self._shardwise_sampler is None:
             self._shardwise_sampler = self._build_shardwise_sampler(dataset)
         sampler = self._shardwise_sampler
         self._fit_pack_collate(sampler)
+        collator = self.data_collator
+        if not arrow:
+            collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
         if isinstance(sampler, PackedBatchSampler) and not isinstance(dataset, PackedDataset):
             dataset = self._packed_dataset(dataset)
-        collator = self.data_collator
-        datasets = _trainer_module.datasets if _trainer_module.is_datasets_available() else None
-        if datasets is not None and isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="Training")
-        else:
-            collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
         args = self.args
         params: dict[str, Any] = {
             **trainer_settings(args),
@@ -236,11 +236,14 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         self._shardwise_position = _Position(sampler, prepared, batch_size, drop_last)
         return prepared
 
+    def _model_input_name(self) -> str:
+        """The key of a sample's token ids: the processing class's first model input, else ``input_ids``."""
+        names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+        return str(names[0])
+
     def _packed_dataset(self, dataset: Any) -> PackedDataset:
         """A dataset of token rows (an HF Dataset, TRL's prepared one) read as the pieces PackedBatchSampler plans."""
-        names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
-        first = dataset[0]
-        return PackedDataset(dataset, field=names[0] if isinstance(first, Mapping) else None)
+        return PackedDataset(dataset, field=self._model_input_name() if isinstance(dataset[0], Mapping) else None)
 
     def _fit_pack_collate(self, sampler: PlanSampler[Any]) -> None:
         """Packed batches get the inputs that keep documents apart for this model (see ``shardwise.data.attention``)."""
