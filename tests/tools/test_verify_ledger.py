@@ -20,21 +20,21 @@ import shardwise
 def make_loader(rank=0, world_size=1):
     return DataLoader(range(96), batch_size=4, sampler=shardwise.ShardedSampler(96, num_replicas=world_size, rank=rank, seed=3))
 
-def make_forgetful(rank=0, world_size=1):
-    '''On its ranks (world_size > 1), a loader that loses the ledger on load, as a path keeping only the position.'''
+def _forgetting(key, rank, world_size):
+    '''On its ranks (world_size > 1), a loader whose sampler drops state[key] on load.'''
     sampler = shardwise.ShardedSampler(96, num_replicas=world_size, rank=rank, seed=3)
     if world_size > 1:
         load = sampler.load_state_dict
-        sampler.load_state_dict = lambda state: load({k: v for k, v in state.items() if k != "skip"})
+        sampler.load_state_dict = lambda state: load({k: v for k, v in state.items() if k != key})
     return DataLoader(range(96), batch_size=4, sampler=sampler)
 
+def make_forgetful(rank=0, world_size=1):
+    '''A loader that loses the ledger on load, as a path keeping only the position.'''
+    return _forgetting("skip", rank, world_size)
+
 def make_forgetful_ids(rank=0, world_size=1):
-    '''On its ranks (world_size > 1), a loader that loses the skipped ids on load.'''
-    sampler = shardwise.ShardedSampler(96, num_replicas=world_size, rank=rank, seed=3)
-    if world_size > 1:
-        load = sampler.load_state_dict
-        sampler.load_state_dict = lambda state: load({k: v for k, v in state.items() if k != "skip_ids"})
-    return DataLoader(range(96), batch_size=4, sampler=sampler)
+    '''A loader that loses the skipped ids on load.'''
+    return _forgetting("skip_ids", rank, world_size)
 """
 
 
