@@ -284,6 +284,16 @@ def _lists(batches: Any) -> list[list[int]]:
     return [[int(i) for i in batch] for batch in batches]
 
 
+def _head(loader: Any, count: int) -> list[list[int]]:
+    """The first ``count`` batches of a new pass over ``loader``, then the loop is left (its iterator dropped)."""
+    head = []
+    for batch in loader:
+        head.append([int(i) for i in batch])
+        if len(head) == count:
+            break
+    return head
+
+
 @pytest.mark.parametrize("kind", ["ShardedSampler", "BucketBatchSampler", "ScheduledBatchSampler"])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_sampler_state_after_k_batches_of_a_loader_with_workers_resumes_at_batch_k_plus_1(
@@ -341,11 +351,7 @@ def test_a_loop_left_after_k_batches_saves_batch_k_plus_1_and_iterating_again_st
     sampler = _local("ShardedSampler")
     loader = _loader("ShardedSampler", sampler, num_workers=2)
     whole = _lists(_loader("ShardedSampler", _local("ShardedSampler")))
-    head = []
-    for batch in loader:
-        head.append([int(i) for i in batch])
-        if len(head) == 3:
-            break
+    head = _head(loader, 3)
     state = sampler.state_dict()
     assert _lists(loader) == whole
     resumed = _local("ShardedSampler")
@@ -358,11 +364,7 @@ def test_a_loaded_state_survives_a_loader_iterator_whose_workers_only_prefetched
     saved = _local("ShardedSampler")
     loader = _loader("ShardedSampler", saved)
     whole = _lists(_loader("ShardedSampler", _local("ShardedSampler")))
-    head = []
-    for batch in loader:
-        head.append([int(i) for i in batch])
-        if len(head) == 2:
-            break
+    head = _head(loader, 2)
     resumed = _local("ShardedSampler")
     resumed.load_state_dict(saved.state_dict())
     loader = _loader("ShardedSampler", resumed, num_workers=2)
@@ -446,11 +448,7 @@ def test_sampler_state_read_directly_while_a_stateful_loader_with_workers_drives
     sampler = _local("BucketBatchSampler")
     loader = StatefulDataLoader(IndexDataset(N), batch_sampler=sampler, num_workers=2)
     whole = _lists(_loader("BucketBatchSampler", _local("BucketBatchSampler")))
-    head = []
-    for batch in loader:
-        head.append([int(i) for i in batch])
-        if len(head) == 2:
-            break
+    head = _head(loader, 2)
     resumed = _local("BucketBatchSampler")
     resumed.load_state_dict(sampler.state_dict())
     assert head + _lists(_loader("BucketBatchSampler", resumed)) == whole
