@@ -1,33 +1,61 @@
 """What several benchmarks share: the WikiText-2 and stdlib function lengths, and readings of /proc (Linux).
 
 Benchmarks run as scripts (``python bench/bench_x.py``), so this module is imported as ``_common``.
+Every input comes from the repository (``bench/data/``) or from the running Python
+(:mod:`sysconfig`); a missing one is an error that names it, never an empty array.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
+import gzip
+import hashlib
 import io
 import os
+import sysconfig
 import textwrap
 import tokenize
 from pathlib import Path
 
 import numpy as np
 
-DATA = "/work/shared/data/wikitext-2"
-"""The WikiText-2 text files (``valid.txt``, ``test.txt``): a real length distribution."""
+DATA = Path(__file__).resolve().parent / "data" / "wikitext-2"
+"""The WikiText-2 validation and test splits shipped with the repository (``valid.txt.gz``, ``test.txt.gz``).
+
+A real length distribution, CC BY-SA 3.0 (``bench/data/wikitext-2/LICENSE.md``); ``--data DIR``
+points a benchmark at another copy (``valid.txt`` and ``test.txt``, plain or gzipped).
+"""
 
 
-def wikitext_lengths() -> np.ndarray:
+def add_data_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--data DIR`` option of every benchmark that reads WikiText-2 (default: the repository's copy)."""
+    parser.add_argument("--data", type=Path, default=DATA, metavar="DIR",
+                        help="a folder with WikiText-2's valid.txt and test.txt, plain or .gz "
+                             "(default: the copy in bench/data/wikitext-2)")  # fmt: skip
+
+
+def _split_file(data: Path, split: str) -> Path:
+    """``<data>/<split>.txt`` or ``<data>/<split>.txt.gz``, whichever exists; a clear error when neither does."""
+    for name in (f"{split}.txt", f"{split}.txt.gz"):
+        if (Path(data) / name).is_file():
+            return Path(data) / name
+    raise FileNotFoundError(
+        f"WikiText-2's {split} split is not in {str(data)!r}: expected {split}.txt or {split}.txt.gz there; "
+        f"pass --data with a folder that has them (the repository ships them in bench/data/wikitext-2)"
+    )
+
+
+def wikitext_paragraphs(split: str, data: Path = DATA) -> list[list[str]]:
+    """The whitespace-split words of every paragraph of one WikiText-2 split (headings and blank lines skipped)."""
+    path = _split_file(data, split)
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as lines:
+        return [line.split() for line in lines if line.strip() and not line.startswith(" = ")]
+
+
+def wikitext_lengths(data: Path = DATA) -> np.ndarray:
     """Whitespace tokens of every WikiText-2 valid and test paragraph (headings and blank lines skipped)."""
-    lengths = []
-    for split in ("valid", "test"):
-        with open(f"{DATA}/{split}.txt", encoding="utf-8") as lines:
-            for line in lines:
-                if not line.strip() or line.startswith(" = "):
-                    continue
-                lengths.append(len(line.split()))
-    return np.array(lengths, dtype=np.int64)
+    return np.array([len(p) for split in ("valid", "test") for p in wikitext_paragraphs(split, data)], dtype=np.int64)
 
 
 def status_bytes(field: str, pid: int | str = "self") -> int:
@@ -50,8 +78,12 @@ def smaps_rollup() -> dict[str, int]:
     return values
 
 
-STDLIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
-"""The CPython 3.11.7 standard library on this machine: real source code, for code-length distributions."""
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+"""The standard library of the Python running the benchmark: real source code, for code-length distributions.
+
+The figures in BENCHMARKS.md were measured on CPython 3.11.7's; another version gives a similar,
+not identical, distribution.
+"""
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 """Where benchmarks cache derived arrays (gitignored)."""
@@ -80,7 +112,7 @@ def _function_tokens(source: str) -> list[int]:
     return sizes
 
 
-def function_lengths(root: str = STDLIB) -> np.ndarray:
+def function_lengths(root: Path = STDLIB) -> np.ndarray:
     """Tokens of every function of the Python standard library: a real, long-tailed length distribution.
 
     Every ``.py`` file under ``root`` (``site-packages`` excluded; test suites included: they are
@@ -89,16 +121,26 @@ def function_lengths(root: str = STDLIB) -> np.ndarray:
     dedented, is one document whose length is its :mod:`tokenize` tokens, layout tokens
     (``NEWLINE``, ``NL``, ``INDENT``, ``DEDENT``, ``ENCODING``, ``ENDMARKER``) not counted:
     names, operators, literals and comments are. Files in sorted path order, functions in
-    :func:`ast.walk` order. Cached in ``bench/out/function_lengths.npy`` (about 40 s to build).
+    :func:`ast.walk` order. Cached in ``bench/out/function_lengths-<root digest>.npy`` (about 40 s
+    to build), one file a root.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a folder or holds no function (nothing is cached then).
     """
-    cache = os.path.join(OUT, "function_lengths.npy")
+    root = Path(root)
+    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
+    cache = os.path.join(OUT, f"function_lengths-{digest}.npy")
     if os.path.exists(cache):
         return np.load(cache)
+    if not root.is_dir():
+        raise FileNotFoundError(f"the standard library to measure is not a folder: root={str(root)!r}")
     sizes: list[int] = []
-    for path in sorted(Path(root).rglob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         if "site-packages" in path.relative_to(root).parts:
             continue
         sizes += _function_tokens(path.read_text(encoding="utf-8", errors="replace"))
+    if not sizes:
+        raise FileNotFoundError(f"no Python function under root={str(root)!r}: is it a standard library folder?")
     lengths = np.array(sizes, dtype=np.int64)
     os.makedirs(OUT, exist_ok=True)
     np.save(cache, lengths)

@@ -1,12 +1,13 @@
 """Lengths of an HF Dataset of token lists, from the Arrow offsets, against Trainer's per-row path.
 
-Run (serialised with the other benchmarks)::
+Run (alone on the machine: the figures are timings)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_arrow.py                  # 1e7 rows, old path at 1e5
-    flock /tmp/shardwise-bench.lock python bench/bench_arrow.py --rows 1000000 --old-rows 10000
+    python bench/bench_arrow.py                  # 1e7 rows, old path at 1e5
+    python bench/bench_arrow.py --rows 1000000 --old-rows 10000
+    python bench/bench_arrow.py --quick          # 1e5 rows, old path at 1e3, one repeat (a smoke test)
 
 A Dataset of ``--rows`` rows of int32 token lists (lengths drawn from WikiText-2's paragraph
-lengths of 1..128 tokens) is written with ``save_to_disk`` (4 Arrow files) under /tmp (free space checked
+lengths of 1..128 tokens) is written with ``save_to_disk`` (4 Arrow files) in the temporary folder (free space checked
 first; kept for reruns, ``--clean`` deletes it) and opened with ``load_from_disk``, memory-mapped.
 Every measurement runs in a fresh process (``--phase``), as a rank would:
 
@@ -43,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import status_bytes, wikitext_lengths
+from _common import DATA, add_data_argument, status_bytes, wikitext_lengths
 
 ROOT = Path(tempfile.gettempdir()) / "shardwise-bench-arrow"
 MIB = 1 << 20
@@ -70,7 +71,7 @@ class PeakAnon:
         return (self.peak - self.base) / MIB
 
 
-def _write(folder: Path, rows: int, shards: int = 4, batch: int = 1 << 20) -> None:
+def _write(folder: Path, rows: int, data: Path = DATA, shards: int = 4, batch: int = 1 << 20) -> None:
     """A Dataset of ``rows`` token lists (int32 zeros; only the offsets matter) as ``shards`` Arrow files.
 
     ``save_to_disk`` of a tiny Dataset of the same features gives the folder layout (state.json,
@@ -80,7 +81,7 @@ def _write(folder: Path, rows: int, shards: int = 4, batch: int = 1 << 20) -> No
     import datasets
     import pyarrow as pa
 
-    real = wikitext_lengths()
+    real = wikitext_lengths(data)
     real = real[(real > 0) & (real <= 128)]
     lengths = np.random.default_rng(0).choice(real, size=rows).astype(np.int32)
     datasets.disable_progress_bar()
@@ -191,11 +192,15 @@ def main() -> None:
     parser.add_argument("--rows", type=float, default=1e7)
     parser.add_argument("--old-rows", type=float, default=1e5)
     parser.add_argument("--repeats", type=int, default=3, help="cold/warm pairs (medians are shown)")
-    parser.add_argument("--clean", action="store_true", help="delete the dataset written under /tmp at the end")
+    parser.add_argument("--clean", action="store_true", help="delete the dataset written at the end")
+    parser.add_argument("--quick", action="store_true", help="--rows 1e5 --old-rows 1e3 --repeats 1 (a smoke test)")
+    add_data_argument(parser)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    if ns.quick:
+        ns.rows, ns.old_rows, ns.repeats = 1e5, 1e3, 1
     rows = int(ns.rows)
     if ns.phase:
         print(json.dumps(_phase(ns.phase, Path(ns.folder), Path(ns.cache), rows)))
@@ -205,10 +210,11 @@ def main() -> None:
         need = rows * 4 * 120  # ~55 int32 tokens a row on average, plus offsets, twice (write + save)
         free = shutil.disk_usage(tempfile.gettempdir()).free
         if free < need + (5 << 30):
-            raise SystemExit(f"needs {need / 2**30:.1f} GiB free in /tmp (+5 GiB margin), has {free / 2**30:.1f}")
+            raise SystemExit(f"needs {need / 2**30:.1f} GiB free in {tempfile.gettempdir()} (+5 GiB margin), "
+                             f"has {free / 2**30:.1f}")  # fmt: skip
         ROOT.mkdir(exist_ok=True)
         start = time.perf_counter()
-        _write(folder, rows)
+        _write(folder, rows, ns.data)
         print(f"wrote {rows:,} rows to {folder} in {time.perf_counter() - start:.0f} s")
     size = sum(f.stat().st_size for f in folder.glob("*.arrow"))
     print(f"dataset: {rows:,} rows, {size / 2**30:.2f} GiB of Arrow files in {folder}")

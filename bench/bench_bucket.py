@@ -1,10 +1,11 @@
 """BucketBatchSampler against three common length-batching schemes, on real WikiText-2 paragraph lengths.
 
-Run (serialised with the other benchmarks)::
+Run (alone on the machine: the figures are timings)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_bucket.py
+    python bench/bench_bucket.py
 
-Data: the paragraphs of ``/work/shared/data/wikitext-2/{valid,test}.txt`` (one per line; blank
+Data: the paragraphs of WikiText-2's validation and test splits (``bench/data/wikitext-2``, or
+``--data DIR``; one per line; blank
 lines and `` = heading = `` lines skipped), length = whitespace token count.
 
 Schemes, each giving one epoch's global sequence of batches (the plan; on W ranks step ``s`` is
@@ -42,7 +43,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from _common import wikitext_lengths
+from _common import add_data_argument, wikitext_lengths
 from shardwise import BucketBatchSampler
 
 WORLD = 4
@@ -216,8 +217,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1e6 lengths for the build time (smoke test)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=20, help="seeds for the BucketBatchSampler spread table")
+    add_data_argument(parser)
     args = parser.parse_args()
-    lengths = wikitext_lengths()
+    lengths = wikitext_lengths(args.data)
     quality_table(lengths)
     seed_spread(lengths, args.seeds)
     build_times(10**6 if args.quick else 10**7, args.repeat)

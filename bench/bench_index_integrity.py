@@ -2,9 +2,10 @@
 
 Usage (a few minutes; writes up to 4 GB under --dir, removed at the end)::
 
-    git archive 7219ef3 src | tar -x -C /tmp/shardwise-baseline   # the release before the checks
-    flock /tmp/shardwise-bench.lock python bench/bench_index_integrity.py --sizes 1e8 1e9 --first-batch 1e8 \
-        --baseline-src /tmp/shardwise-baseline/src
+    mkdir -p ../shardwise-baseline && git archive 7219ef3 src | tar -x -C ../shardwise-baseline   # before the checks
+    python bench/bench_index_integrity.py --sizes 1e8 1e9 --first-batch 1e8 \
+        --baseline-src ../shardwise-baseline/src
+    python bench/bench_index_integrity.py --quick   # n = 1e6, one repeat, emulated baseline (a smoke test)
 
 Table 1, per n: an ``order.npy`` of n uint32 indices (the length index of n samples) in the page
 cache: the open-time sampled CRC-32 (what opening cost before and still costs), the full CRC-32
@@ -34,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,10 +155,15 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e8, 1e9])
     parser.add_argument("--first-batch", nargs="*", type=float, default=[1e8])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dir", default="/tmp/shardwise-bench-integrity")
+    parser.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "shardwise-bench-integrity"),
+                        help="scratch folder, deleted at the end (default: in the temporary folder)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="--sizes 1e6 --first-batch 1e6 --repeats 1 (a smoke test)")  # fmt: skip
     parser.add_argument("--baseline-src", default=None, help="the previous release's src/ (see the docstring)")
     parser.add_argument("--one", nargs=3, metavar=("ARM", "LENGTHS", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.first_batch, args.repeats = [1e6], [1e6], 1
     if args.one:
         one(*args.one)
         return

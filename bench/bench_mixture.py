@@ -1,8 +1,8 @@
 """MixtureSampler against the anchors' mixing methods, side by side: proportions, memory, build, resume.
 
-Run (serialised with the other benchmarks; the greedy index at 1e8 takes about 1 GB)::
+Run (alone on the machine; the greedy index at 1e8 takes about 1 GB)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_mixture.py
+    python bench/bench_mixture.py
 
 Setting: 5 sources of sizes 4e8, 3e8, 2e8, 5e7, 5e7 with weights 0.4, 0.3, 0.15, 0.1, 0.05.
 The arms, each a reimplementation of the method (not the library), run in this script:
@@ -222,8 +222,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", nargs=2, metavar=("ARM", "N"))
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child", nargs=2, metavar=("ARM", "N"), help=argparse.SUPPRESS)  # one arm (internal)
+    parser.add_argument("--quick", action="store_true", help="a 1.2e6-position plan and n up to 1e8 (a smoke test)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]))))

@@ -1,13 +1,15 @@
 """Packing quality and plan time: PackedBatchSampler against Multipack, greedy packing and padded batches.
 
-Run (serialised with the other benchmarks; numba makes the Multipack reimplementation as fast as
+Run (alone on the machine; numba makes the Multipack reimplementation as fast as
 the original, which is numba-jitted; without it the Multipack plan times are not comparable)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_packing.py
+    python bench/bench_packing.py
+    python bench/bench_packing.py --quick   # WikiText-2 only, 1e5 documents at scale (a smoke test)
 
 Data (real length distributions, all available offline):
 
-- WikiText-2: the paragraphs of ``/work/shared/data/wikitext-2/{valid,test}.txt`` (one per line;
+- WikiText-2: the paragraphs of its validation and test splits (``bench/data/wikitext-2``, or
+  ``--data DIR``; one per line;
   blank and `` = heading = `` lines skipped), length = whitespace tokens (4,024 documents, 1..481);
 - Python stdlib code: every ``.py`` file of the interpreter's standard library (``sysconfig``
   ``stdlib`` path, ``site-packages`` and test directories excluded), cut before each top-level
@@ -55,7 +57,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -64,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import function_lengths, status_bytes, wikitext_lengths
+from _common import DATA, STDLIB, add_data_argument, function_lengths, status_bytes, wikitext_lengths
 from shardwise import BucketBatchSampler, PackedBatchSampler
 
 WORLD = 8
@@ -85,7 +86,7 @@ TOP_LEVEL = re.compile(r"(?m)^(?=(?:async def|def|class) )")
 
 
 def stdlib_code_lengths() -> np.ndarray:
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = STDLIB
     lengths = []
     for path in sorted(root.rglob("*.py")):
         parts = set(path.relative_to(root).parts)
@@ -93,6 +94,8 @@ def stdlib_code_lengths() -> np.ndarray:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         lengths += [n for n in (len(TOKEN.findall(chunk)) for chunk in TOP_LEVEL.split(text)) if n]
+    if not lengths:
+        raise FileNotFoundError(f"no Python source under the standard library folder {str(root)!r}")
     return np.array(lengths, dtype=np.int64)
 
 
@@ -337,10 +340,10 @@ def table(name: str, lengths: np.ndarray, max_len: int, rows: int) -> None:
     print(f"PackedBatchSampler construction (item index + batch counts, once per run): {build * 1e3:.1f} ms")
 
 
-def scale(n: int, max_len: int, rows: int) -> None:
+def scale(n: int, max_len: int, rows: int, data: Path = DATA) -> None:
     """Plan time, first-batch latency and private memory at n documents drawn from the WikiText-2 lengths."""
 
-    lengths = np.random.default_rng(5).choice(wikitext_lengths(), size=n).astype(np.uint16)
+    lengths = np.random.default_rng(5).choice(wikitext_lengths(data), size=n).astype(np.uint16)
     cache = tempfile.mkdtemp(prefix="shardwise-bench-")  # a fresh node cache: the build is timed, not a hit
 
     def construct() -> PackedBatchSampler:
@@ -386,17 +389,25 @@ def main() -> None:
     parser.add_argument("--scale", type=float, nargs="*", default=[1e6, 1e7], help="document counts, scale table")
     parser.add_argument("--quality-scale", type=float, nargs="*", default=[1e6],
                         help="document counts, fill/utilization at scale table")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="the WikiText-2 table and --scale 1e5 only: no stdlib tables (a smoke test)")  # fmt: skip
+    add_data_argument(parser)
     args = parser.parse_args()
-    table("WikiText-2 paragraphs", wikitext_lengths(), max_len=1024, rows=4)
-    table("Python stdlib code (top-level defs/classes)", stdlib_code_lengths(), max_len=2048, rows=8)
-    table("Python stdlib functions (ast, tokenize tokens)", function_lengths(), max_len=4096, rows=4)
+    if args.quick:
+        args.scale, args.quality_scale = [1e5], []
+    table("WikiText-2 paragraphs", wikitext_lengths(args.data), max_len=1024, rows=4)
+    if not args.quick:
+        table("Python stdlib code (top-level defs/classes)", stdlib_code_lengths(), max_len=2048, rows=8)
+        table("Python stdlib functions (ast, tokenize tokens)", function_lengths(), max_len=4096, rows=4)
     print(f"\nscale: documents drawn from the WikiText-2 lengths, max_len=1024, rows_per_batch=4, W={WORLD}, rank 0; "
           "construction builds the node-shared index (cache) and the per-stratum batch counts once")  # fmt: skip
     print("| documents | strata | construction s (build, once a node) | construction ms (cache hit, other ranks) | "
           "first batch ms | one rank's epoch s | batches/rank | RssAnon MB |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.scale:
-        scale(int(n), 1024, 4)
+        scale(int(n), 1024, 4, args.data)
+    if not args.quality_scale:
+        return
     print(f"\nfill and utilization at scale: documents drawn from the stdlib function lengths, max_len=4096, "
           f"rows_per_batch=4, W={WORLD} (the global plan, last step padded as dealt)")  # fmt: skip
     print("| documents | balance | strata | batches | ceil(tokens / budget) | fill | utilization |")

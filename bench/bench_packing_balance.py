@@ -2,9 +2,11 @@
 
 Run::
 
-    python bench/bench_packing_balance.py [--world-size 8] [--accumulation 4]
+    python bench/bench_packing_balance.py [--world-size 8] [--accumulation 4]   # seconds
+    python bench/bench_packing_balance.py --quick   # W=2, accumulation 2 (a smoke test)
 
-``PackedBatchSampler(max_len=512, rows_per_batch=4)`` over the WikiText-2 paragraph lengths, every
+``PackedBatchSampler(max_len=512, rows_per_batch=4)`` over the WikiText-2 paragraph lengths
+(``bench/data/wikitext-2``, or ``--data DIR``), every
 rank's epoch at world size W. For each global step (one micro-batch a rank) and each optimizer step
 (``accumulation`` consecutive micro-batches a rank, what DDP waits for before it all-reduces), the
 slowest rank's cost over the mean, for real tokens and for attention (sum of squared document
@@ -18,15 +20,19 @@ import argparse
 import numpy as np
 
 import shardwise
-from _common import wikitext_lengths
+from _common import add_data_argument, wikitext_lengths
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--accumulation", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="--world-size 2 --accumulation 2 (a smoke test)")
+    add_data_argument(parser)
     args = parser.parse_args()
-    lengths, w, k = wikitext_lengths(), args.world_size, args.accumulation
+    if args.quick:
+        args.world_size, args.accumulation = 2, 2
+    lengths, w, k = wikitext_lengths(args.data), args.world_size, args.accumulation
     print(f"WikiText-2 ({lengths.size} paragraphs), max_len=512, rows_per_batch=4, W={w}, accumulation {k}")
     print("| balance | cost | micro-batch step: median / p99 / worst | optimizer step: median / p99 / worst |")
     print("|---|---|---|---|")

@@ -1,12 +1,13 @@
 """Real training with packed rows against padded batches: a small causal transformer on WikiText-2, 2 gloo ranks.
 
-Run (serialised with the other benchmarks; a few minutes on 2 CPU cores)::
+Run (alone on the machine; a few minutes on 2 CPU cores)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_packing_train.py
+    python bench/bench_packing_train.py
+    python bench/bench_packing_train.py --quick   # 20,000 tokens an arm, plot in bench/out (a smoke test)
 
-Data: the paragraphs of ``/work/shared/data/wikitext-2/valid.txt`` (training) and ``test.txt``
-(held out), words mapped to ids (the 4,095 most frequent words of the training text, the rest
-one unknown id). Model: a 2-layer causal transformer (width 96, 4 heads, learned absolute
+Data: the paragraphs of WikiText-2's validation split (training) and test split (held out), from
+``bench/data/wikitext-2`` or ``--data DIR``, words mapped to ids (the 4,095 most frequent words of
+the training text, the rest one unknown id). Model: a 2-layer causal transformer (width 96, 4 heads, learned absolute
 positions up to 512), about 4 MFLOPs a token for a training step. Three arms, each on 2 gloo
 ranks with DistributedDataParallel, each for the same budget of real (non-padding) tokens, the
 same optimiser and seed:
@@ -42,10 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader
 
+from _common import OUT, add_data_argument, wikitext_paragraphs
 from shardwise import BucketBatchSampler, PackCollate, PackedBatchSampler, PackedDataset, ShardedSampler
 from shardwise.tools.launch import run_distributed
 
-DATA = "/work/shared/data/wikitext-2"
 VOCAB = 4096
 MAX_LEN = 512
 ROWS = 4
@@ -154,13 +155,8 @@ def loss_of(model: nn.Module, batch: Any, varlen: bool = False) -> tuple[torch.T
 
 
 # -- data --------------------------------------------------------------------------------------------
-def paragraphs(split: str) -> list[list[str]]:
-    with open(f"{DATA}/{split}.txt", encoding="utf-8") as lines:
-        return [line.split() for line in lines if line.strip() and not line.startswith(" = ")]
-
-
-def encode() -> tuple[list[np.ndarray], list[np.ndarray]]:
-    train, held_out = paragraphs("valid"), paragraphs("test")
+def encode(data: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    train, held_out = wikitext_paragraphs("valid", data), wikitext_paragraphs("test", data)
     common = [word for word, _ in Counter(w for p in train for w in p).most_common(VOCAB - 1)]
     ids = {word: i + 1 for i, word in enumerate(common)}  # 0: any other word
     as_ids = [[np.array([ids.get(w, 0) for w in p], dtype=np.int64) for p in part] for part in (train, held_out)]
@@ -222,10 +218,10 @@ def evaluate(model: nn.Module, docs: list[np.ndarray]) -> float:
 
 
 # -- one arm on one rank -----------------------------------------------------------------------------
-def train_rank(rank: int, world_size: int, arm: str, tokens: int, seed: int) -> dict[str, Any]:
+def train_rank(rank: int, world_size: int, arm: str, tokens: int, seed: int, data: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    docs, held_out = encode()
+    docs, held_out = encode(data)
     model = nn.parallel.DistributedDataParallel(TinyCausalLM())
     optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     loader, _ = loader_for(arm, docs, seed)
@@ -286,11 +282,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=200_000, help="real-token budget per arm (both ranks)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--plot", type=Path, default=None, help=f"the loss curves' PNG (default {PLOT.name} in docs/)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--tokens 20000, the plot in bench/out/ unless --plot (a smoke test)")  # fmt: skip
+    add_data_argument(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.tokens = 20_000
+    if args.plot is None:
+        args.plot = Path(OUT) / PLOT.name if args.quick else PLOT
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for arm in ("random", "bucket", "packed"):
-        reports = run_distributed(train_rank, 2, arm, args.tokens, args.seed, timeout=900, collective_timeout=300)
+        reports = run_distributed(train_rank, 2, arm, args.tokens, args.seed, args.data,
+                                  timeout=900, collective_timeout=300)  # fmt: skip
         slowest = max(r["seconds"] for r in reports)
         results.append({**reports[0], "seconds": slowest})
     packed = next(r for r in results if r["arm"] == "packed")

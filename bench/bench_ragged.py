@@ -1,12 +1,13 @@
 """The memory-mapped ragged store against the naive way: every rank loads every array into its RAM.
 
-Run (serialised with the other benchmarks)::
+Run (alone on the machine: the figures are timings)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_ragged.py            # 4 GiB store
-    flock /tmp/shardwise-bench.lock python bench/bench_ragged.py --size-gib 1
+    python bench/bench_ragged.py            # 4 GiB store
+    python bench/bench_ragged.py --size-gib 1
+    python bench/bench_ragged.py --quick    # a 0.05 GiB store (a smoke test)
 
 A store of ``--size-gib`` of float32 rows (80 features, 50..1500 rows a sample) is written under
-/tmp (checked free space first) and deleted at the end. Three measurements:
+``--dir`` (default: the temporary folder; checked free space first) and deleted at the end. Three measurements:
 
 1. memory: 4 spawned gloo ranks read one epoch through ``BucketBatchSampler`` + ``pad_collate``
    (an all_reduce every step, no DataLoader workers so that each rank's memory is its own).
@@ -193,9 +194,11 @@ def gib(n: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size-gib", type=float, default=4.0)
-    parser.add_argument("--dir", default="/tmp")
-    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the store is written (and deleted)")
+    parser.add_argument("--skip-naive", action="store_true", help="skip the baseline that loads every array")
+    parser.add_argument("--quick", action="store_true", help="--size-gib 0.05 (a smoke test)")
     args = parser.parse_args()
+    args.size_gib = 0.05 if args.quick else args.size_gib
     target = int(args.size_gib * GIB)
     free = shutil.disk_usage(args.dir).free
     if free < 2 * target + 2 * GIB:

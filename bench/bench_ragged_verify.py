@@ -1,12 +1,13 @@
 """What ``RaggedArray.verify()`` costs, per GiB of store, against reading the same bytes without a checksum.
 
-Run (serialised with the other benchmarks)::
+Run (alone on the machine: the figures are timings)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_ragged_verify.py              # 2 GiB store
-    flock /tmp/shardwise-bench.lock python bench/bench_ragged_verify.py --size-gib 1
+    python bench/bench_ragged_verify.py              # 2 GiB store
+    python bench/bench_ragged_verify.py --size-gib 1
+    python bench/bench_ragged_verify.py --quick      # a 0.05 GiB store (a smoke test)
 
-A store of ``--size-gib`` of float32 rows (80 features) is written under /tmp and deleted at the
-end. Measured, each in this process: ``RaggedArray(path)`` (open: sizes, headers, offsets, 16
+A store of ``--size-gib`` of float32 rows (80 features) is written in the temporary folder and
+deleted at the end. Measured, each in this process: ``RaggedArray(path)`` (open: sizes, headers, offsets, 16
 sampled blocks), ``verify()`` with the files in the page cache (median of 3) and after evicting
 them with ``posix_fadvise(DONTNEED)`` on the store's own files (cold: disk speed), and the
 baseline: reading the same files with plain 16 MiB reads and no checksum, warm and cold.
@@ -30,9 +31,14 @@ FEATURES = 80
 GIB = 1 << 30
 
 
+def store_files(path: Path) -> list[Path]:
+    """The files ``verify()`` reads: the store's own (its ``index/`` folder holds a length-index cache)."""
+    return sorted(file for file in path.iterdir() if file.is_file())
+
+
 def evict(path: Path) -> None:
     """Drop the store's files from the page cache (only these files: the machine is shared)."""
-    for file in path.iterdir():
+    for file in store_files(path):
         fd = os.open(file, os.O_RDONLY)
         try:
             os.fdatasync(fd)
@@ -44,7 +50,7 @@ def evict(path: Path) -> None:
 def read_plain(path: Path) -> None:
     """The baseline: every byte of every file, 16 MiB at a time, nothing computed."""
     buffer = memoryview(bytearray(1 << 24))
-    for file in path.iterdir():
+    for file in store_files(path):
         with open(file, "rb", buffering=0) as handle:
             while handle.readinto(buffer):
                 pass
@@ -59,8 +65,11 @@ def timed(function: object) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gib", type=float, default=2.0)
+    parser.add_argument("--quick", action="store_true", help="--size-gib 0.05 (a smoke test)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="shardwise-verify-", dir="/tmp"))
+    if args.quick:
+        args.size_gib = 0.05
+    root = Path(tempfile.mkdtemp(prefix="shardwise-verify-"))
     try:
         rng = np.random.default_rng(0)
         rows_total = int(args.size_gib * GIB) // (4 * FEATURES)
@@ -76,7 +85,7 @@ def main() -> None:
         start = time.perf_counter()
         store = RaggedArray.write(root / "store", samples())
         written = time.perf_counter() - start
-        size = sum(f.stat().st_size for f in store.path.iterdir()) / GIB
+        size = sum(f.stat().st_size for f in store_files(store.path)) / GIB
         print(f"store: {size:.2f} GiB, {len(store)} samples (written in {written:.1f} s)")
 
         opens = [timed(lambda: RaggedArray(root / "store")) for _ in range(10)]

@@ -31,7 +31,8 @@ Scale: private memory (smaps_rollup Anonymous), time to the first index and indi
 (64 ranks) of ``LocalitySampler(window=8)`` at 1e9 samples in 1e5 shards, each mixing in a fresh
 process (``bench_partitions.py --scale-probe``).
 
-Run: ``python bench/bench_shuffle_locality.py`` (pure numpy; ~1 min, most of it py1e at 1e6 samples)
+Run: ``python bench/bench_shuffle_locality.py`` (pure numpy; ~1 min, most of it py1e at 1e6 samples);
+``--quick``: one case of 6,000 samples in 37 shards, one epoch, no node-cache or scale section (a smoke test).
 """
 
 from __future__ import annotations
@@ -219,13 +220,18 @@ def main() -> None:
                         help="comma-separated SAMPLESxSHARDS (default: the loader bench's, the issue's, many shards)")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--s3", default="6000x37", help="SAMPLESxSHARDS for the node-cache section ('' to skip)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--cases 6000x37 --epochs 1 --s3 '', no scale section (a smoke test)")  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.cases, args.epochs, args.s3 = "6000x37", 1, ""
     for case in filter(None, args.cases.split(",")):
         n, shards = (int(x) for x in case.split("x"))
         compare(n, shards, args.epochs)
     if args.s3:
         real_cache(*(int(x) for x in args.s3.split("x")))
-    scale()
+    if not args.quick:
+        scale()
 
 
 if __name__ == "__main__":

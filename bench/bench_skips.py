@@ -5,7 +5,8 @@ process, the cost of a resume with the ledger against the same resume without it
 ``load_state_dict`` and the first batch of 32 on each of the 6 ranks, then a steady 64Ki units.
 Correctness (0 lost, 0 repeated, 0 skipped trained at W=8 -> 6) is ``tests/samplers/test_skips.py`` at 1e6.
 
-    flock /tmp/shardwise-bench.lock python bench/bench_skips.py --size 1e9 --ranges 10000
+    python bench/bench_skips.py --size 1e9 --ranges 10000
+    python bench/bench_skips.py --quick   # n = 1e7, 1,000 ranges, 1,000 id ranges, 100 mixture ids (a smoke test)
 
 A second table skips sample ids (``skip_ids``): 10^4 id ranges on a ``ShardedSampler`` and a run of
 ids on a ``MixtureSampler``; each epoch translates them to plan positions once (cached after).
@@ -47,7 +48,11 @@ def main() -> None:
     parser.add_argument("--ranges", type=int, default=10_000)
     parser.add_argument("--id-ranges", type=int, default=10_000, help="skip_ids ranges (1-49 ids each)")
     parser.add_argument("--mixture-ids", type=int, default=1000, help="ids skipped in the MixtureSampler")
+    parser.add_argument("--quick", action="store_true",
+                        help="--size 1e7 --ranges 1000 --id-ranges 1000 --mixture-ids 100 (a smoke test)")  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.size, args.ranges, args.id_ranges, args.mixture_ids = 1e7, 1000, 1000, 100
     n = int(args.size)
     rng = np.random.default_rng(0)
     starts = np.sort(rng.choice(n // 1000, args.ranges, replace=False)) * 1000

@@ -5,6 +5,7 @@ Run (CPU: a small Llama, a few minutes on 2 cores; GPU: a 268M Llama in bf16)::
     python bench/bench_trainer_packing.py --rounds 3 --tokens 60000    # CPU, a small Llama
     python bench/bench_trainer_packing.py --size 268m --tokens 300000 --docs 20000   # one GPU
     python bench/bench_trainer_packing.py --check               # per-document exactness on this device
+    python bench/bench_trainer_packing.py --quick               # 4,000 tokens, 600 documents, 1 warm-up step
 
 Every arm trains the same Llama (built from a config, nothing downloaded; SDPA attention, the
 model's default config) through a real ``Trainer`` on the same long-tailed synthetic documents
@@ -264,8 +265,12 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--rounds", type=int, default=1, help="run every arm this many times, interleaved; medians")
     parser.add_argument("--check", action="store_true", help="per-document exactness instead of throughput")
+    parser.add_argument("--quick", action="store_true",
+                        help="--tokens 4000 --docs 600 --warmup 1 --rounds 1 (a smoke test)")  # fmt: skip
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in a fresh process (internal)
     args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.docs, args.warmup, args.rounds = 4_000, 600, 1, 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.check:
         check(device)

@@ -1,8 +1,9 @@
 """How long ``shardwise.verify`` takes: 8 simulated ranks x 2 epochs of a 100k-sample sampler.
 
-Run (serialised with the other benchmarks)::
+Run (alone on the machine: the figures are timings)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_verify.py
+    python bench/bench_verify.py
+    python bench/bench_verify.py --quick   # 2 ranks x 2 epochs, one try a row (a smoke test)
 
 Rows, measured in this one run, side by side:
 
@@ -14,6 +15,8 @@ Rows, measured in this one run, side by side:
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -43,26 +46,34 @@ def _startup() -> None:
     subprocess.run([sys.executable, "-c", "import shardwise"], check=True)
 
 
-def _work() -> None:
-    for rank in range(WORLD_SIZE):
-        sampler = make_sampler(rank, WORLD_SIZE)
+def _work(world_size: int) -> None:
+    for rank in range(world_size):
+        sampler = make_sampler(rank, world_size)
         for epoch in range(2):
             sampler.set_epoch(epoch)
             list(sampler)
 
 
-def _verify() -> None:
-    report = shardwise.verify(f"{os.path.abspath(__file__)}:make_sampler", world_size=WORLD_SIZE)
+def _verify(world_size: int) -> None:
+    report = shardwise.verify(f"{os.path.abspath(__file__)}:make_sampler", world_size=world_size)
     if not report.ok:
         raise RuntimeError(report.summary())
 
 
 def main() -> None:
-    startup = _best(_startup)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=WORLD_SIZE, help=f"simulated ranks (default {WORLD_SIZE})")
+    parser.add_argument("--repeat", type=int, default=3, help="tries a row (the best is shown)")
+    parser.add_argument("--quick", action="store_true", help="--world-size 2 --repeat 1 (a smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.world_size, args.repeat = 2, 1
+    w, repeat = args.world_size, args.repeat
+    startup = _best(_startup, repeat)
     rows = [
         ("fresh `import shardwise` process (baseline)", startup),
-        ("8 ranks x 2 epochs in one process", _best(_work)),
-        ("shardwise.verify, 8 ranks x 2 epochs, simulated", _best(_verify)),
+        (f"{w} ranks x 2 epochs in one process", _best(functools.partial(_work, w), repeat)),
+        (f"shardwise.verify, {w} ranks x 2 epochs, simulated", _best(functools.partial(_verify, w), repeat)),
     ]
     print(f"{'what':<52} {'seconds':>8} {'x baseline':>11}   (cpus: {os.cpu_count()})")
     for name, seconds in rows:

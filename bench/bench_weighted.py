@@ -1,8 +1,8 @@
 """WeightedSampler draws/s against torch.multinomial and numpy's Generator.choice(p=...), side by side.
 
-Run (serialised with the other benchmarks)::
+Run (alone on the machine: the figures are timings)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_weighted.py
+    python bench/bench_weighted.py
 
 Setting: ``n`` weights (float32, exponential), a global plan of ``num_samples = n`` draws per
 epoch, rank 3 of a world of 8: each method produces one rank's share, ``n / 8`` draws, in this

@@ -8,7 +8,8 @@ Nothing is stored per sample: the table shows the private memory the queries add
 (``/proc/self/smaps_rollup`` ``Private_Dirty``), against the 4 bytes a sample (4 GB at 1e9) of
 the per-epoch index file that OLMo-core writes to answer the same question.
 
-    flock /tmp/shardwise-bench.lock python bench/bench_which.py --size 1e9 --queries 300
+    python bench/bench_which.py --size 1e9 --queries 300
+    python bench/bench_which.py --quick   # n = 1e7, index-based 1e5, 30 queries (a smoke test)
 """
 
 from __future__ import annotations
@@ -97,7 +98,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--scan-queries", type=int, default=3, help="when queries of the samplers that scan their plan")
     parser.add_argument("--only", default="", help="run only the samplers whose name contains this")
+    parser.add_argument("--quick", action="store_true",
+                        help="--size 1e7 --index-size 1e5 --queries 30 --scan-queries 1 (a smoke test)")  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.size, args.index_size, args.queries, args.scan_queries = 1e7, 1e5, 30, 1
     n, index_n = int(args.size), int(args.index_size)
     rng = np.random.default_rng(0)
     print(f"shardwise {shardwise.__version__}: {args.queries} queries each, world size {WORLD}, batch {BATCH}")

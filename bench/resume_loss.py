@@ -13,11 +13,13 @@ Points: ``mid`` after 3 batches; ``end_in_loop`` inside the loop just after the 
 
 Run (seconds; no lock needed)::
 
-    PYTHONPATH=src python bench/resume_loss.py
+    python bench/resume_loss.py
+    python bench/resume_loss.py --quick   # no DataLoader workers (a smoke test)
 """
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from collections import Counter
 from typing import Any
@@ -99,12 +101,18 @@ def run(kind: str, path: str, workers: int, point: str, k: int = 3) -> tuple[int
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader workers (default: 0 2)")
+    parser.add_argument("--quick", action="store_true", help="--workers 0 (a smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.workers = [0]
     warnings.filterwarnings("ignore")
     print(f"samples lost/repeated by one resume (N={N}, batch {BATCH}, {WORLD} -> {NEW_WORLD} ranks, prefetch 2)")
     print(f"{'sampler':8s} {'loader':9s} {'workers':7s} " + " ".join(f"{p:>12s}" for p in POINTS))
     for kind in ("sharded", "bucket"):
         for path in ("plain", "stateful"):
-            for workers in (0, 2):
+            for workers in args.workers:
                 counts = [run(kind, path, workers, point) for point in POINTS]
                 cells = " ".join(f"{f'{lost}/{repeated}':>12s}" for lost, repeated in counts)
                 print(f"{kind:8s} {path:9s} {workers:<7d} {cells}", flush=True)
