@@ -8,38 +8,71 @@ strata of an epoch's plan.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 import numpy as np
+
+from ..offsets import span_positions
 
 
 class _Rooms:
-    """Rows grouped by the room they have left: ``take`` rows with a given room, ``put`` them back."""
+    """Rows grouped by the room they have left, as runs of consecutive row ids (plain Python: a step is a few µs).
+
+    The rows of one room are a queue: :meth:`take` serves from its front, :meth:`put` puts a
+    block of rows in front of it (the block's own order kept). ``open`` lists the rooms that
+    hold rows, ascending, for :meth:`smallest_fitting`.
+    """
+
+    __slots__ = ("count", "open", "queues")
 
     def __init__(self, max_len: int) -> None:
-        self.stacks: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # room -> blocks of row ids
-        self.count = np.zeros(max_len + 1, dtype=np.int64)  # room -> rows with that room
+        self.queues: list[list[tuple[int, int]]] = [[] for _ in range(max_len + 1)]  # runs (first, size), front last
+        self.count = [0] * (max_len + 1)  # room -> rows with that room
+        self.open: list[int] = []
 
     def smallest_fitting(self, length: int) -> int:
         """The least room that holds ``length`` tokens, or -1."""
-        found = np.flatnonzero(self.count[length:])
-        return length + int(found[0]) if found.size else -1
+        at = bisect_left(self.open, length)
+        return self.open[at] if at < len(self.open) else -1
 
-    def take(self, room: int, count: int) -> np.ndarray:
-        pieces, got = [], 0
-        stack = self.stacks[room]
-        while got < count:
-            block = stack.pop()
-            if block.size > count - got:
-                stack.append(block[count - got :])
-                block = block[: count - got]
-            pieces.append(block)
-            got += block.size
+    def take(self, room: int, count: int) -> list[tuple[int, int]]:
+        """The first ``count`` rows of ``room``, as runs ``(first, size)`` in queue order."""
+        queue, got = self.queues[room], []
         self.count[room] -= count
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        if not self.count[room]:
+            del self.open[bisect_left(self.open, room)]
+        while count:
+            first, size = queue[-1]
+            if size > count:
+                queue[-1] = (first + count, size - count)
+                got.append((first, count))
+                break
+            queue.pop()
+            got.append((first, size))
+            count -= size
+        return got
 
-    def put(self, room: int, rows: np.ndarray) -> None:
-        if rows.size:
-            self.stacks[room].append(rows)
-            self.count[room] += rows.size
+    def put(self, room: int, runs: list[tuple[int, int]], rows: int) -> None:
+        """Put ``rows`` rows (the ``runs``, in order) in front of ``room``'s queue."""
+        if not self.count[room]:
+            insort(self.open, room)
+        self.count[room] += rows
+        self.queues[room].extend(reversed(runs))
+
+
+def _item_rows(firsts: list[int], sizes: list[int], repeats: list[int], starts: list[int]) -> np.ndarray:
+    """The row of every item, lengths ascending, from the placements ``pack_histogram`` made longest first.
+
+    Placement ``i`` put ``repeats[i]`` items in each of rows ``firsts[i] .. firsts[i] + sizes[i] - 1``;
+    length ``l``'s placements are ``starts[l] .. starts[l - 1] - 1``, kept in the order they were made.
+    """
+    bounds = np.asarray(starts, dtype=np.int64)
+    longest = bounds.size - 2
+    order = span_positions(bounds[1 : longest + 1], bounds[:longest] - bounds[1 : longest + 1])
+    size = np.asarray(sizes, dtype=np.int64)[order]
+    rows = span_positions(np.asarray(firsts, dtype=np.int64)[order], size)
+    item_rows: np.ndarray = np.repeat(rows, np.repeat(np.asarray(repeats, dtype=np.int64)[order], size))
+    return item_rows
 
 
 def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
@@ -48,8 +81,12 @@ def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int
     Items are placed longest first, each into the fullest row it still fits (a new row if none):
     exactly what best-fit decreasing does item by item, computed per (length, row-room) pair:
     a row that is the best fit for an item of length ``l`` stays the best fit for the next ones
-    until it has no room, so a whole run of equal items is placed in a few numpy operations.
-    Items of length 0 go round the rows.
+    until it has no room, so a whole run of equal items is placed in one step. Items of length 0
+    go round the rows. A step is plain Python on runs of row ids (no numpy call); the rows of
+    every item are expanded from those runs by numpy at the end.
+
+    Rows of equal room are served newest block first (a block: the rows one step filled or
+    opened), in row order within a block: the order the plan of version 2 was made with.
 
     Args:
         histogram: ``(max_len + 1,)`` items of each length.
@@ -60,40 +97,55 @@ def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int
         ascending (class by class, as :func:`stratum_slots` lists them), and the number of rows.
     """
     histogram = np.asarray(histogram, dtype=np.int64)
+    needs = histogram.tolist()
     rooms = _Rooms(max_len)
     num_rows = 0
-    placed: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # length -> row of each item, in order
+    firsts: list[int] = []  # placements: rows firsts[i] .. firsts[i] + sizes[i] - 1 take repeats[i] items each
+    sizes: list[int] = []
+    repeats: list[int] = []
+    starts = [0] * (max_len + 2)  # length -> its first placement (placements run from the longest length down)
+
+    def place(runs: list[tuple[int, int]], items_per_row: int) -> None:
+        for first, size in runs:
+            firsts.append(first)
+            sizes.append(size)
+            repeats.append(items_per_row)
+
     for length in range(max_len, 0, -1):
-        need = int(histogram[length])
+        starts[length] = len(firsts)
+        need = needs[length]
         while need:
             room = rooms.smallest_fitting(length)
             if room < 0:  # no row has room: open rows, each filled with as many as fit
                 per_row = max_len // length
                 opened = -(-need // per_row)
-                rows = np.arange(num_rows, num_rows + opened, dtype=np.int64)
+                rest = need - (opened - 1) * per_row  # items in the last row opened
+                if opened > 1:
+                    place([(num_rows, opened - 1)], per_row)
+                    rooms.put(max_len - per_row * length, [(num_rows, opened - 1)], opened - 1)
+                last = [(num_rows + opened - 1, 1)]
+                place(last, rest)
+                rooms.put(max_len - rest * length, last, 1)
                 num_rows += opened
-                placed[length].append(np.repeat(rows, per_row)[:need])
-                rooms.put(max_len - per_row * length, rows[:-1])
-                rooms.put(max_len - (need - (opened - 1) * per_row) * length, rows[-1:])
                 break
             per_row = room // length
-            full = min(int(rooms.count[room]), need // per_row)
+            full = min(rooms.count[room], need // per_row)
             if full:  # rows of this room that the run fills to the brim, one after another
-                rows = rooms.take(room, full)
-                placed[length].append(np.repeat(rows, per_row))
-                rooms.put(room - per_row * length, rows)
+                runs = rooms.take(room, full)
+                place(runs, per_row)
+                rooms.put(room - per_row * length, runs, full)
                 need -= full * per_row
             if need and rooms.count[room]:  # the rest of the run: fewer than fill one row
                 row = rooms.take(room, 1)
-                placed[length].append(np.repeat(row, need))
-                rooms.put(room - need * length, row)
+                place(row, need)
+                rooms.put(room - need * length, row, 1)
                 need = 0
+    starts[0] = len(firsts)
+    flat = _item_rows(firsts, sizes, repeats, starts)
     zeros = int(histogram[0])
     if zeros:
         num_rows = max(num_rows, 1)
-        placed[0].append(np.arange(zeros, dtype=np.int64) % num_rows)
-    item_rows = [np.concatenate(p) for p in placed if p]
-    flat = np.concatenate(item_rows) if item_rows else np.empty(0, dtype=np.int64)
+        flat = np.concatenate([np.arange(zeros, dtype=np.int64) % num_rows, flat])
     return flat.astype(np.int64, copy=False), num_rows
 
 

@@ -1,0 +1,150 @@
+"""The packing index build: the fast best-fit-decreasing layout equals the plan-version-2 reference, placement for placement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardwise._core.packing import Balance, class_phases, stratum_histogram, stratum_layouts
+from shardwise._core.packing.rows import pack_histogram
+
+
+# -- the reference: pack_histogram as plan version 2 was first written (numpy per step) -----------------
+class _ReferenceRooms:
+    """Rows grouped by the room they have left: ``take`` rows with a given room, ``put`` them back."""
+
+    def __init__(self, max_len: int) -> None:
+        self.stacks: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # room -> blocks of row ids
+        self.count = np.zeros(max_len + 1, dtype=np.int64)  # room -> rows with that room
+
+    def smallest_fitting(self, length: int) -> int:
+        """The least room that holds ``length`` tokens, or -1."""
+        found = np.flatnonzero(self.count[length:])
+        return length + int(found[0]) if found.size else -1
+
+    def take(self, room: int, count: int) -> np.ndarray:
+        pieces, got = [], 0
+        stack = self.stacks[room]
+        while got < count:
+            block = stack.pop()
+            if block.size > count - got:
+                stack.append(block[count - got :])
+                block = block[: count - got]
+            pieces.append(block)
+            got += block.size
+        self.count[room] -= count
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def put(self, room: int, rows: np.ndarray) -> None:
+        if rows.size:
+            self.stacks[room].append(rows)
+            self.count[room] += rows.size
+
+
+def reference_pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing into rows of ``max_len`` tokens, on a histogram of item lengths.
+
+    Items are placed longest first, each into the fullest row it still fits (a new row if none):
+    exactly what best-fit decreasing does item by item, computed per (length, row-room) pair:
+    a row that is the best fit for an item of length ``l`` stays the best fit for the next ones
+    until it has no room, so a whole run of equal items is placed in a few numpy operations.
+    Items of length 0 go round the rows.
+
+    Args:
+        histogram: ``(max_len + 1,)`` items of each length.
+        max_len: row capacity.
+
+    Returns:
+        ``item_rows`` ``(histogram.sum(),)`` int64, the row of each item, items ordered by length
+        ascending (class by class, as :func:`stratum_slots` lists them), and the number of rows.
+    """
+    histogram = np.asarray(histogram, dtype=np.int64)
+    rooms = _ReferenceRooms(max_len)
+    num_rows = 0
+    placed: list[list[np.ndarray]] = [[] for _ in range(max_len + 1)]  # length -> row of each item, in order
+    for length in range(max_len, 0, -1):
+        need = int(histogram[length])
+        while need:
+            room = rooms.smallest_fitting(length)
+            if room < 0:  # no row has room: open rows, each filled with as many as fit
+                per_row = max_len // length
+                opened = -(-need // per_row)
+                rows = np.arange(num_rows, num_rows + opened, dtype=np.int64)
+                num_rows += opened
+                placed[length].append(np.repeat(rows, per_row)[:need])
+                rooms.put(max_len - per_row * length, rows[:-1])
+                rooms.put(max_len - (need - (opened - 1) * per_row) * length, rows[-1:])
+                break
+            per_row = room // length
+            full = min(int(rooms.count[room]), need // per_row)
+            if full:  # rows of this room that the run fills to the brim, one after another
+                rows = rooms.take(room, full)
+                placed[length].append(np.repeat(rows, per_row))
+                rooms.put(room - per_row * length, rows)
+                need -= full * per_row
+            if need and rooms.count[room]:  # the rest of the run: fewer than fill one row
+                row = rooms.take(room, 1)
+                placed[length].append(np.repeat(row, need))
+                rooms.put(room - need * length, row)
+                need = 0
+    zeros = int(histogram[0])
+    if zeros:
+        num_rows = max(num_rows, 1)
+        placed[0].append(np.arange(zeros, dtype=np.int64) % num_rows)
+    item_rows = [np.concatenate(p) for p in placed if p]
+    flat = np.concatenate(item_rows) if item_rows else np.empty(0, dtype=np.int64)
+    return flat.astype(np.int64, copy=False), num_rows
+
+
+def _histograms(rng: np.random.Generator, max_len: int, count: int) -> np.ndarray:
+    """``count`` items of lengths 0..max_len drawn four ways: uniform, long-tailed, a few values, mostly long."""
+    kind = int(rng.integers(4))
+    if kind == 0:
+        lengths = rng.integers(0, max_len + 1, count)
+    elif kind == 1:
+        lengths = np.clip(rng.lognormal(np.log(max(max_len / 8, 1)), 1.2, count), 0, max_len).astype(np.int64)
+    elif kind == 2:
+        lengths = rng.choice([0, 1, max(max_len // 3, 1) + 1, max_len // 2, max_len], count)
+    else:
+        lengths = max_len - rng.integers(0, max(max_len // 3, 1), count)
+    return np.bincount(lengths, minlength=max_len + 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_histogram_equals_the_reference_on_random_histograms(seed: int) -> None:
+    """Every item's row and the row count equal the reference's, over random histograms and row sizes."""
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        max_len = int(rng.integers(1, 200))
+        histogram = _histograms(rng, max_len, int(rng.integers(0, 400)))
+        rows, num_rows = pack_histogram(histogram, max_len)
+        expected_rows, expected_num = reference_pack_histogram(histogram, max_len)
+        assert num_rows == expected_num
+        np.testing.assert_array_equal(rows, expected_rows)
+
+
+def test_pack_histogram_equals_the_reference_on_strata_of_long_tailed_lengths() -> None:
+    """The strata of a long-tailed corpus (max_len=4096, a window of 4096) pack exactly as the reference packs them."""
+    rng = np.random.default_rng(7)
+    lengths = np.clip(rng.lognormal(5.5, 1.0, 40_000), 1, 4096).astype(np.int64)
+    counts = np.bincount(lengths, minlength=4097)
+    strata = -(-lengths.size // 4096)
+    phases = class_phases(counts.size)
+    for stratum in (0, 3, strata - 1):
+        histogram = stratum_histogram(counts, strata, stratum, phases)
+        rows, num_rows = pack_histogram(histogram, 4096)
+        expected_rows, expected_num = reference_pack_histogram(histogram, 4096)
+        assert num_rows == expected_num
+        np.testing.assert_array_equal(rows, expected_rows)
+
+
+def test_stratum_layouts_keep_the_chain_of_the_reference() -> None:
+    """Whole layouts (rows dealt, rows handed on, batch keys) are those the reference packing gives."""
+    rng = np.random.default_rng(3)
+    counts = np.bincount(np.clip(rng.lognormal(3.0, 1.0, 5000), 0, 128).astype(np.int64), minlength=129)
+    layouts = list(stratum_layouts(counts, 7, 128, rows_per_batch=4, tokens_per_batch=None, balance=Balance.ATTENTION))
+    phases = class_phases(counts.size)
+    for stratum, layout in enumerate(layouts):
+        expected_rows, expected_num = reference_pack_histogram(stratum_histogram(counts, 7, stratum, phases), 128)
+        np.testing.assert_array_equal(layout.slot_rows, expected_rows)
+        assert layout.own_rows == expected_num
