@@ -174,12 +174,11 @@ def test_a_decoder_killed_with_sigkill_leaves_nothing_visible(s3: dict[str, Any]
 
 
 def test_corrupt_shard_fails_naming_url_and_sample_and_leaves_no_file(s3: dict[str, Any], tmp_path: Path) -> None:
-    """A shard whose footer is garbled after indexing: the decode fails naming the URL and sample; nothing is kept."""
+    """A shard whose pages are garbled (its footer intact): the decode fails naming the URL and sample; nothing is kept."""
     fs = s3["fs"]
     data = (s3["local"] / "0.parquet").read_bytes()
-    fs.pipe(f"{BUCKET}/corrupt/shard-0.parquet", data)
+    fs.pipe(f"{BUCKET}/corrupt/shard-0.parquet", data[:4] + b"\xff" * 64 + data[68:])
     source = _source(s3, tmp_path / "cache", "corrupt")
-    fs.pipe(f"{BUCKET}/corrupt/shard-0.parquet", data[:-12] + b"\0" * 12)
     with pytest.raises(ShardError, match=rf"s3://{BUCKET}/corrupt/shard-0.parquet \(needed for sample 4\) is not a"):
         source[4]
     assert not any(name.endswith(".arrow") for name in _files(tmp_path / "cache"))

@@ -165,7 +165,7 @@ def test_shard_missing_mid_epoch_names_url_and_sample(s3: dict[str, Any], tmp_pa
 
 
 def test_corrupt_parquet_footer_is_a_clear_error(s3: dict[str, Any], tmp_path: Path) -> None:
-    """A shard with a garbled footer fails at construction (metadata) or at read, naming the URL."""
+    """A shard with a garbled footer fails at construction (metadata), or garbled after indexing at read, naming the URL."""
     fs = s3["fs"]
     data = (s3["local"] / "0.parquet").read_bytes()
     fs.pipe(f"{BUCKET}/corrupt/a.parquet", data[:-12] + b"\0" * 12)
@@ -174,7 +174,7 @@ def test_corrupt_parquet_footer_is_a_clear_error(s3: dict[str, Any], tmp_path: P
     fs.pipe(f"{BUCKET}/corrupt/a.parquet", data)
     source = _source(s3, tmp_path, "corrupt")
     fs.pipe(f"{BUCKET}/corrupt/a.parquet", data[:-12] + b"\0" * 12)  # same size, new content, after indexing
-    with pytest.raises(ShardError, match=rf"shard s3://{BUCKET}/corrupt/a.parquet \(needed for sample 3\) is not a"):
+    with pytest.raises(ShardError, match=rf"shard s3://{BUCKET}/corrupt/a.parquet \(needed for sample 3\) changed"):
         source[3]
 
 

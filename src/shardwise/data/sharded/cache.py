@@ -1,11 +1,13 @@
 """The node cache: each remote shard is downloaded once per node, shared by every rank and worker.
 
-A download takes the shard's file lock (``filelock``), writes a temporary file next to the final
-one, checks its size against the metadata and renames it into place: a reader sees a whole shard
-or none, and a download killed halfway leaves only a temporary file that nobody opens (the next
-download overwrites it). Transient errors are retried with bounded exponential backoff; a missing
-shard fails at once; every wait (the lock, the retries) is bounded, so a failure is an error,
-never a hang.
+A download (``fetch.download``) takes the shard's file lock (``filelock``), writes a temporary
+file next to the final one, checks it against the shard's identity recorded at indexing (size and
+ETag or modification time: a changed shard is a ``ShardError`` naming its URL, before any reader
+opens it) and renames it into place: a reader sees a whole shard or none, and a download killed
+halfway leaves only a temporary file that nobody opens (the next download overwrites it).
+Transient errors are retried with bounded exponential backoff; a missing or changed shard fails
+at once; every wait (the lock, the retries) is bounded, so a failure is an error, never a hang. A
+local shard is read in place, its size and modification time checked when it is opened.
 
 A shard can be kept *derived* instead (:class:`Derived`: a Parquet shard decoded once into an
 uncompressed Arrow IPC file that every worker memory-maps): the first process that needs it
@@ -19,7 +21,7 @@ the shards in the order the plan will read them; ``prefetch_threads`` background
 them in that order, several at once (an object store answers each request after tens of
 milliseconds, so one download at a time leaves its bandwidth idle), as far ahead as the budget
 holds; and when the cache is over its byte budget the shards the plan will not read again this
-epoch are evicted first (least recently used), then the ones it reads last.
+epoch are evicted first (least recently used), then the ones it reads last (``budget``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import hashlib
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,23 @@ from filelock import FileLock, Timeout
 
 from ..._core import threads
 from ..._core.errors import check_int, check_path, check_seconds
+from . import budget as budgeting
+from .fetch import (
+    PART,
+    check_unchanged,
+    complete,
+    download,
+    for_sample,
+    is_local,
+    local_path,
+    remove_leftovers,
+    shard_key,
+    touch,
+)
 from .formats import ShardError
 
-PART = ".part"
+__all__ = ["PART", "Derived", "ShardCache", "default_cache_dir", "is_local", "local_path"]
+
 _RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
 _Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
 
@@ -59,16 +74,6 @@ class Derived:
 
     tag: str
     make: Callable[[str, str], None]
-
-
-def is_local(url: str) -> bool:
-    """Whether ``url`` is a path on this node (no protocol, or ``file://``)."""
-    return "://" not in url or url.startswith("file://")
-
-
-def local_path(url: str) -> str:
-    """The path of a local URL."""
-    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def default_cache_dir() -> Path:
@@ -188,7 +193,7 @@ class ShardCache:
         (The prefetch thread's downloads evict too; another process of the node may still evict it,
         so a reader retries a shard that vanished before it was opened.)
         """
-        name = _shard_key(self.name(url))
+        name = shard_key(self.name(url))
         self._pinned[name] = self._pinned.get(name, 0) + 1
         try:
             yield
@@ -218,20 +223,21 @@ class ShardCache:
         if is_local(url):
             path = local_path(url)
             if not os.path.isfile(path):
-                raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)")
+                raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)")
+            check_unchanged(self.filesystem(url), url, version, sample)  # a stat: size and modification time
             return path
         final = self.directory / self.name(url, derived, version)
         # A derived file is renamed into place whole: existing means complete.
-        if final.exists() if derived is not None else _complete(final, size):
-            _touch(final)
+        if final.exists() if derived is not None else complete(final, size):
+            touch(final)
             return str(final)
         self.directory.mkdir(parents=True, exist_ok=True)
         with self._locked(final, url, sample, wait):
             if derived is not None:
                 if not final.exists():  # another process may have made it while we waited
                     self._make(url, size, sample, derived, version, final)
-            elif not _complete(final, size):
-                self._download(url, final, size, sample)
+            elif not complete(final, size):
+                self._download(url, final, size, sample, version)
         self._evict(keep=final.name)
         return str(final)
 
@@ -245,7 +251,7 @@ class ShardCache:
             if not wait:
                 raise _Busy(url) from error
             raise ShardError(
-                f"shard {url} {_for(sample)}was being downloaded by another process for more than "
+                f"shard {url} {for_sample(sample)}was being downloaded by another process for more than "
                 f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
             ) from error
         try:
@@ -263,39 +269,14 @@ class ShardCache:
             os.replace(part, final)
         finally:
             part.unlink(missing_ok=True)
-        _remove_leftovers(final)
+        remove_leftovers(final)
         Path(shard).unlink(missing_ok=True)  # the derived file stands for it from now on
 
-    def _download(self, url: str, final: Path, size: int, sample: int | None) -> None:
-        part = final.with_name(f"{final.name}{PART}{os.getpid()}")
-        fs = self.filesystem(url)
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
-                # from S3 (no HEAD, no block cache; measured in BENCHMARKS.md, "the download").
-                fs.get_file(url, str(part))
-                with open(part, "rb+") as target:
-                    copied = os.fstat(target.fileno()).st_size
-                    os.fsync(target.fileno())
-                if copied != size:
-                    raise ShardError(f"shard {url} {_for(sample)}has {copied} bytes, but its metadata says {size}")
-                os.replace(part, final)  # atomic: readers see the whole shard or nothing
-                _remove_leftovers(final)
-                with self._mutex:
-                    self.fetched_bytes += copied
-                return
-            except FileNotFoundError as error:
-                raise ShardError(f"shard {url} {_for(sample)}does not exist (was it moved or deleted?)") from error
-            except (OSError, ShardError) as error:
-                if attempt == self.retries:
-                    raise ShardError(
-                        f"could not fetch shard {url} {_for(sample)}after {attempt + 1} attempts: {error}"
-                    ) from error
-                time.sleep(delay)
-                delay = min(2 * delay, 8.0)
-            finally:
-                part.unlink(missing_ok=True)
+    def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None) -> None:
+        copied = download(self.filesystem(url), url, final, size, version, sample, retries=self.retries,
+                          backoff=self.backoff)
+        with self._mutex:
+            self.fetched_bytes += copied
 
     # -- the plan ------------------------------------------------------------------------------
     def follow(self, shards: Sequence[tuple[str, int, str | None]], derived: Derived | None = None) -> None:
@@ -305,7 +286,7 @@ class ShardCache:
         to keep in each shard's place (:class:`Derived`), made when the shard is prefetched.
         """
         remote = [shard for shard in shards if not is_local(shard[0])]
-        self._upcoming = {_shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
+        self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
         self._derived = derived
         if not remote or not self.prefetch_threads:
             return
@@ -354,7 +335,7 @@ class ShardCache:
         url, size, version, generation = item
         if generation != self._generation:
             return False  # the plan moved on: a newer list is queued
-        key = _shard_key(self.name(url))
+        key = shard_key(self.name(url))
         with self._mutex:
             if key in self._inflight:
                 return True
@@ -381,95 +362,19 @@ class ShardCache:
             thread.join(timeout=self.timeout)
         self._threads, self._queue = [], None
 
-    def _cached(self) -> list[tuple[str, str, int, float]]:
-        """``(shard key, path, bytes, last access)`` of every whole shard (or derived file) in the cache directory."""
-        # Other processes of the node evict too: a file may vanish between listing and stat.
-        files: list[tuple[str, str, int, float]] = []
-        if not self.directory.is_dir():
-            return files
-        for entry in os.scandir(self.directory):
-            if _temporary(entry.name):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                stat = entry.stat()
-                files.append((_shard_key(entry.name), entry.path, stat.st_size, stat.st_atime))
-        return files
-
     def _room_for(self, key: str, size: int) -> bool:
-        """Whether prefetching shard ``key`` fits the budget by evicting only shards the plan reads later (or never).
-
-        The other prefetch threads' downloads of shards read sooner count at their size (the caller
-        holds ``_mutex``).
-        """
-        budget = self.budget_bytes
-        if budget is None:
+        """Whether prefetching shard ``key`` fits the budget (``budget.has_room``; the caller holds ``_mutex``)."""
+        if self.budget_bytes is None:
             return True
-        never = len(self._upcoming)
-        rank = self._upcoming.get(key, never)
-        kept = sum(f[2] for f in self._cached()
-                   if f[0] != key and f[0] not in self._inflight
-                   and (self._upcoming.get(f[0], never) < rank or f[0] in self._pinned))  # fmt: skip
-        flying = sum(nbytes for other, nbytes in self._inflight.items() if self._upcoming.get(other, never) < rank)
-        return kept + flying + size <= budget
+        return budgeting.has_room(budgeting.cached_files(self.directory), key, size, self.budget_bytes,
+                                  self._upcoming, self._inflight, self._pinned)
 
     def _evict(self, keep: str) -> None:  # keep: a file name
-        """Bring the cache under its budget: shards the plan no longer reads first (oldest), then the latest read."""
-        budget = self.budget_bytes
-        if budget is None:
-            return
-        files = self._cached()
-        total = sum(size for _, _, size, _ in files)
-        if total <= budget:
-            return
-        never = len(self._upcoming)
-        # Not read again this epoch (rank ``never``) first, least recently used first; then the
-        # shards the plan reads last.
-        files.sort(key=lambda f: (-self._upcoming.get(f[0], never), f[3]))
-        for key, path, size, _ in files:
-            if total <= budget:
-                break
-            if key == _shard_key(keep) or key in self._pinned:
-                continue
-            Path(path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
-            total -= size
+        """Bring the cache under its budget (``budget.evict``)."""
+        if self.budget_bytes is not None:
+            budgeting.evict(budgeting.cached_files(self.directory), self.budget_bytes, self._upcoming,
+                            self._pinned, shard_key(keep))
 
 
 class _Busy(Exception):
     """Another process holds the shard's lock (raised instead of waiting: the prefetch thread moves on)."""
-
-
-def _for(sample: int | None) -> str:
-    return "" if sample is None else f"(needed for sample {sample}) "
-
-
-def _shard_key(name: str) -> str:
-    """What every file the cache keeps of one shard starts with (the hash of its URL)."""
-    return name.partition("-")[0]
-
-
-def _remove_leftovers(final: Path) -> None:
-    """Delete the temporary files of ``final`` that killed processes left (the caller holds its lock).
-
-    A name prefix, not a glob: a shard's file name may hold ``[`` or ``*``.
-    """
-    prefix = final.name + PART
-    for entry in os.scandir(final.parent):
-        if entry.name.startswith(prefix):
-            Path(entry.path).unlink(missing_ok=True)
-
-
-def _temporary(name: str) -> bool:
-    return name.endswith(".lock") or PART in name
-
-
-def _complete(path: Path, size: int) -> bool:
-    try:
-        return path.stat().st_size == size
-    except FileNotFoundError:
-        return False
-
-
-def _touch(path: Path) -> None:
-    # Evicted by another process meanwhile: the reader's open fails and it fetches the shard again.
-    with contextlib.suppress(FileNotFoundError):
-        os.utime(path)

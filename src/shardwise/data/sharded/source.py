@@ -34,7 +34,8 @@ from torch.utils.data import Dataset
 from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
 from ...index import build_or_open
 from ...index.cache import CacheDir
-from .cache import Derived, ShardCache, is_local
+from .cache import Derived, ShardCache
+from .fetch import identity, is_local, version_of
 from .formats import Format, ShardError, ShardReader, decode_parquet, format_of, pyarrow, read_column, shard_facts
 from .rows import OutputFormat, numeric_columns, table_rows
 
@@ -197,8 +198,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
                 info = fs.info(url)
             except FileNotFoundError as error:
                 raise ShardError(f"shard {url} does not exist; check urls and storage_options") from error
-            version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
-            stats.append((url, int(info["size"]), str(version)))
+            stats.append(identity(url, info))
         return stats
 
     def _metadata(self, index_dir: CacheDir) -> dict[str, np.ndarray]:
@@ -207,9 +207,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self.data_fingerprint = hashlib.blake2b(json.dumps(stats).encode(), digest_size=8).hexdigest()
         # Each shard's URL, size and version as 8 bytes (0.8 MB at 1e5 shards): the cache names its
         # copy by it, so a shard rewritten in place, even at the same size, is fetched again.
-        self._versions = np.asarray([
-            int.from_bytes(hashlib.blake2b(json.dumps(stat).encode(), digest_size=8).digest(), "little")
-            for stat in stats], dtype=np.uint64)
+        # A fetch or open of the shard is checked against it (fetch.check_unchanged).
+        self._versions = np.asarray([int(version_of(stat), 16) for stat in stats], dtype=np.uint64)
         # "names": entries hold the columns every shard has (names.npy), which earlier entries did not.
         options = [self.format.value, self.length_column, self.label_column, "names"]
         key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()

@@ -1,0 +1,75 @@
+"""The node cache's byte budget: what a prefetch may take room from, and what is evicted first.
+
+The plan gives every shard a rank in its reading order (``upcoming``: shard key -> rank; a shard
+absent from it is not read again this epoch). A prefetch may make room only by evicting shards
+the plan reads later than the one fetched (or never); eviction takes the shards the plan no
+longer reads first (least recently used first), then the ones it reads last. Shards pinned by a
+reader between its download and its open are never evicted by this process. Pure functions over
+the directory listing; :class:`~shardwise.data.sharded.cache.ShardCache` holds the state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from .fetch import shard_key, temporary
+
+
+class Cached(NamedTuple):
+    """A whole shard (or derived file) in the cache directory."""
+
+    key: str  # fetch.shard_key of its name: the same for every file kept of one shard
+    path: str
+    size: int
+    used: float  # last access time
+
+
+def cached_files(directory: Path) -> list[Cached]:
+    """Every whole shard or derived file in ``directory`` (no locks, no files being written)."""
+    # Other processes of the node evict too: a file may vanish between listing and stat.
+    files: list[Cached] = []
+    if not directory.is_dir():
+        return files
+    for entry in os.scandir(directory):
+        if temporary(entry.name):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            stat = entry.stat()
+            files.append(Cached(shard_key(entry.name), entry.path, stat.st_size, stat.st_atime))
+    return files
+
+
+def has_room(files: list[Cached], key: str, size: int, budget: int, upcoming: Mapping[str, int],
+             inflight: Mapping[str, int], pinned: Collection[str]) -> bool:
+    """Whether ``size`` more bytes for shard ``key`` fit ``budget`` by evicting only shards read after it (or never).
+
+    ``inflight``: shard key -> bytes being downloaded now; those read sooner count at their size.
+    """
+    never = len(upcoming)
+    rank = upcoming.get(key, never)
+    kept = sum(f.size for f in files
+               if f.key != key and f.key not in inflight and (upcoming.get(f.key, never) < rank or f.key in pinned))
+    flying = sum(nbytes for other, nbytes in inflight.items() if upcoming.get(other, never) < rank)
+    return kept + flying + size <= budget
+
+
+def evict(files: list[Cached], budget: int, upcoming: Mapping[str, int], pinned: Collection[str], keep: str) -> None:
+    """Delete files until ``files`` fit ``budget``: shards not read again first (oldest), then the latest read.
+
+    ``keep`` (a shard key) and ``pinned`` shards stay.
+    """
+    total = sum(f.size for f in files)
+    if total <= budget:
+        return
+    never = len(upcoming)
+    for f in sorted(files, key=lambda f: (-upcoming.get(f.key, never), f.used)):
+        if total <= budget:
+            break
+        if f.key == keep or f.key in pinned:
+            continue
+        Path(f.path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
+        total -= f.size
