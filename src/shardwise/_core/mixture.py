@@ -8,6 +8,7 @@ index at any plan position, in O(1) from the position with no table and no repla
 
 from __future__ import annotations
 
+import bisect
 import enum
 
 import numpy as np
@@ -19,6 +20,7 @@ from .mixture_blocks import (
     Layout,
     counts_before,
     draw_indices,
+    extend_layout,
     locate,
     make_layout,
     slot_keys_for,
@@ -39,6 +41,10 @@ class MixtureStop(str, enum.Enum):
     """At the end of the block in which the last source has been drawn as many times as it has samples."""
     PRIMARY = "primary"
     """At the end of the block in which the ``primary`` source has been drawn as many times as it has samples."""
+
+
+class PendingWeightsError(RuntimeError):
+    """Plan positions were asked for whose weights an adaptive ledger does not hold yet."""
 
 
 class MixturePlan:
@@ -112,6 +118,10 @@ class MixturePlan:
                         f"epoch; give source {primary} a positive weight"
                     )
         self._starts: list[int] = [0]
+        self._by_samples = schedule.kind == BY_SAMPLES
+        self._thresholds: list[int] = list(schedule.thresholds) if self._by_samples else [0]
+        self.known_until: int | None = None
+        """Run positions at or past this one have no weights yet (an adaptive ledger); ``None``: all known."""
         self._layout: tuple[int, Layout] | None = None
         self._keys: tuple[int, int, np.ndarray | None, np.ndarray | None] | None = None
 
@@ -135,24 +145,84 @@ class MixturePlan:
         """Where the weights change in ``epoch``'s plan, and the draws made before each change."""
         if self._layout is not None and self._layout[0] == epoch:
             return self._layout[1]
-        schedule = self.schedule
-        if schedule.kind != BY_SAMPLES:
-            stretches = [(0, self.entries[schedule.index_at(epoch, 0)])]
+        if not self._by_samples:
+            stretches = [(0, self.entries[self.schedule.index_at(epoch, 0)])]
         else:
             start = self.epoch_start(epoch)
-            stretches = [(0, self.entries[schedule.index_at(epoch, start)])]
+            thresholds = self._thresholds
+            first_entry = bisect.bisect_right(thresholds, start) - 1
+            stretches = [(0, self.entries[first_entry])]
             end = start + self.num_samples if self.num_samples is not None else None
-            for threshold, entry in zip(schedule.thresholds, self.entries, strict=True):
-                if threshold <= start or (end is not None and threshold >= end):
-                    continue
-                first = -(-(threshold - start) // self.block)
+            stop = len(thresholds) if end is None else bisect.bisect_left(thresholds, end)
+            for at in range(first_entry + 1, stop):
+                first = -(-(thresholds[at] - start) // self.block)
                 if first == stretches[-1][0]:
-                    stretches[-1] = (first, entry)
+                    stretches[-1] = (first, self.entries[at])
                 else:
-                    stretches.append((first, entry))
+                    stretches.append((first, self.entries[at]))
         layout = make_layout(self.block, stretches)
         self._layout = (epoch, layout)
         return layout
+
+    def extend(self, threshold: int, weights: Weights, known_until: int) -> None:
+        """Append a weight change at run position ``threshold`` (an adaptive ledger's update): O(S) + a copy.
+
+        ``threshold`` lies past every earlier change, with a ``num_samples`` stop; the cached layout of
+        the epoch holding it grows by one stretch instead of being laid out again.
+        """
+        if self.stop is not MixtureStop.NUM_SAMPLES or self.num_samples is None:
+            raise ValueError("weights can only be appended to a mixture with stop='num_samples'")
+        need = weights.smallest_block()
+        if need > self.block:
+            raise ValueError(
+                f"weights {weights.shares()} need a block of {need} positions, but the mixture's block is {self.block}"
+            )
+        if threshold <= self._thresholds[-1]:
+            raise ValueError(
+                f"a weight change at {threshold} should come after the last one, at {self._thresholds[-1]}"
+            )
+        self._by_samples = True
+        self._thresholds.append(threshold)
+        self.entries.append(weights)
+        self.known_until = known_until
+        if self._layout is None:
+            return
+        epoch, layout = self._layout
+        start = self.epoch_start(epoch)
+        if not start < threshold < start + self.num_samples:
+            return  # another epoch's change: that epoch is laid out when it is asked for
+        first = -(-(threshold - start) // self.block)
+        if first * self.block >= self.num_samples:
+            return
+        self._layout = (epoch, extend_layout(layout, first, weights))
+
+    def known_prefix(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The leading ``positions`` whose weights are known (a pass stops there until the next update).
+
+        Raises:
+            PendingWeightsError: not even the first one is known.
+        """
+        if self.known_until is None:
+            return positions
+        beyond = np.flatnonzero(positions >= self.known_until - self.epoch_start(epoch))
+        if not beyond.size:
+            return positions
+        self.check_known(epoch, positions[: int(beyond[0]) or 1])  # raises when the first one is unknown
+        kept: np.ndarray = positions[: int(beyond[0])]
+        return kept
+
+    def check_known(self, epoch: int, positions: np.ndarray) -> None:
+        """Raise :class:`PendingWeightsError` if a position's weights are not in the ledger yet."""
+        if self.known_until is None or not len(positions):
+            return
+        last = self.epoch_start(epoch) + int(positions.max())
+        if last >= self.known_until:
+            raise PendingWeightsError(
+                f"plan position {last - self.epoch_start(epoch)} of epoch {epoch} (run position {last}) uses weights "
+                f"that no update has set yet: the ledger holds them up to run position {self.known_until}. Report the "
+                "update that is due (sampler.update() when sampler.update_due(), on every rank) before the loader "
+                "needs samples past it, or give AdaptiveWeights a larger interval than the loader prefetches"
+            )
 
     def plan_size(self, epoch: int) -> int:
         """Plan positions in ``epoch``."""
@@ -178,11 +248,13 @@ class MixturePlan:
 
     def locate(self, seed: int, epoch: int, positions: np.ndarray) -> Draws:
         """Source and draw number at each position of ``epoch``'s plan."""
+        self.check_known(epoch, positions)
         slot_keys, _ = self.epoch_keys(seed, epoch)
         return locate(self.layout(epoch), positions, slot_keys, self.interleave)
 
     def indices(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The global (concatenated) index at each position of ``epoch``'s plan."""
+        self.check_known(epoch, positions)
         slot_keys, keys = self.epoch_keys(seed, epoch)
         found = locate(self.layout(epoch), positions, slot_keys, self.interleave)
         return draw_indices(found, self.sizes, self.offsets, keys)

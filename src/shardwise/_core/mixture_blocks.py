@@ -161,6 +161,25 @@ def make_layout(block: int, stretches: Sequence[tuple[int, Weights]], phases: Se
     return Layout(block, first, prefix, denominator, phase, base)
 
 
+def extend_layout(layout: Layout, first: int, weights: Weights) -> Layout:
+    """``layout`` with one more stretch, ``weights`` from block ``first`` on: O(S) arithmetic and one array copy.
+
+    ``first`` lies at or after the last stretch's first block; at it, the last stretch is replaced.
+    """
+    last = len(layout.first) - 1
+    keep = last if first == int(layout.first[last]) else last + 1
+    base = layout.counts_at_block(first) if keep > last else [int(x) for x in layout.base[last]]
+    prefix = np.asarray(weights.prefix, dtype=np.int64)
+    return Layout(
+        layout.block,
+        np.append(layout.first[:keep], np.int64(first)),
+        np.concatenate([layout.prefix[:keep], prefix[None, :]]),
+        np.append(layout.denominator[:keep], np.int64(weights.denominator)),
+        np.append(layout.phase[:keep], np.int64(weights.denominator // 2)),
+        np.concatenate([layout.base[:keep], np.asarray([base], dtype=np.int64)]),
+    )
+
+
 # -- positions ----------------------------------------------------------------------------------
 def keyed_permute(values: np.ndarray, size: int, rounds: np.ndarray) -> np.ndarray:
     """A Feistel bijection of ``[0, size)`` with cycle walking, keyed per element.

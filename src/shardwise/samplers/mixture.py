@@ -6,25 +6,32 @@ The arithmetic (blocks, exact counts, keyed orders, stop rules) lives in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
+from .._core.adaptive import AdaptiveWeights, WeightLedger, adaptive_block, as_initial
 from .._core.arrays import as_lookup_indices, as_size_array
-from .._core.errors import check_bool, check_choice, check_int
+from .._core.errors import MalformedStateError, check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop
+from .._core.plan import rank_positions
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler
+from .feedback import Feedback
 from .identity import with_sources
 from .keywords import MixtureKeywords
-from .passes import UnitSource
+from .passes import LivePass, UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+ADAPTIVE = "adaptive"
+"""The state key of an adaptive mixture's weight ledger."""
 
 
 def source_sizes(sizes: object) -> np.ndarray:
@@ -134,7 +141,9 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self.source_names: list[str] = [str(n) for n in names] if names else [str(i) for i in range(len(self.sizes))]
         # NOTE [ What the data fingerprint checks ] (samplers/identity.py): names given by a Mixture, sources' own.
         self._identity = with_sources({"names": self.source_names} if names else {}, getattr(sizes, "datasets", ()))
-        self.weights: WeightSchedule = as_weight_schedule(weights)
+        self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
+        initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(self.sizes))
+        self.weights: WeightSchedule = as_weight_schedule(weights if initial is None else initial)
         self.shuffle = keywords.shuffle
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
         if num_samples is not None:
@@ -156,11 +165,26 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self.num_samples: int | None = num_samples  # type: ignore[assignment]  # DistributedSampler's is an int; draws per epoch over all ranks (None: set by the stop rule)
         self.primary = primary
         self.drop_last = keywords.drop_last
-        self._plan = MixturePlan(
-            self.sizes, self.weights, stop=self.stop, num_samples=num_samples, primary=primary, block=block,
-            shuffle=self.shuffle, interleave=self.interleave,
-        )  # fmt: skip
+        self._feedback: Feedback | None = None
+        if self.adaptive is not None:
+            if self.stop is not MixtureStop.NUM_SAMPLES:
+                raise ValueError(
+                    f"weights=AdaptiveWeights(...) needs stop='num_samples' (and num_samples=...), but got "
+                    f"stop={self.stop.value!r}: where an exhaustion stop ends an epoch depends on weights not yet known"
+                )
+            block = adaptive_block(self.adaptive.policy, self.num_sources, block, self.weights.weights[0])
+        self._plan = self._new_plan(block)
+        if self.adaptive is not None and initial is not None:
+            self._feedback = Feedback(self.adaptive, initial, self._plan.block)
+            self._plan.known_until = self._feedback.ledger.known_until
+        self._pass_epoch = 0
         self._init_plan(keywords)
+
+    def _new_plan(self, block: int | None) -> MixturePlan:
+        return MixturePlan(
+            self.sizes, self.weights, stop=self.stop, num_samples=self.num_samples, primary=self.primary,
+            block=block, shuffle=self.shuffle, interleave=self.interleave,
+        )  # fmt: skip
 
     @property
     def block(self) -> int:
@@ -193,13 +217,92 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         found: np.ndarray = np.searchsorted(self._plan.offsets, checked, side="right") - 1
         return found
 
+    # -- adaptive weights (NOTE [ An adaptive ledger is a weight schedule written at run time ]) ----
+    def _need_feedback(self, what: str) -> Feedback:
+        if self._feedback is None:
+            raise RuntimeError(
+                f"MixtureSampler.{what} needs adaptive weights: build the sampler with "
+                "weights=AdaptiveWeights(policy, interval=...)"
+            )
+        return self._feedback
+
+    @property
+    def ledger(self) -> WeightLedger:
+        """The weights of every update so far (entry 0: the initial weights), the same on every rank."""
+        return self._need_feedback("ledger").ledger
+
+    def record(self, values: Any, sources: Any) -> None:
+        """Add per-sample values (losses) with each sample's source to this rank's report for the next update.
+
+        Local and cheap (no communication); call it every step. ``sources`` are source numbers
+        (``sampler.sources_of(indices)`` gives them from the batch's indices). Values are kept as
+        fixed-point sums (NOTE [ Reported statistics are fixed-point ] in ``_core.adaptive``).
+
+        Raises:
+            ValueError: a non-finite value or one beyond ``2**20``, a source out of range, lengths that differ.
+            TypeError: non-numeric values, non-integer sources.
+        """
+        self._need_feedback("record").record(values, sources)
+
+    def _trained_position(self) -> int:
+        """The run position (samples of all epochs, all ranks) the loop has trained through."""
+        self._sync()
+        progress = self._progress
+        return self._plan.epoch_start(progress.epoch) + min(progress.consumed, self._plan_size(progress.epoch))
+
+    def update_due(self) -> bool:
+        """Whether the loop has trained through the end of the interval the next update reports."""
+        return self._trained_position() >= self._need_feedback("update_due").ledger.due_at
+
+    def update(self, group: Any = None) -> list[float]:
+        """Agree on the recorded statistics with one all_reduce, append the policy's weights to the ledger.
+
+        Call it on every rank when :meth:`update_due` (the same step on every rank); the new
+        weights take effect one interval later. Without an initialised process group the sampler
+        must be alone (``world_size == 1``). NOTE [ One collective an update ] (``samplers/feedback``)
+        says where the tensor lives and how disagreeing ranks fail.
+
+        Returns:
+            The new weights (shares summing to 1).
+
+        Raises:
+            RuntimeError: the update is not due yet; the ranks report different updates or have
+                differently built samplers; several ranks but no process group.
+        """
+        feedback = self._need_feedback("update")
+        return feedback.update(self._plan, self._trained_position(), self._full_fingerprint(), self.world, group)
+
+    def weights_at(self, epoch: int, position: int) -> list[float]:
+        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1)."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        position = check_int("position", position, minimum=0, maximum=max(0, self._plan_size(epoch) - 1))
+        return self._plan.weights_at(epoch, position)
+
+    def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[int]]:
+        """As the shell's, but a chunk stops where the ledger's weights end: the next one waits for the update."""
+        if self._feedback is None:
+            yield from super()._chunks(live, world, source)
+            return
+        plan = self._plan
+        first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
+        while first < live.count:
+            stop = min(first + size, live.count)
+            positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
+            positions = plan.known_prefix(self._pass_epoch, positions)
+            stop = first + len(positions)
+            units = source(positions)
+            live.done_chunks += live.current_len
+            live.current, live.current_len = iter(units), len(units)
+            yield live.current
+            first, size = stop, min(2 * size, self._CHUNK)
+
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
         return self._plan.plan_size(epoch)
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
-        plan = self._plan
-        return lambda positions: plan.indices(seed, epoch, positions).tolist()
+        self._pass_epoch = epoch
+        return lambda positions: self._plan.indices(seed, epoch, positions).tolist()  # the plan grows with updates
 
     def _id_count(self) -> int:
         """Ids of the concatenated sources (``offsets``), as ``when`` and ``skip_ids`` take them."""
@@ -208,20 +311,27 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every position of ``epoch``'s plan drawing global ``index``: O(log n) a draw (provenance)."""
         index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
-        return mixture_positions_of(self._plan, self.seed, epoch, index)
+        return self._known(epoch, mixture_positions_of(self._plan, self.seed, epoch, index))
+
+    def _known(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The positions whose weights the ledger holds (all of them without adaptive weights)."""
+        if self._plan.known_until is None:
+            return positions
+        kept: np.ndarray = positions[positions < self._plan.known_until - self._plan.epoch_start(epoch)]
+        return kept
 
     def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """Every position drawing one of ``ids`` (``skip_ids``): O(log n) a draw, one draw per cycle of its source."""
         total = int(self.sizes.sum())
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= total):
             raise ValueError(f"sample ids should be in [0, {total - 1}], but got ids up to {int(ids.max())}")
-        found = [mixture_positions_of(self._plan, self.seed, epoch, i) for i in ids.tolist()]
+        found = [self._known(epoch, mixture_positions_of(self._plan, self.seed, epoch, i)) for i in ids.tolist()]
         return np.concatenate([np.empty(0, dtype=np.int64), *found])
 
     def _fingerprint(self) -> Fingerprint:
         return {
             "sizes": self.sizes.tolist(),
-            "weights": self.weights.fingerprint(),
+            "weights": self.weights.fingerprint() if self.adaptive is None else self.adaptive.fingerprint(),
             "stop": self.stop.value,
             "num_samples": self.num_samples,
             "primary": self.primary,
@@ -234,6 +344,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     def _config(self) -> dict[str, Any]:
         schedule = self.weights  # plain values, so that describe() can be logged as JSON
         weights = schedule.weights[0].tolist() if schedule.kind == "constant" else repr(schedule)
+        if self.adaptive is not None:
+            weights = repr(self.adaptive)
         return {"weights": weights, "stop": self.stop.value, "num_samples": self.num_samples,
                 "block": self.block, "shuffle": self.shuffle, "interleave": self.interleave}  # fmt: skip
 
@@ -284,4 +396,26 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
             position -= position % self.block
         sources = self._sources_at(epoch, position)
         state["mixture"] = {"position": position, "consumed": sources["consumed"], "cycles": sources["cycles"]}
+        if self._feedback is not None:
+            state[ADAPTIVE] = self._feedback.ledger.to_state()
         return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The shell's resume; an adaptive mixture also takes the saved ledger (``state["adaptive"]``).
+
+        The updates after the saved position are recomputed from what the loop reports after the
+        resume (NOTE [ Resuming an adaptive mixture ] in docs/mixture.md); what this rank had
+        recorded towards the next update is dropped.
+        """
+        feedback = self._feedback
+        if feedback is None:
+            super().load_state_dict(state_dict)
+            return
+        if not isinstance(state_dict, dict) or ADAPTIVE not in state_dict:
+            raise MalformedStateError(
+                "state should hold 'adaptive' (the weight ledger) for a MixtureSampler with adaptive weights; save "
+                "sampler.state_dict() of an adaptive sampler"
+            )
+        ledger = WeightLedger.from_state(state_dict[ADAPTIVE], feedback.ledger.interval, self.num_sources)
+        super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
+        self._plan = feedback.plan_of(ledger, self._new_plan)

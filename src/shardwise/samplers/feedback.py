@@ -1,0 +1,176 @@
+"""The adaptive side of ``MixtureSampler``: this rank's pending report, the one collective, the ledger update.
+
+The arithmetic (fixed-point sums, policies, the ledger) is :mod:`shardwise._core.adaptive`; this
+module adds what needs torch: the all_reduce that makes every rank agree on the statistics.
+
+NOTE [ One collective an update ]
+An update all_reduces one int64 tensor of ``4 + 2 * S`` numbers: the update number and its
+square, a tag of the sampler's configuration and its square, then the per-source fixed-point
+sums and counts. Summed over ``W`` ranks, ``W * sum(u**2) == sum(u)**2`` only if every rank
+reported the same update (likewise for the tag), so ranks that report different updates, or
+samplers built differently, fail loudly on every rank instead of drawing from different weights.
+The tensor lives where the group's backend reduces: on the CPU for gloo and MPI (also for a
+``"cpu:gloo,cuda:nccl"`` group), else on the current accelerator device (``cuda`` for NCCL).
+A rank that does not report at all stops at the next interval boundary
+(:class:`~shardwise._core.mixture.PendingWeightsError`); the ranks waiting for it in the
+collective fail at the group's timeout, or as soon as its process exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._core.adaptive import (
+    SHARE_DENOMINATOR,
+    AdaptiveWeights,
+    SourceStatistics,
+    WeightLedger,
+    check_values,
+    fixed_point_sums,
+    initial_state,
+    min_share_for,
+    quantize_shares,
+    run_policy,
+)
+from .._core.mixture import MixturePlan
+from .._core.weights import Weights
+from .._core.world import World
+
+TAG_BITS = 20
+
+
+def config_tag(fingerprint: dict[str, Any]) -> int:
+    """A 20-bit digest of a sampler's fingerprint: ranks whose samplers differ disagree on it."""
+    text = json.dumps(fingerprint, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(), "big") >> (32 - TAG_BITS)
+
+
+def collective_device(group: Any = None) -> Any:
+    """Where the group's backend reduces a tensor: CPU for gloo/MPI, else the current accelerator device."""
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    if accelerator is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(accelerator.type, torch.accelerator.current_device_index())
+
+
+def all_reduce_report(sums: np.ndarray, counts: np.ndarray, update: int, tag: int, group: Any = None
+                      ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Global ``(sums, counts)`` over the group's ranks, after checking that every rank reports ``update``/``tag``."""
+    import torch
+    import torch.distributed as dist
+
+    header = np.asarray([update, update * update, tag, tag * tag], dtype=np.int64)
+    payload = torch.from_numpy(np.concatenate([header, sums, counts])).to(collective_device(group))
+    dist.all_reduce(payload, group=group)
+    total = [int(x) for x in payload.cpu().tolist()]
+    world = dist.get_world_size(group)
+    if world * total[1] != total[0] ** 2:
+        raise RuntimeError(
+            f"the ranks reported different updates to the adaptive mixture (this rank reported update {update}; "
+            f"over {world} ranks the update numbers sum to {total[0]}): every rank must call sampler.update() "
+            "once per interval, at the same step, from the same checkpoint"
+        )
+    if world * total[3] != total[2] ** 2:
+        raise RuntimeError(
+            f"the ranks' adaptive MixtureSamplers differ (configuration tag {tag} here, another on some rank): build "
+            "the sampler with the same sizes, weights policy, interval, block and seed on every rank"
+        )
+    size = len(sums)
+    return np.asarray(total[4 : 4 + size], dtype=np.int64), np.asarray(total[4 + size :], dtype=np.int64)
+
+
+class Feedback:
+    """The ledger of an adaptive mixture and this rank's report pending for the next update."""
+
+    __slots__ = ("adaptive", "block", "counts", "ledger", "sums")
+
+    def __init__(self, adaptive: AdaptiveWeights, initial: np.ndarray, block: int) -> None:
+        self.adaptive, self.block = adaptive, block
+        shares = quantize_shares(initial, min_share_for(block))
+        self.ledger = WeightLedger(adaptive.interval, shares, initial_state(adaptive.policy, initial))
+        self.sums = np.zeros(len(initial), dtype=np.int64)
+        self.counts = np.zeros(len(initial), dtype=np.int64)
+
+    def record(self, values: object, sources: object) -> None:
+        """Add per-sample values (losses) of the given sources to this rank's pending report."""
+        floats, integers = check_values(values, sources, len(self.sums))
+        sums, counts = fixed_point_sums(floats, integers, len(self.sums))
+        self.sums += sums
+        self.counts += counts
+
+    def clear(self) -> None:
+        self.sums[:] = 0
+        self.counts[:] = 0
+
+    def next_shares(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The next update's shares from the reduced ``(sums, counts)``: the policy, quantised (pure)."""
+        update = self.ledger.updates + 1
+        if not counts.any():
+            warnings.warn(
+                f"update {update} of the adaptive mixture has no reported samples on any rank (nothing was recorded "
+                "since the last update: a resume from a checkpoint saved between an interval's end and its update?); "
+                "the policy sees no statistics",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        statistics = SourceStatistics.from_sums(update, sums, counts)
+        step = run_policy(self.adaptive.policy, self.ledger, statistics)
+        shares = quantize_shares(step.weights, min_share_for(self.block))
+        self.ledger.append(shares, step.state)
+        return shares
+
+    def update(self, plan: MixturePlan, trained: int, fingerprint: dict[str, Any], world: World, group: Any
+               ) -> list[float]:  # fmt: skip
+        """Reduce the pending report over the ranks, run the policy, append to the ledger and the plan.
+
+        ``trained``: the run position the loop has trained through (the update must be due).
+        """
+        import torch.distributed as dist
+
+        ledger = self.ledger
+        if trained < ledger.due_at:
+            raise RuntimeError(
+                f"update {ledger.updates + 1} is due once the loop has trained through run position {ledger.due_at} "
+                f"(interval={ledger.interval} samples over all ranks), but it has trained through {trained}; call "
+                "sampler.update() when sampler.update_due()"
+            )
+        if dist.is_available() and dist.is_initialized():
+            sums, counts = all_reduce_report(self.sums, self.counts, ledger.updates + 1, config_tag(fingerprint), group)
+        elif world.world_size == 1:
+            sums, counts = self.sums, self.counts
+        else:
+            raise RuntimeError(
+                f"MixtureSampler.update() on rank {world.rank} of {world.world_size} needs an initialised "
+                "torch.distributed process group to agree on the statistics with the other ranks"
+            )
+        shares = self.next_shares(sums, counts)
+        self.clear()
+        plan.extend(ledger.start_of(ledger.updates), as_weights(shares), ledger.known_until)
+        return [float(x) / SHARE_DENOMINATOR for x in shares]
+
+    def plan_of(self, ledger: WeightLedger, new_plan: Callable[[int], MixturePlan]) -> MixturePlan:
+        """The plan of a loaded ``ledger``: the initial weights, then every update's; it becomes this ledger."""
+        self.ledger = ledger
+        self.clear()
+        plan = new_plan(self.block)
+        for entry in range(1, ledger.updates + 1):
+            plan.extend(ledger.start_of(entry), as_weights(ledger.shares[entry]), ledger.start_of(entry + 1))
+        plan.known_until = ledger.known_until
+        return plan
+
+
+def as_weights(shares: np.ndarray) -> Weights:
+    """A ledger row as the plan's exact weights."""
+    return Weights(tuple(int(x) for x in shares), SHARE_DENOMINATOR)
