@@ -16,10 +16,13 @@ from ._core.version import __version__
 # as before; type checkers and IDEs read the imports below. tests/contract/test_api.py checks that
 # the table and the imports name the same modules, and __all__ the same names.
 _SOURCES: dict[str, str] = {
+    "AdaptiveWeights": "._core.adaptive",
     "BatchSizeSchedule": "._core.schedule",
     "BucketBatchSampler": ".samplers.bucket",
     "ClassBalancedBatchSampler": ".samplers.class_balanced",
     "Even": "._core.plan",
+    "Exp3": "._core.adaptive",
+    "ExponentiatedGradient": "._core.adaptive",
     "LocalitySampler": ".samplers.locality",
     "MalformedStateError": "._core.errors",
     "Mixture": ".data.mixture",
@@ -33,6 +36,8 @@ _SOURCES: dict[str, str] = {
     "PackedIndex": "._core.packing",
     "PackedSample": ".data.packed_dataset",
     "PadCollate": ".data.collate",
+    "PendingWeightsError": "._core.mixture",
+    "PolicyStep": "._core.adaptive",
     "PaddedBatch": ".data.collate",
     "ProvenanceUnsupported": ".samplers.provenance",
     "RaggedArray": ".data.ragged",
@@ -46,11 +51,13 @@ _SOURCES: dict[str, str] = {
     "ShardedSource": ".data.sharded",
     "ShardedWrapper": ".samplers.wrappers",
     "SmallClasses": ".samplers.class_balanced",
+    "SourceStatistics": "._core.adaptive",
     "StateMismatchError": "._core.errors",
     "TooLong": "._core.packing",
     "Trained": ".samplers.provenance",
     "TrainedBatch": ".samplers.provenance",
     "TwoStreamBatchSampler": ".samplers.two_stream",
+    "WeightLedger": "._core.adaptive",
     "WeightSchedule": "._core.weights",
     "WeightedSampler": ".samplers.weighted",
     "column": ".index.arrow",
@@ -75,8 +82,9 @@ _SOURCES: dict[str, str] = {
 _SUBPACKAGES = frozenset({"_core", "data", "index", "integrations", "samplers", "tools"})
 
 if TYPE_CHECKING:
+    from ._core.adaptive import AdaptiveWeights, Exp3, ExponentiatedGradient, PolicyStep, SourceStatistics, WeightLedger
     from ._core.errors import MalformedStateError, StateMismatchError
-    from ._core.mixture import MixtureStop
+    from ._core.mixture import MixtureStop, PendingWeightsError
     from ._core.packing import PackedIndex, TooLong
     from ._core.plan import Even
     from ._core.schedule import BatchSizeSchedule
@@ -121,10 +129,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AdaptiveWeights",
     "BatchSizeSchedule",
     "BucketBatchSampler",
     "ClassBalancedBatchSampler",
     "Even",
+    "Exp3",
+    "ExponentiatedGradient",
     "LocalitySampler",
     "MalformedStateError",
     "Mixture",
@@ -139,6 +150,8 @@ __all__ = [
     "PackedSample",
     "PadCollate",
     "PaddedBatch",
+    "PendingWeightsError",
+    "PolicyStep",
     "ProvenanceUnsupported",
     "RaggedArray",
     "RaggedStoreError",
@@ -151,12 +164,14 @@ __all__ = [
     "ShardedSource",
     "ShardedWrapper",
     "SmallClasses",
+    "SourceStatistics",
     "StateMismatchError",
     "TooLong",
     "Trained",
     "TrainedBatch",
     "TwoStreamBatchSampler",
     "VerifyReport",
+    "WeightLedger",
     "WeightSchedule",
     "WeightedSampler",
     "__version__",
