@@ -177,7 +177,6 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         if self.adaptive is not None and initial is not None:
             self._feedback = Feedback(self.adaptive, initial, self._plan.block)
             self._plan.known_until = self._feedback.ledger.known_until
-        self._pass_epoch = 0
         self._init_plan(keywords)
 
     def _new_plan(self, block: int | None) -> MixturePlan:
@@ -288,7 +287,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         while first < live.count:
             stop = min(first + size, live.count)
             positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
-            positions = plan.known_prefix(self._pass_epoch, positions)
+            positions = plan.known_prefix(self._progress.epoch, positions)  # the live pass's epoch
             stop = first + len(positions)
             units = source(positions)
             live.done_chunks += live.current_len
@@ -301,7 +300,6 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         return self._plan.plan_size(epoch)
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
-        self._pass_epoch = epoch
         return lambda positions: self._plan.indices(seed, epoch, positions).tolist()  # the plan grows with updates
 
     def _id_count(self) -> int:
