@@ -109,7 +109,7 @@ def _write(folder: Path, rows: int, data: Path = DATA, shards: int = 4, batch: i
 
 
 def _old_lengths(dataset: Any, args: Any, model_input_name: str) -> list[int]:
-    """The baseline: integrations/transformers.py's _lengths before this change, verbatim."""
+    """The baseline: the per-row _lengths of integrations/transformers.py before issue 21, verbatim."""
     column = getattr(args, "length_column_name", "length")
     names = getattr(dataset, "column_names", None)
     if names is not None and column in names:
@@ -156,7 +156,7 @@ def _phase(phase: str, folder: Path, cache: Path, rows: int) -> dict[str, Any]:
         return result
     from transformers import TrainingArguments
 
-    from shardwise.integrations import transformers as integration
+    from shardwise.integrations import trainer_sampling as integration  # default_train_sampler and its _lengths
 
     args = TrainingArguments(str(cache / "unused"), train_sampling_strategy="group_by_length",
                              per_device_train_batch_size=8, report_to="none", use_cpu=True)  # fmt: skip
