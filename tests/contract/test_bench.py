@@ -124,3 +124,33 @@ def test_machine_path_pattern() -> None:
               "s3://bucket/tmp/x", "a/tmp/b", "../scratch-venv", "tempfile.gettempdir()"]  # fmt: skip
     assert [bool(MACHINE_PATH.search(text)) for text in hits] == [True] * len(hits)
     assert [bool(MACHINE_PATH.search(text)) for text in misses] == [False] * len(misses)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_front_page_is_short_and_readme_figures_point_into_it() -> None:
+    """BENCHMARKS.md fits a few screens; every figure of README's table links to one of its sections."""
+    front = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert len(front) < 20_000, f"BENCHMARKS.md is {len(front):,} characters: history goes to docs/benchmarks/"
+    anchors = {_anchor(line.lstrip("#")) for line in front.splitlines() if line.startswith("## ")}
+    rows = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `") and line.count(" | ") >= 2]  # fmt: skip
+    measured = [row.strip().strip("|").split("|")[-1] for row in rows]  # the last column: what was measured
+    assert len(measured) >= 10, rows
+    for cell in filter(None, (cell.strip() for cell in measured)):
+        targets = re.findall(r"\]\(BENCHMARKS\.md#([\w-]+)\)", cell)
+        assert targets, f"a README figure with no link into BENCHMARKS.md: {cell}"
+        assert set(targets) <= anchors, f"{cell}: no such section in BENCHMARKS.md ({sorted(anchors)})"
+
+
+@pytest.mark.parametrize("page", ["BENCHMARKS.md", *(f"docs/benchmarks/{p.name}" for p in
+                                                     sorted((ROOT / "docs" / "benchmarks").glob("*.md")))])  # fmt: skip
+def test_benchmark_pages_link_to_files_that_exist(page: str) -> None:
+    """Every relative link of the front page and of the history pages names a file of the repository."""
+    path = ROOT / page
+    links = re.findall(r"\]\(([^)#:\s]+)(?:#[\w-]*)?\)", path.read_text(encoding="utf-8"))
+    missing = [link for link in links if not (path.parent / link).exists()]
+    assert not missing, f"{page}: links to nothing: {missing}"
