@@ -88,6 +88,10 @@ def _scheduled(**kwargs: Any) -> Call:
     return lambda tmp: ScheduledBatchSampler(data, **kwargs)
 
 
+def _adaptive() -> MixtureSampler:
+    return MixtureSampler([3, 2], shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8), num_samples=4)
+
+
 def _mixture(**kwargs: Any) -> Call:
     sizes = kwargs.pop("sizes", [3, 2])
     weights = kwargs.pop("weights", [1.0, 1.0])
@@ -314,6 +318,24 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("mixture-datasets-of-ints", lambda tmp: Mixture([1, 2]), T, ("datasets", "1")),  # type: ignore[list-item]
     ("mixture-datasets-empty", lambda tmp: Mixture([]), V, ("datasets",)),
     ("mixture-datasets-one-empty", lambda tmp: Mixture([[1], []]), V, ("datasets", "'1'")),
+    # -- adaptive mixtures: AdaptiveWeights, Exp3, ExponentiatedGradient, MixtureSampler.record ----------
+    ("adaptive-policy-not-callable", lambda tmp: shardwise.AdaptiveWeights("exp3", interval=8), T, ("policy", "'exp3'")),
+    ("adaptive-interval-zero", lambda tmp: shardwise.AdaptiveWeights(shardwise.Exp3(), interval=0), V, ("interval", "0")),
+    ("adaptive-initial-negative", lambda tmp: shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8, initial=[1, -1]), V, ("initial", "-1")),
+    ("exp3-smoothing-one", lambda tmp: shardwise.Exp3(smoothing=1.0), V, ("smoothing", "[0, 1)")),
+    ("exp3-floor-negative", lambda tmp: shardwise.Exp3(floor=-0.1), V, ("floor", "-0.1")),
+    ("exp3-floor-str", lambda tmp: shardwise.Exp3(floor="0.1"), T, ("floor", "'0.1'")),
+    ("exp-gradient-rate-zero", lambda tmp: shardwise.ExponentiatedGradient(rate=0), V, ("rate", "(0,")),
+    ("exp-gradient-smoothing-nan", lambda tmp: shardwise.ExponentiatedGradient(smoothing=math.nan), V, ("smoothing", "nan")),
+    ("mixture-adaptive-exhausted-stop", _mixture(weights=shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8), num_samples=None), V, ("stop='num_samples'", "'all_exhausted'")),
+    ("mixture-adaptive-block-below-floor", _mixture(weights=shardwise.AdaptiveWeights(shardwise.Exp3(floor=0.1), interval=8), block=4), V, ("block", "10", "floor=0.1")),
+    ("mixture-adaptive-floor-too-high", _mixture(weights=shardwise.AdaptiveWeights(shardwise.Exp3(floor=0.5), interval=8)), V, ("floor", "1 / 2")),
+    ("mixture-adaptive-initial-one-too-many", _mixture(weights=shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8, initial=[1, 1, 1])), V, ("initial", "3")),
+    ("mixture-record-nan", lambda tmp: _adaptive().record([math.nan], [0]), V, ("values", "nan")),
+    ("mixture-record-source-out-of-range", lambda tmp: _adaptive().record([1.0], [2]), V, ("sources", "[0, 1]", "2")),
+    ("mixture-record-lengths-differ", lambda tmp: _adaptive().record([1.0, 2.0], [0]), V, ("values", "sources", "2 values")),
+    ("mixture-record-float-sources", lambda tmp: _adaptive().record([1.0], [0.5]), T, ("sources", "float64")),
+    ("mixture-update-without-adaptive", lambda tmp: MixtureSampler([3, 2], [1, 1], num_samples=4).update(), RuntimeError, ("update", "AdaptiveWeights")),
     # -- PackedBatchSampler, pack_collate, PackCollate, PackedDataset, PackedIndex ----------------------
     ("packed-max-len-zero", lambda tmp: PackedBatchSampler([3, 4], max_len=0, rows_per_batch=2), V, ("max_len", "0")),
     ("packed-both-budgets", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2, tokens_per_batch=16), V, ("rows_per_batch", "tokens_per_batch")),
@@ -446,6 +468,7 @@ PREFIXES = {
     "schedule": "BatchSizeSchedule", "pad": "pad_collate", "collate": "PadCollate", "writer": "RaggedWriter",
     "array": "RaggedArray", "set-epoch": "set_epoch", "sampler": "ShardedSampler", "worker-seed": "worker_seed",
     "seed-worker": "seed_worker", "state": "ShardedSampler", "mixture": "MixtureSampler",
+    "adaptive": "AdaptiveWeights", "exp3": "Exp3", "exp-gradient": "ExponentiatedGradient",
     "mixture-datasets": "Mixture", "weight-schedule": "WeightSchedule", "temperature": "temperature_weights",
     "verify": "verify", "verify-report": "VerifyReport",
     "packed": "PackedBatchSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
@@ -458,7 +481,8 @@ PREFIXES = {
 # Enums, exceptions and results: nothing to pass badly (the enums' values are rows of the samplers).
 NOTHING_TO_PASS = {"Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",
                    "RaggedStoreError", "PaddedBatch", "worker_seeds", "__version__", "TooLong", "PackedSample",
-                   "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch", "ShardError"}  # fmt: skip
+                   "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch", "ShardError",
+                   "PendingWeightsError", "PolicyStep", "SourceStatistics", "WeightLedger"}  # fmt: skip
 
 
 def _public_name(row_id: str) -> str:
