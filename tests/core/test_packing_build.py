@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwise._core.packing import Balance, class_phases, stratum_histogram, stratum_layouts
+from shardwise._core.packing import (
+    Balance,
+    TooLong,
+    class_phases,
+    fill_pieces,
+    piece_counts,
+    piece_index,
+    stratum_histogram,
+    stratum_layouts,
+)
 from shardwise._core.packing.rows import pack_histogram
 
 
@@ -148,3 +157,39 @@ def test_stratum_layouts_keep_the_chain_of_the_reference() -> None:
         expected_rows, expected_num = reference_pack_histogram(stratum_histogram(counts, 7, stratum, phases), 128)
         np.testing.assert_array_equal(layout.slot_rows, expected_rows)
         assert layout.own_rows == expected_num
+
+
+def reference_split_index(lengths: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``piece_index(..., "split")`` as first written: one stable sort of the samples then the pieces, in memory."""
+    long = np.flatnonzero(lengths > max_len)
+    long_lengths = lengths[long].astype(np.int64)
+    pieces = -(-long_lengths // max_len)
+    owner = np.repeat(long, pieces)
+    piece = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    starts = piece * max_len
+    piece_len = np.minimum(np.repeat(long_lengths, pieces) - starts, max_len)
+    short = np.flatnonzero(lengths <= max_len)
+    sample = np.concatenate([short, owner])
+    start = np.concatenate([np.zeros(short.size, dtype=np.int64), starts])
+    keys = np.concatenate([lengths[short].astype(np.int64), piece_len])
+    order = np.argsort(keys, kind="stable")
+    return sample[order], start[order], np.concatenate([[0], np.cumsum(np.bincount(keys, minlength=max_len + 1))])
+
+
+@pytest.mark.parametrize("chunk", [7, 1000])
+def test_chunked_piece_index_equals_one_sort_of_samples_then_pieces(chunk: int) -> None:
+    """The two-pass chunked piece index (as the shared build writes it) equals one stable sort of everything."""
+    rng = np.random.default_rng(chunk)
+    for max_len in (1, 5, 64):
+        lengths = rng.integers(0, 4 * max_len + 2, size=int(rng.integers(1, 3000)))
+        counts = piece_counts(lengths, max_len, chunk=chunk)
+        sample = np.zeros(int(counts.sum()), dtype=np.uint32)
+        start = np.zeros_like(sample)
+        fill_pieces(lengths, max_len, counts, sample, start, chunk=chunk)
+        expected = reference_split_index(lengths, max_len)
+        np.testing.assert_array_equal(sample, expected[0])
+        np.testing.assert_array_equal(start, expected[1])
+        np.testing.assert_array_equal(np.concatenate([[0], np.cumsum(counts.sum(axis=0))]), expected[2])
+        index = piece_index(lengths, max_len, TooLong.SPLIT)
+        if index.start is not None:
+            np.testing.assert_array_equal(index.sample, expected[0])

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.errors import check_choice, check_int
 from .._core.packing import (
     PLAN_VERSION,
@@ -56,74 +55,17 @@ from .._core.permutation import Permutation
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import GroupedIndex, build_or_open, group_keys, key_of, length_index, permute_within, read_checked
-from ..index.arrow import resolve
-from ..index.cache import CacheDir
-from ..index.lengths import LENGTH_KIND
+from ..index import build_or_open, group_keys, key_of, permute_within, read_checked
 from .base import PlanSampler
-from .inputs import as_lengths
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 from .inverses import packed_positions_of
+from .packed_build import LAYOUTS_KIND, SHARED_FROM, lengths_array, read_layout, shared_index, write_layouts
 
 logger = logging.getLogger("shardwise")
-
-SHARED_FROM = 1 << 18
-"""From this many samples on, the item index and the batch counts live in the node's shared index
-cache (built once per node, memory-mapped by every rank); below it they are built privately
-(a few MB at most: cheaper than files)."""
-
-PIECES_KIND, LAYOUTS_KIND = "pack-pieces", "pack-layouts"
-
-
-def _lengths_array(values: Any) -> np.ndarray:
-    """Validated lengths: a large numpy array (or memory map) as is, anything else as a compact copy."""
-    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
-    if isinstance(values, np.ndarray) and values.size >= SHARED_FROM:
-        array = one_dimensional("lengths", values, sequence_of="integers", one="length")
-        check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
-        return array
-    return as_lengths(values)
-
-
-def _shared_index(lengths: np.ndarray | None, key: str, max_len: int, too_long: TooLong, split: bool,
-                  cache_dir: CacheDir, timeout: float) -> PieceIndex:  # fmt: skip
-    """The item index from the node's shared cache: the length index, or (``split``) an index of pieces.
-
-    ``lengths=None`` reopens an entry built before (an unpickled sampler holds no lengths).
-    """
-
-    def missing(directory: Path) -> None:
-        raise RuntimeError(
-            "PackedBatchSampler's shared index is not in the cache (was it deleted?); build the sampler again "
-            "from its lengths on this node"
-        )
-
-    if split:
-
-        def build(directory: Path) -> None:
-            index = piece_index(lengths, max_len, too_long)  # type: ignore[arg-type]
-            np.save(directory / "sample.npy", index.sample)
-            np.save(directory / "start.npy", np.asarray(index.start))
-            np.save(directory / "offsets.npy", index.offsets)
-
-        arrays = build_or_open(PIECES_KIND, f"{key}|max_len={max_len}", build if lengths is not None else missing,
-                               cache_dir=cache_dir, timeout=timeout)  # fmt: skip
-        return PieceIndex(arrays["sample"], arrays["start"], np.asarray(arrays["offsets"]), np.empty(0, np.int64))
-    if lengths is not None:
-        grouped = length_index(lengths, cache_dir=cache_dir, timeout=timeout)
-    else:
-        arrays = build_or_open(LENGTH_KIND, key, missing, cache_dir=cache_dir, timeout=timeout)
-        grouped = GroupedIndex(arrays["order"], arrays["order_offsets"])
-    offsets = np.asarray(grouped.offsets, dtype=np.int64)
-    if offsets.size < max_len + 2:  # no sample reaches max_len: empty classes up to it
-        offsets = np.concatenate([offsets, np.full(max_len + 2 - offsets.size, offsets[-1], dtype=np.int64)])
-    over = read_checked(grouped.order, grouped.order[int(offsets[max_len + 1]) :])
-    skipped = np.sort(np.asarray(over, dtype=np.int64))
-    return PieceIndex(grouped.order, None, offsets[: max_len + 2], skipped)
 
 
 class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -213,7 +155,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         **options: Unpack[ShuffledCachedKeywords],
     ) -> None:
         keywords = self._read_keywords(options)
-        self._lengths = _lengths_array(lengths)
+        self._lengths = lengths_array(lengths)
         self.max_len = check_int("max_len", max_len, minimum=1)
         if (rows_per_batch is None) == (tokens_per_batch is None):
             raise ValueError(
@@ -244,7 +186,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             self._split = self.too_long is TooLong.SPLIT and bool(
                 long_samples(self._lengths, self.max_len, self.too_long).size
             )
-            self._index_cache = _shared_index(self._lengths, self._key, self.max_len, self.too_long, self._split,
+            self._index_cache = shared_index(self._lengths, self._key, self.max_len, self.too_long, self._split,
                                               self._cache_dir, self._cache_timeout)  # fmt: skip
         self.skipped = self._index.skipped
         if self.skipped.size:
@@ -275,7 +217,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         """The item index: built privately for small data, else opened from the node's shared cache."""
         if self._index_cache is None:
             if self._shared:
-                self._index_cache = _shared_index(None, self._key, self.max_len, self.too_long, self._split,
+                self._index_cache = shared_index(None, self._key, self.max_len, self.too_long, self._split,
                                                   self._cache_dir, self._cache_timeout)  # fmt: skip
             else:
                 self._index_cache = piece_index(self._lengths, self.max_len, self.too_long)
@@ -312,26 +254,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         def write(directory: Path) -> None:
             if not build:
                 raise RuntimeError("PackedBatchSampler's stratum layouts are not in the cache; build the sampler again")
-            slot_rows = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
-                                                  shape=(int(counts.sum()),))  # fmt: skip
-            rows, costs, sizes = [], [], np.zeros((4, strata), dtype=np.int64)
-            at = 0
-            layouts = stratum_layouts(counts, strata, max_len, rows_per_batch=rows_per_batch,
-                                      tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)
-            for stratum, layout in enumerate(layouts):  # one stratum in memory at a time (slots stream to the file)
-                slot_rows[at : at + layout.slot_rows.size] = layout.slot_rows
-                at += layout.slot_rows.size
-                rows.append(layout.batch_of_row.astype(np.int32))
-                costs.append(layout.batch_keys)
-                sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
-                                     layout.carried)  # fmt: skip
-            slot_rows.flush()
-            del slot_rows
-            for name, values in (("batch_of_row", rows), ("batch_keys", costs)):
-                np.save(directory / f"{name}.npy", np.concatenate(values))
-            for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
-                np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
-            np.save(directory / "carried.npy", sizes[3])
+            write_layouts(directory, counts, strata, max_len, rows_per_batch=rows_per_batch,
+                          tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)  # fmt: skip
 
         self._layout_arrays = build_or_open(LAYOUTS_KIND, self._layout_config(), write, cache_dir=self._cache_dir,
                                             timeout=self._cache_timeout)  # fmt: skip
@@ -340,17 +264,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _stratum_layout(self, stratum: int) -> StratumLayout:
         if self._layouts is not None:
             return self._layouts[stratum]
-        arrays = self._shared_layouts(build=False)
-        def read(name: str, first: int, stop: int) -> np.ndarray:  # checked against the range built
-            return np.asarray(read_checked(arrays[name], arrays[name][first:stop]), dtype=np.int64)
-
-        slots, rows, batches = (read(f"{name}_offsets", stratum, stratum + 2) for name in ("slot", "row", "batch"))
-        return StratumLayout(
-            read("slot_rows", slots[0], slots[1]),
-            read("batch_of_row", rows[0], rows[1]),
-            read("batch_keys", batches[0], batches[1]),
-            int(read("carried", stratum, stratum + 1)[0]),
-        )
+        return read_layout(self._shared_layouts(build=False), stratum)
 
     @property
     def num_items(self) -> int:
@@ -437,6 +351,7 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         """Every position whose batch holds ``index``: each stratum searched, O(n) (``inverses``)."""
         seed = self.seed
         strata, starts = self._strata_layout(epoch, seed)
+
         def stratum_plan(slot: int, stratum: int) -> Any:
             return self._stratum_plan(epoch, seed, slot, stratum)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from .layout import CARRIED, PLAN_VERSION, Balance, StratumLayout, carried_slots, layout_stratum, stratum_layouts
 from .order import StratumPlan, order_stratum
 from .packed_index import PackedIndex
-from .pieces import PieceIndex, TooLong, group_by_key, long_samples, piece_index
+from .pieces import PieceIndex, TooLong, fill_pieces, group_by_key, long_samples, piece_counts, piece_index
 from .rows import deal_rows, pack_histogram, row_loads
 from .strata import (
     class_phases,
@@ -59,11 +59,13 @@ __all__ = [
     "class_phases",
     "class_shuffle_key",
     "deal_rows",
+    "fill_pieces",
     "group_by_key",
     "layout_stratum",
     "long_samples",
     "order_stratum",
     "pack_histogram",
+    "piece_counts",
     "piece_index",
     "row_loads",
     "shuffle_within_classes",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -108,15 +109,99 @@ def piece_index(lengths: np.ndarray, max_len: int, too_long: TooLong) -> PieceIn
         order, offsets = group_by_key(lengths[keep].astype(np.int64), max_len + 1)
         return PieceIndex(keep[order], None, offsets, long.astype(np.int64))
     # split: every long sample becomes its full pieces plus (if any) the rest.
-    long_lengths = lengths[long].astype(np.int64)
+    counts = piece_counts(lengths, max_len)
+    sample = np.empty(int(counts.sum()), dtype=np.int64)
+    start = np.zeros_like(sample)
+    fill_pieces(lengths, max_len, counts, sample, start)
+    return PieceIndex(sample, start, offsets_from_counts(counts.sum(axis=0)), skipped)
+
+
+CHUNK = 1 << 20
+"""Samples per step of :func:`piece_counts` and :func:`fill_pieces` (tens of MB of private memory)."""
+
+
+def _pieces(first: int, part: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of the samples of ``part`` longer than ``max_len`` (sample ``first + i``), sample by sample.
+
+    Returns:
+        ``owner``, ``start`` and ``length`` ``(k,)`` int64 of every piece: piece ``j`` of a sample
+        of length ``L`` holds its tokens ``[j * max_len, min((j + 1) * max_len, L))``.
+    """
+    long = np.flatnonzero(part > max_len)
+    long_lengths = part[long].astype(np.int64)
     pieces: np.ndarray = -(-long_lengths // max_len)  # (k,) pieces per long sample
-    owner = np.repeat(long, pieces)
-    piece = span_positions(np.zeros_like(pieces), pieces)  # each long sample's pieces 0, 1, ...
-    starts = piece * max_len
+    starts = span_positions(np.zeros_like(pieces), pieces) * max_len
     piece_len = np.minimum(np.repeat(long_lengths, pieces) - starts, max_len)
-    short = np.flatnonzero(lengths <= max_len)
-    sample = np.concatenate([short.astype(np.int64), owner])
-    start = np.concatenate([np.zeros(short.size, dtype=np.int64), starts])
-    keys = np.concatenate([lengths[short].astype(np.int64), piece_len])
-    order, offsets = group_by_key(keys, max_len + 1)
-    return PieceIndex(sample[order], start[order], offsets, skipped)
+    return np.repeat(long + first, pieces), starts, piece_len
+
+
+def piece_counts(lengths: np.ndarray, max_len: int, *, chunk: int = CHUNK, on_chunk: Any = None) -> np.ndarray:
+    """``(2, max_len + 1)`` int64: samples of each length up to ``max_len``, and pieces of each length of longer ones.
+
+    Reads ``lengths`` ``chunk`` at a time: O(chunk) private memory whatever its size.
+    ``on_chunk(size)`` is told of every chunk counted.
+    """
+    counts = np.zeros((2, max_len + 1), dtype=np.int64)
+    for first in range(0, lengths.size, chunk):
+        part = np.asarray(lengths[first : first + chunk])
+        short = part <= max_len
+        counts[0] += np.bincount(part[short], minlength=max_len + 1)
+        long = part[~short].astype(np.int64)
+        counts[1, max_len] += int((long // max_len).sum())
+        rest = long % max_len
+        counts[1] += np.bincount(rest[rest > 0], minlength=max_len + 1)
+        if on_chunk is not None:
+            on_chunk(part.size)
+    return counts
+
+
+def _grouped(keys: np.ndarray, cursor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A stable order of ``keys`` by key and the slot of each in that order (key ``k``'s from ``cursor[k]`` on).
+
+    ``cursor`` is advanced past the slots taken. A radix sort for 16-bit keys.
+    """
+    order = np.argsort(keys.astype(np.uint16 if cursor.size <= 2**16 else np.int64), kind="stable")
+    ranked = keys[order]
+    here = np.bincount(ranked, minlength=cursor.size)
+    slots = np.arange(order.size, dtype=np.int64)
+    slots += (cursor - (np.cumsum(here) - here))[ranked]  # the key's cursor + the rank among equal keys here
+    cursor += here
+    return order, slots
+
+
+def fill_pieces(
+    lengths: np.ndarray,
+    max_len: int,
+    counts: np.ndarray,
+    sample: np.ndarray,
+    start: np.ndarray,
+    *,
+    chunk: int = CHUNK,
+    on_chunk: Any = None,
+) -> None:
+    """Write every item's sample and first token into ``sample`` and ``start``, grouped by item length.
+
+    Class ``l`` (``offsets_from_counts(counts.sum(axis=0))``) holds the samples of length ``l``
+    in index order, then the pieces of length ``l`` of longer samples in (sample, piece) order:
+    a stable counting sort of the samples followed by the pieces, one pass over ``lengths``,
+    ``chunk`` at a time (O(chunk) private memory; ``sample`` and ``start`` may be file maps).
+
+    Args:
+        counts: :func:`piece_counts` of ``lengths``.
+        sample: ``(counts.sum(),)`` integers, written.
+        start: ``(counts.sum(),)`` integers, zeroed (a new file map is): only pieces are written.
+    """
+    offsets = offsets_from_counts(counts.sum(axis=0))
+    short_cursor, piece_cursor = offsets[:-1].copy(), offsets[:-1] + counts[0]  # (max_len + 1,) next free slots
+    for first in range(0, lengths.size, chunk):
+        part = np.asarray(lengths[first : first + chunk])
+        short = np.flatnonzero(part <= max_len)
+        order, slots = _grouped(part[short].astype(np.int64), short_cursor)
+        short += first
+        sample[slots] = short[order]  # start stays 0: the caller hands it in zeroed
+        owner, starts, piece_len = _pieces(first, part, max_len)
+        order, slots = _grouped(piece_len, piece_cursor)
+        sample[slots] = owner[order]
+        start[slots] = starts[order]
+        if on_chunk is not None:
+            on_chunk(part.size)

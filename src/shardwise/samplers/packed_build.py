@@ -1,0 +1,154 @@
+"""``PackedBatchSampler``'s shared index: the item index and the strata layouts, built once per node.
+
+From :data:`SHARED_FROM` samples on, what the plan needs in O(n) lives in the node's index cache
+(:func:`shardwise.index.build_or_open`), built by one process and memory-mapped by every rank
+and worker:
+
+- the **item index** (:func:`shared_index`): the samples grouped by length, which is the length
+  index ``BucketBatchSampler`` uses too, or, when long samples are split, an index of pieces
+  (kind ``"pack-pieces"``: a chunked counting sort, two passes over the lengths, O(chunk)
+  private memory, :func:`~shardwise._core.packing.fill_pieces`);
+- the **strata layouts** (:func:`shared_layouts`, kind ``"pack-layouts"``): every stratum's
+  rows and batches (:func:`~shardwise._core.packing.stratum_layouts`), streamed to the files one
+  stratum at a time, with a progress bar; :func:`read_layout` reads one stratum back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._core.arrays import check_non_negative_integers, one_dimensional
+from .._core.packing import (
+    Balance,
+    PieceIndex,
+    StratumLayout,
+    TooLong,
+    fill_pieces,
+    piece_counts,
+    stratum_layouts,
+)
+from ..index import GroupedIndex, build_or_open, length_index, read_checked
+from ..index.arrow import resolve
+from ..index.builders import index_dtype
+from ..index.cache import CacheDir
+from ..index.lengths import LENGTH_KIND
+from ..index.progress import Progress
+from .inputs import as_lengths
+
+SHARED_FROM = 1 << 18
+"""From this many samples on, the item index and the batch counts live in the node's shared index
+cache (built once per node, memory-mapped by every rank); below it they are built privately
+(a few MB at most: cheaper than files)."""
+
+PIECES_KIND, LAYOUTS_KIND = "pack-pieces", "pack-layouts"
+
+
+def lengths_array(values: Any) -> np.ndarray:
+    """Validated lengths: a large numpy array (or memory map) as is, anything else as a compact copy."""
+    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
+    if isinstance(values, np.ndarray) and values.size >= SHARED_FROM:
+        array = one_dimensional("lengths", values, sequence_of="integers", one="length")
+        check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
+        return array
+    return as_lengths(values)
+
+
+def _missing(directory: Path) -> None:
+    raise RuntimeError(
+        "PackedBatchSampler's shared index is not in the cache (was it deleted?); build the sampler again "
+        "from its lengths on this node"
+    )
+
+
+def _write_pieces(lengths: np.ndarray, max_len: int, directory: Path) -> None:
+    """The piece index as files: ``sample``, ``start`` (narrow dtypes, written in place) and ``offsets``."""
+    n = int(lengths.size)
+    with Progress(2 * n, f"indexing lengths into pieces of max_len={max_len} ({n:,} samples, 2 passes)") as progress:
+        counts = piece_counts(lengths, max_len, on_chunk=progress.update)
+        items = int(counts.sum())
+        longest = int(max(lengths.max(initial=0), 0))  # starts are below the longest sample
+        sample = np.lib.format.open_memmap(directory / "sample.npy", mode="w+", dtype=index_dtype(n), shape=(items,))
+        start = np.lib.format.open_memmap(directory / "start.npy", mode="w+", dtype=index_dtype(longest),
+                                          shape=(items,))  # fmt: skip
+        fill_pieces(lengths, max_len, counts, sample, start, on_chunk=progress.update)
+        sample.flush()
+        start.flush()
+        del sample, start
+    np.save(directory / "offsets.npy", np.concatenate([[0], np.cumsum(counts.sum(axis=0))]).astype(np.int64))
+
+
+def shared_index(lengths: np.ndarray | None, key: str, max_len: int, too_long: TooLong, split: bool,
+                 cache_dir: CacheDir, timeout: float) -> PieceIndex:  # fmt: skip
+    """The item index from the node's shared cache: the length index, or (``split``) an index of pieces.
+
+    ``lengths=None`` reopens an entry built before (an unpickled sampler holds no lengths).
+    """
+    if split:
+
+        def build(directory: Path) -> None:
+            _write_pieces(lengths, max_len, directory)  # type: ignore[arg-type]
+
+        arrays = build_or_open(PIECES_KIND, f"{key}|max_len={max_len}", build if lengths is not None else _missing,
+                               cache_dir=cache_dir, timeout=timeout)  # fmt: skip
+        return PieceIndex(arrays["sample"], arrays["start"], np.asarray(arrays["offsets"]), np.empty(0, np.int64))
+    if lengths is not None:
+        grouped = length_index(lengths, cache_dir=cache_dir, timeout=timeout)
+    else:
+        arrays = build_or_open(LENGTH_KIND, key, _missing, cache_dir=cache_dir, timeout=timeout)
+        grouped = GroupedIndex(arrays["order"], arrays["order_offsets"])
+    offsets = np.asarray(grouped.offsets, dtype=np.int64)
+    if offsets.size < max_len + 2:  # no sample reaches max_len: empty classes up to it
+        offsets = np.concatenate([offsets, np.full(max_len + 2 - offsets.size, offsets[-1], dtype=np.int64)])
+    over = read_checked(grouped.order, grouped.order[int(offsets[max_len + 1]) :])
+    skipped = np.sort(np.asarray(over, dtype=np.int64))
+    return PieceIndex(grouped.order, None, offsets[: max_len + 2], skipped)
+
+
+def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len: int, *,
+                  rows_per_batch: int | None, tokens_per_batch: int | None, balance: Balance,
+                  drop_short: bool) -> None:  # fmt: skip
+    """Every stratum's layout as files, one stratum in memory at a time (slots stream to the file).
+
+    Files: ``slot_rows`` (int32, stratum after stratum), ``batch_of_row`` (int32), ``batch_keys``,
+    their ``slot_offsets``, ``row_offsets`` and ``batch_offsets`` per stratum, and ``carried``.
+    """
+    slot_rows = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
+                                          shape=(int(counts.sum()),))  # fmt: skip
+    rows, costs, sizes = [], [], np.zeros((4, num_strata), dtype=np.int64)
+    at = 0
+    layouts = stratum_layouts(counts, num_strata, max_len, rows_per_batch=rows_per_batch,
+                              tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)  # fmt: skip
+    with Progress(num_strata, f"packing {num_strata:,} strata into rows of max_len={max_len}", unit="strata") as bar:
+        for stratum, layout in enumerate(layouts):
+            slot_rows[at : at + layout.slot_rows.size] = layout.slot_rows
+            at += layout.slot_rows.size
+            rows.append(layout.batch_of_row.astype(np.int32))
+            costs.append(layout.batch_keys)
+            sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
+                                 layout.carried)  # fmt: skip
+            bar.update(1)
+    slot_rows.flush()
+    del slot_rows
+    for name, values in (("batch_of_row", rows), ("batch_keys", costs)):
+        np.save(directory / f"{name}.npy", np.concatenate(values))
+    for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
+        np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
+    np.save(directory / "carried.npy", sizes[3])
+
+
+def read_layout(arrays: dict[str, np.ndarray], stratum: int) -> StratumLayout:
+    """Stratum ``stratum``'s layout from the files :func:`write_layouts` wrote (each read checked)."""
+
+    def read(name: str, first: int, stop: int) -> np.ndarray:  # checked against the range built
+        return np.asarray(read_checked(arrays[name], arrays[name][first:stop]), dtype=np.int64)
+
+    slots, rows, batches = (read(f"{name}_offsets", stratum, stratum + 2) for name in ("slot", "row", "batch"))
+    return StratumLayout(
+        read("slot_rows", slots[0], slots[1]),
+        read("batch_of_row", rows[0], rows[1]),
+        read("batch_keys", batches[0], batches[1]),
+        int(read("carried", stratum, stratum + 1)[0]),
+    )
