@@ -52,10 +52,10 @@ def digest(case: Case) -> str:
 
 
 PINNED: dict[str, str] = {
-    "LocalitySampler": "6db9af52b6e191af",
-    "LocalitySampler-partitions": "b10a60c1a5131ee2",
-    "LocalitySampler-streams": "e2e2f8e29606809e",
-    "LocalitySampler-streams-partitions": "016e6cae1eef32a8",
+    "LocalitySampler": "a6b7b32df24b55c9",
+    "LocalitySampler-partitions": "110e60dff117cc22",
+    "LocalitySampler-streams": "13f231ea82f2ef68",
+    "LocalitySampler-streams-partitions": "110e60dff117cc22",
     "ShardedSampler": "64d76a5d097740b7",
     "ShardedSampler-noshuffle": "97be88a4ce1058b2",
     "ShardedSampler-drop": "b296eee9f898885f",

@@ -7,22 +7,30 @@ that prefetches holds two windows, and same-shard neighbours fall only as ``1 / 
 mixes ``streams`` shards at every position with shards starting and ending at staggered times:
 
 1. the shard order is permuted per epoch (keyed): slot ``j`` holds shard ``order[j]``;
-2. the slots are dealt round robin to ``k = streams`` streams: stream ``i`` reads slots ``i, i + k,
-   i + 2k, ...`` one after the other, each shard's samples in a keyed order of their own;
+2. the slots, in order, are cut into ``k <= streams`` runs of about ``n / streams`` samples
+   (``stream_cuts``: a slot goes to the run its middle sample falls in; a shard larger than
+   ``n / streams`` is a run of its own): stream ``i`` reads its run's shards one after the other,
+   each shard's samples in a keyed order of their own;
 3. the streams are interleaved in proportion to their sizes ``T_i``: the plan is cut into ``K``
    blocks; block ``b`` holds elements ``[floor(T_i b / K), floor(T_i (b + 1) / K))`` of every stream
    ``i`` (about four positions a stream), in a keyed order of the block.
 
 Every stream advances at the same rate, so at each position about ``k`` shards are being read, one
 a stream, and a shard ends while the others are midway: a cache holds the ``k`` shards being read
-and the one or two starting next. ``bench/bench_shuffle_locality.py``: at the same cache bytes,
+and the one or two starting next. Two consecutive positions come from one stream, hence nearly
+always from one shard, with probability ``sum_i (T_i / n)**2``: about ``1 / streams`` because the
+runs hold equal samples, on even and uneven shards alike (plan 1 dealt the slots round robin: on
+shards of sizes spread 1:1000 the streams' totals differed several times over, and same-shard
+neighbours rose to about twice ``1 / streams``). A shard of ``f n`` samples, ``f > 1 / streams``,
+is read over the whole epoch at rate ``f``, as a uniform shuffle reads it.
+``bench/bench_shuffle_locality.py``: at the same cache bytes,
 about half the same-shard neighbours of the window plan; fewer than MosaicML Streaming's ``py1e``
 over tens of shards, as many over 1,000 shards from 8 streams up (with fewer streams the cache's
 peak is set by moments when several streams read their largest shards at once). Like every
 plan it is a bijection on ``[0, n)`` and a pure function of ``(key, position)``: independent of the
 world size, exact to resume, invertible (``positions_of``).
 
-Cost: ``O(S + k)`` memory (shard order, slot and stream offsets: 32 bytes a shard, 3.2 MB at 1e5
+Cost: ``O(S + k)`` memory (shard order, shard and slot offsets: 24 bytes a shard, 2.4 MB at 1e5
 shards, 1e9 samples included), ``O(k + log S)`` per position: the block and shard orders are keyed
 bijections computed per element (``groups.permute_within``), nothing materialised. Numpy only.
 """
@@ -46,6 +54,12 @@ SAMPLES = "stream-shard-samples"
 PER_STREAM = 4  # positions a stream holds in a block: the interleave's granularity
 _MAX_BLOCKS = (1 << 31) - 1  # keeps floor(T_i * b / K) exact in int64 (r_i * b < K**2 < 2**62)
 _ROWS = 1 << 20  # position x stream cells computed at once (bounds temporaries to ~8 MB an array)
+
+PLAN_VERSION = 2
+"""The version of the stream plan (1: slots dealt to the streams round robin, so on uneven shards a
+stream could hold several times another's samples, and same-shard neighbours rose to ~0.19 at 8
+streams; 2: the slots cut into runs of about ``n / streams`` samples, ``stream_cuts``). States of
+another version are refused."""
 
 
 class Mixing(str, enum.Enum):
@@ -75,26 +89,23 @@ class StreamPermutation:
     """
 
     __slots__ = ("_block_key", "_blocks", "_key", "_n", "_order", "_q", "_r", "_shard_key", "_shard_starts",
-                 "_sm_slot", "_sm_starts", "_stream_first", "_streams", "_totals")  # fmt: skip
+                 "_sm_starts", "_stream_first", "_streams", "_totals")  # fmt: skip
 
     def __init__(self, sizes: object, *, streams: int, key: int) -> None:
         sizes = check_shard_sizes("sizes", sizes)
         streams = check_int("streams", streams, minimum=1)
         self._key = check_int("key", key, minimum=0, maximum=2**64 - 1)
         n_shards = len(sizes)
-        self._streams = k = max(1, min(streams, n_shards))
         self._shard_starts = np.zeros(n_shards + 1, dtype=np.int64)  # (S + 1,) first id of each shard
         np.cumsum(sizes, out=self._shard_starts[1:])
         self._n = n = int(self._shard_starts[-1])
         # order: (S,) slot -> shard, the epoch's shard order
         self._order = Permutation(n_shards, derive_seed(self._key, SHARDS))(np.arange(n_shards))
-        # Stream-major layout: stream 0's slots (0, k, 2k, ...), then stream 1's, ...
-        stream_of_slot = np.arange(n_shards, dtype=np.int64) % k
-        self._sm_slot = np.argsort(stream_of_slot, kind="stable")  # (S,) stream-major index -> slot
-        self._sm_starts = np.zeros(n_shards + 1, dtype=np.int64)  # (S + 1,) first stream-major element
-        np.cumsum(sizes[self._order[self._sm_slot]], out=self._sm_starts[1:])
-        self._stream_first = np.zeros(k + 1, dtype=np.int64)  # (k + 1,) first stream-major index of each stream
-        np.cumsum(np.bincount(stream_of_slot, minlength=k), out=self._stream_first[1:])
+        # Stream-major layout = slot order: each stream reads a run of consecutive slots (NOTE, step 2).
+        self._sm_starts = np.zeros(n_shards + 1, dtype=np.int64)  # (S + 1,) first element of each slot
+        np.cumsum(sizes[self._order], out=self._sm_starts[1:])
+        self._stream_first = stream_cuts(self._sm_starts, max(1, min(streams, n_shards)))  # (k + 1,)
+        self._streams = k = len(self._stream_first) - 1
         offsets = self._sm_starts[self._stream_first]  # (k + 1,) first element of each stream
         self._totals = np.diff(offsets)  # (k,) T_i
         self._blocks = max(1, min(n // (PER_STREAM * k), _MAX_BLOCKS))  # K
@@ -203,7 +214,7 @@ class StreamPermutation:
     def _ids_of_elements(self, streams: np.ndarray, elements: np.ndarray) -> np.ndarray:
         sm = self._sm_starts[self._stream_first[streams]] + elements  # stream-major element
         index = np.searchsorted(self._sm_starts, sm, side="right") - 1
-        shards = self._order[self._sm_slot[index]]
+        shards = self._order[index]
         offsets = sm - self._sm_starts[index]
         ids: np.ndarray = self._shard_starts[shards] + self._in_shard(shards, offsets, inverse=False)
         return ids
@@ -216,9 +227,8 @@ class StreamPermutation:
         shards = self.shard_of(flat)
         offsets = self._in_shard(shards, flat - self._shard_starts[shards], inverse=True)
         slots = inverse_permutation(self._order)[shards]
-        streams = slots % self._streams
-        index = self._stream_first[streams] + slots // self._streams
-        elements = self._sm_starts[index] + offsets - self._sm_starts[self._stream_first[streams]]
+        streams = np.searchsorted(self._stream_first, slots, side="right") - 1
+        elements = self._sm_starts[slots] + offsets - self._sm_starts[self._stream_first[streams]]
         blocks = self._stream_block_of(streams, elements)
         touched, which = np.unique(blocks, return_inverse=True)
         chunks = self._chunks(touched)
@@ -256,7 +266,7 @@ class StreamPermutation:
         index = index[self._sm_starts[index + 1] > self._sm_starts[index]]  # empty shards are never read
         streams = np.searchsorted(self._stream_first, index, side="right") - 1
         begins = (self._sm_starts[index] - base[streams]) / np.maximum(self._totals[streams], 1)
-        shards = self._order[self._sm_slot[index[np.argsort(begins, kind="stable")]]]
+        shards = self._order[index[np.argsort(begins, kind="stable")]]
         extra = self.shard_of(self(wrapped))
         return np.asarray(list(dict.fromkeys([*shards.tolist(), *extra.tolist()])), dtype=np.int64)
 
@@ -266,6 +276,26 @@ class StreamPermutation:
 
     def __repr__(self) -> str:
         return f"StreamPermutation(n={self._n}, shards={len(self._order)}, streams={self._streams})"
+
+
+def stream_cuts(slot_starts: np.ndarray, streams: int) -> np.ndarray:
+    """``(k + 1,)`` first slot of each stream: the slots cut into ``k <= streams`` runs of ~``n / streams`` samples.
+
+    A slot goes to stream ``floor(streams * m / n)``, ``m`` the middle of its samples in slot order;
+    streams left empty (a shard larger than ``n / streams`` spans their share) are dropped, so a
+    large shard is a stream of its own, read at its share of the plan. Stream totals differ from
+    ``n / streams`` by at most one shard.
+    """
+    n_slots = len(slot_starts) - 1
+    total = int(slot_starts[-1])
+    if n_slots == 0:
+        return np.zeros(2, dtype=np.int64)
+    middles = slot_starts[:-1] + slot_starts[1:]  # 2 m: exact in int64 (n < 2**62)
+    # floor(streams * m / n) = #{j >= 1 : 2 m >= ceil(2 n j / streams)}, in Python ints: no overflow
+    bounds = np.asarray([-(-2 * total * j // streams) for j in range(1, streams)], dtype=np.int64)
+    raw = np.searchsorted(bounds, middles, side="right")  # (S,) non-decreasing
+    firsts = np.flatnonzero(np.diff(raw, prepend=-1) > 0)
+    return np.append(firsts, n_slots).astype(np.int64)
 
 
 def locality_plan(sizes: object, *, window: int, mixing: Mixing, key: int) -> LocalityPermutation | StreamPermutation:
