@@ -441,6 +441,20 @@ def test_real_ranks_step_together_and_cover_the_plan(world_size: int, options: d
             assert report[epoch] == [plan[(rank + k * world_size) % len(plan)] for k in range(steps)]
 
 
+def test_large_lengths_are_checked_once_per_node_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    """Large lengths are checked by the build of their range entry: a negative one is refused naming lengths."""
+    from shardwise.samplers.packed import SHARED_FROM
+
+    lengths = np.full(SHARED_FROM, 100, dtype=np.int32)
+    lengths[12_345] = -1
+    with pytest.raises(ValueError, match=r"lengths should hold non-negative integers, but got lengths\[12345\]=-1"):
+        make(lengths=lengths, max_len=512, cache_dir=tmp_path)
+    lengths[12_345] = 900
+    with pytest.raises(ValueError, match=r"lengths\[12345\]=900 is longer than max_len=512"):
+        make(lengths=lengths, max_len=512, too_long="error", cache_dir=tmp_path)
+    assert make(lengths=lengths, max_len=512, too_long="skip", cache_dir=tmp_path).skipped.tolist() == [12_345]
+
+
 def test_large_data_uses_the_node_shared_index_and_reopens_it_after_pickling(tmp_path: Path) -> None:
     """From SHARED_FROM samples on, the item index and batch counts come from the cache; a pickled sampler reopens them."""
     from shardwise.samplers.packed import SHARED_FROM
@@ -452,7 +466,7 @@ def test_large_data_uses_the_node_shared_index_and_reopens_it_after_pickling(tmp
     sampler = make(lengths=lengths, max_len=512, window=1 << 15, cache_dir=tmp_path)
     assert isinstance(sampler._index.sample, np.memmap)
     entries = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir() if not p.name.startswith("."))
-    assert entries == ["pack-layouts", "pack-pieces"]
+    assert entries == ["lengths-range", "pack-layouts", "pack-pieces"]
     clone = pickle.loads(pickle.dumps(sampler))
     assert clone._index_cache is None and clone._layout_arrays is None
     assert [list(map(int, b)) for b in itertools.islice(iter(clone), 3)] == [

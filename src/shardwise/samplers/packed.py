@@ -25,7 +25,6 @@ the data size and elastic like every shardwise sampler (the plan does not depend
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +54,7 @@ from .._core.permutation import Permutation
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import build_or_open, group_keys, key_of, permute_within, read_checked
+from ..index import group_keys, key_of, permute_within, read_checked
 from .base import PlanSampler
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
@@ -63,7 +62,7 @@ from .passes import UnitSource
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 from .inverses import packed_positions_of
-from .packed_build import LAYOUTS_KIND, SHARED_FROM, lengths_array, read_layout, shared_index, write_layouts
+from .packed_build import SHARED_FROM, lengths_array, lengths_range, read_layout, shared_index, shared_layouts
 
 logger = logging.getLogger("shardwise")
 
@@ -183,11 +182,14 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._split = False
         self._index_cache: PieceIndex | None = None
         if self._shared:
-            self._split = self.too_long is TooLong.SPLIT and bool(
-                long_samples(self._lengths, self.max_len, self.too_long).size
-            )
+            self._low, self._high = lengths_range(self._lengths, self._key, self._cache_dir, self._cache_timeout)
+            if self._high > self.max_len and (self.too_long is TooLong.ERROR or self._low > self.max_len):
+                long_samples(self._lengths, self.max_len, self.too_long)  # raises, naming the first one
+            self._split = self.too_long is TooLong.SPLIT and self._high > self.max_len
             self._index_cache = shared_index(self._lengths, self._key, self.max_len, self.too_long, self._split,
-                                              self._cache_dir, self._cache_timeout)  # fmt: skip
+                                             self._cache_dir, self._cache_timeout)  # fmt: skip
+        else:
+            self._low, self._high = int(self._lengths.min()), int(self._lengths.max())
         self.skipped = self._index.skipped
         if self.skipped.size:
             first = int(self.skipped[0])
@@ -204,7 +206,6 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._shuffle: tuple[int, int, np.ndarray] | None = None  # (epoch, seed, order within classes)
         self._stratum_batches = self._batch_counts()
         self._total = int(self._stratum_batches.sum())
-        self._low, self._high = int(self._lengths.min()), int(self._lengths.max())
         if self._shared:
             self._lengths = np.empty(0, dtype=np.int64)  # not needed past construction: keep no O(n) copy
         self._layout: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (epoch, seed, strata, starts)
@@ -247,18 +248,11 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         cached = self._layout_arrays
         if cached is not None:
             return cached
-        counts, strata, max_len = self._counts, self.num_strata, self.max_len
-        rows_per_batch, tokens_per_batch, balance, drop_short = (
-            self.rows_per_batch, self.tokens_per_batch, self.balance, self.drop_last)  # fmt: skip
-
-        def write(directory: Path) -> None:
-            if not build:
-                raise RuntimeError("PackedBatchSampler's stratum layouts are not in the cache; build the sampler again")
-            write_layouts(directory, counts, strata, max_len, rows_per_batch=rows_per_batch,
-                          tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)  # fmt: skip
-
-        self._layout_arrays = build_or_open(LAYOUTS_KIND, self._layout_config(), write, cache_dir=self._cache_dir,
-                                            timeout=self._cache_timeout)  # fmt: skip
+        self._layout_arrays = shared_layouts(
+            self._layout_config(), self._counts if build else None, self.num_strata, self.max_len,
+            rows_per_batch=self.rows_per_batch, tokens_per_batch=self.tokens_per_batch, balance=self.balance,
+            drop_short=self.drop_last, cache_dir=self._cache_dir, timeout=self._cache_timeout,
+        )  # fmt: skip
         return self._layout_arrays
 
     def _stratum_layout(self, stratum: int) -> StratumLayout:

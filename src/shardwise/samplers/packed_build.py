@@ -43,17 +43,35 @@ SHARED_FROM = 1 << 18
 cache (built once per node, memory-mapped by every rank); below it they are built privately
 (a few MB at most: cheaper than files)."""
 
-PIECES_KIND, LAYOUTS_KIND = "pack-pieces", "pack-layouts"
+PIECES_KIND, LAYOUTS_KIND, RANGE_KIND = "pack-pieces", "pack-layouts", "lengths-range"
 
 
 def lengths_array(values: Any) -> np.ndarray:
-    """Validated lengths: a large numpy array (or memory map) as is, anything else as a compact copy."""
+    """Lengths: a large numpy array (or memory map) as is (its values are checked by :func:`lengths_range`),
+    anything else as a validated compact copy."""
     values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
     if isinstance(values, np.ndarray) and values.size >= SHARED_FROM:
-        array = one_dimensional("lengths", values, sequence_of="integers", one="length")
-        check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
-        return array
+        return one_dimensional("lengths", values, sequence_of="integers", one="length")
     return as_lengths(values)
+
+
+def lengths_range(lengths: np.ndarray, key: str, cache_dir: CacheDir, timeout: float) -> tuple[int, int]:
+    """The smallest and largest of large ``lengths``, checked once per node and input (kept in the index cache).
+
+    The check (integers, non-negative) reads every value: a warm open reads two numbers instead,
+    so another rank's start does not grow with n.
+
+    Raises:
+        TypeError, ValueError: a value is not a non-negative integer (naming ``lengths``).
+    """
+
+    def build(directory: Path) -> None:
+        low, high = check_non_negative_integers("lengths", lengths, holds="integers (token counts)", noun="integers")
+        np.save(directory / "range.npy", np.array([low, high], dtype=np.int64))
+
+    arrays = build_or_open(RANGE_KIND, key, build, cache_dir=cache_dir, timeout=timeout)
+    low, high = np.asarray(read_checked(arrays["range"], arrays["range"][:2])).tolist()
+    return int(low), int(high)
 
 
 def _missing(directory: Path) -> None:
@@ -137,6 +155,24 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
     for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
         np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
     np.save(directory / "carried.npy", sizes[3])
+
+
+def shared_layouts(config: str, counts: np.ndarray | None, num_strata: int, max_len: int, *,
+                   rows_per_batch: int | None, tokens_per_batch: int | None, balance: Balance, drop_short: bool,
+                   cache_dir: CacheDir, timeout: float) -> dict[str, np.ndarray]:  # fmt: skip
+    """The strata layouts' files from the node's shared cache, built by :func:`write_layouts` if missing.
+
+    ``config`` keys the entry (the lengths' key and every option of the plan); ``counts=None``
+    reopens an entry built before (an unpickled sampler), and raises if it is missing.
+    """
+
+    def write(directory: Path) -> None:
+        if counts is None:
+            raise RuntimeError("PackedBatchSampler's stratum layouts are not in the cache; build the sampler again")
+        write_layouts(directory, counts, num_strata, max_len, rows_per_batch=rows_per_batch,
+                      tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)  # fmt: skip
+
+    return build_or_open(LAYOUTS_KIND, config, write, cache_dir=cache_dir, timeout=timeout)
 
 
 def read_layout(arrays: dict[str, np.ndarray], stratum: int) -> StratumLayout:
