@@ -171,6 +171,36 @@ def test_samplers_take_pyarrow_arrays_directly(on_disk: Any) -> None:
     assert len(drawn) == 50 and min(drawn) >= 10
 
 
+def test_arrow_forms_of_lengths_are_one_input_and_one_plan(on_disk: Any, tmp_path: Path) -> None:
+    """A pyarrow column, a ChunkedArray, dataset['input_ids'] and a Parquet column resolve to the numpy lengths' plan."""
+    from shardwise.index.lengths import LengthsInput
+
+    table = on_disk.data.table
+    lengths = np.array(_slow(on_disk, "input_ids", "length"))
+    path = tmp_path / "ids.parquet"
+    pq.write_table(table.select(["input_ids"]), path, row_group_size=300)
+    forms = {
+        "pyarrow": table.column("input_ids").combine_chunks(),
+        "chunked": table.column("input_ids"),
+        "dataset column": on_disk["input_ids"],
+        "parquet": shardwise.column(path, "input_ids", kind="length", cache_dir=tmp_path / "cache"),
+    }
+
+    def plan(values: Any) -> tuple[list[list[int]], dict[str, Any]]:
+        sampler = shardwise.BucketBatchSampler(values, max_tokens=96, seed=1, num_replicas=2, rank=0,
+                                               cache_dir=tmp_path / "cache")  # fmt: skip
+        return list(sampler), sampler.state_dict()
+
+    expected = plan(lengths)
+    assert expected[0]
+    for name, form in forms.items():
+        resolved = LengthsInput.of(form)
+        assert resolved.read(0, len(resolved)).tolist() == lengths.tolist(), name
+        assert plan(form) == expected, name
+    with pytest.raises(TypeError, match=r"lengths should be an array, but got a datasets.Dataset.*shardwise.column"):
+        LengthsInput.of(on_disk)
+
+
 def test_a_dataset_column_object_is_read_from_arrow(on_disk: Any, tmp_path: Path) -> None:
     """dataset['input_ids'] / dataset['label'] (lazy Column objects) are read from Arrow, by column and by samplers."""
     shuffled = on_disk.shuffle(seed=2)

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.batching import BatchPlan
 from .._core.bucketing import bucket_plan
 from .._core.epoch_sizes import EpochSizes
@@ -49,12 +48,9 @@ from .._core.seeds import derive_seed
 from .._core.sorted_bucketing import SortedBucketPlan
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index import GroupedIndex, length_index, read_checked
-from ..index.builders import MAX_KEYS, OffsetLengths
-from ..index.keys import file_position
-from ..index.lengths import is_ragged_store
+from ..index import GroupedIndex, read_checked
+from ..index.lengths import LengthsInput
 from .base import PlanSampler
-from .inputs import as_lengths, lengths_array
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
 
@@ -84,7 +80,7 @@ SMALL = 1 << 20
 _DIGEST_BLOCKS, _DIGEST_BLOCK = 16, 256  # lengths read for the fingerprint: 16 runs of 256
 
 
-def lengths_digest(lengths: Any, index: GroupedIndex) -> str:
+def lengths_digest(lengths: LengthsInput, index: GroupedIndex) -> str:
     """A short digest of the lengths for the state fingerprint, O(distinct lengths), whatever n.
 
     It covers the number of samples, how many have each length (the index's offsets) and the
@@ -96,23 +92,9 @@ def lengths_digest(lengths: Any, index: GroupedIndex) -> str:
     hasher.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
     span = min(n, _DIGEST_BLOCK)
     for first in sorted({(n - span) * k // (_DIGEST_BLOCKS - 1) for k in range(_DIGEST_BLOCKS)}):
-        block = lengths[first : first + span]  # a few pages each, wherever the lengths live
+        block = lengths.read(first, first + span)  # a few pages each, wherever the lengths live
         hasher.update(np.ascontiguousarray(block, dtype=np.int64).tobytes())
     return hasher.hexdigest()
-
-
-def small_length_index(array: np.ndarray) -> GroupedIndex:
-    """The length index of a small input, in private memory (validated as :func:`as_lengths` does)."""
-    _, high = check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
-    if high >= MAX_KEYS:
-        raise ValueError(
-            f"lengths should hold integers below 2**27 to be bucketed without a sort_window, but got lengths"
-            f"[{int(np.argmax(array))}]={high}; pass a sort_window to sort them per epoch instead"
-        )
-    compact = array.astype(np.int64, copy=False)
-    offsets = np.zeros(high + 2, dtype=np.int64)
-    np.cumsum(np.bincount(compact, minlength=high + 1), out=offsets[1:])
-    return GroupedIndex(np.argsort(compact, kind="stable"), offsets)
 
 
 class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -133,9 +115,11 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     Args:
         lengths: the length (e.g. token count) of every sample: a 1-D integer sequence, a numpy
-            array or memory map (used as is, never copied), or a ``RaggedArray`` (its lengths
+            array or memory map (used as is, never copied), a ``RaggedArray`` (its lengths
             are read from its offsets; its ``index/`` directory, written by ``RaggedWriter``,
-            holds the length index). A length of 0 counts as 1 in the budget.
+            holds the length index), a ``pyarrow`` array or HF ``dataset["column"]`` (row
+            lengths from the Arrow offsets), or a :class:`~shardwise.index.lengths.LengthsInput`
+            (what every other form is resolved into, once). A length of 0 counts as 1 in the budget.
         max_tokens: padded-token budget per batch.
         batch_size: samples per batch (the one short batch goes to a random place, or is
             dropped with ``drop_last``).
@@ -202,14 +186,13 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 f"but got max_tokens={max_tokens!r}, batch_size={batch_size!r}"
             )
         self.sort_window = None if sort_window is None else check_int("sort_window", sort_window, minimum=1)
-        self._store: Any = lengths if is_ragged_store(lengths) else None
-        self._source: Any = OffsetLengths(lengths.offsets) if self._store is not None else lengths_array(lengths)
+        self._input = LengthsInput.of(lengths)  # resolved and checked once; never the raw input again
         self._cache_dir, self._cache_timeout = keywords.cache_dir, keywords.cache_timeout
         self._lengths: np.ndarray | None = None  # the sort_window path's private copy
         self._index: GroupedIndex | None = None
         if self.sort_window is not None:
-            self._lengths = as_lengths(self._source[0 : len(self._source)] if self._store is not None else self._source)
-            self._index = small_length_index(self._lengths.astype(np.int64))
+            self._lengths = self._input.compact()
+            self._index = self._input.private_index()
         else:
             self._index = self._open_index()
         num_samples = len(self._index)
@@ -242,19 +225,18 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             self._check_oversized(
                 min(self._schedules.at("max_tokens", e, self.max_tokens) for e in self._schedules.epochs())
             )
-        self._digest = lengths_digest(self._source, self._index)
+        self._digest = lengths_digest(self._input, self._index)
         self._cache: tuple[int, int, BatchPlan | SortedBucketPlan] | None = None
         self._init_plan(keywords)
 
     def _open_index(self) -> GroupedIndex:
         """The shared length index (opened, or built once per node), or a small one in memory."""
-        source = self._store if self._store is not None else self._source
-        small = self._source.size < SMALL and not isinstance(self._source, np.memmap)
-        if self._store is None and self._cache_dir is None and small:
-            return small_length_index(self._source)
-        if self._store is None and self._source.size == 0:
-            one_dimensional("lengths", self._source, sequence_of="integers", one="length")
-        return length_index(source, cache_dir=self._cache_dir, timeout=self._cache_timeout)
+        lengths = self._input
+        if self._cache_dir is None and not lengths.mapped and lengths.size < SMALL:
+            return lengths.private_index()
+        if lengths.size == 0:
+            lengths.value_range()  # raises: no lengths
+        return lengths.shared_index(cache_dir=self._cache_dir, timeout=self._cache_timeout)
 
     def _grouped(self) -> GroupedIndex:
         if self._index is None:  # dropped by pickling: reopen (a few ms from the cache)
@@ -294,7 +276,13 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             )  # fmt: skip
 
     def _length_of(self, i: int) -> int:
-        return int(self._source[i : i + 1][0])
+        return self._input.length_of(i)
+
+    @property
+    def _source(self) -> Any:
+        # The lengths as read (the array given, or a store's offsets reader), for
+        # tests/index/test_scale.py until it reads sampler.lengths (named in issue 32's report).
+        return self._input.values
 
     # -- what frameworks and users read --------------------------------------------------------
     @property
@@ -305,10 +293,10 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     @property
     def lengths(self) -> np.ndarray:
         """The sample lengths, read-only: the array given (not a copy), or a store's ``lengths``."""
-        if self._store is not None:
-            lengths: np.ndarray = self._store.lengths
+        if self._input.store is not None:
+            lengths: np.ndarray = self._input.store.lengths
             return lengths
-        view: np.ndarray = (self._lengths if self._lengths is not None else self._source).view()
+        view: np.ndarray = (self._lengths if self._lengths is not None else self._input.values).view()
         view.flags.writeable = False
         return view
 
@@ -421,30 +409,10 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return f"lengths=<{len(self._grouped())} samples, {int(present[0])}..{int(present[-1])}>"
 
     def __getstate__(self) -> dict[str, Any]:
-        # The cached plan is rebuilt on demand and the index reopened (a memory map never travels
-        # in a pickle: ddp_spawn and workers map the same shared file).
+        # The cached plan is rebuilt on demand and the index reopened; the lengths pickle as
+        # LengthsInput does (a memory map by its location: ddp_spawn and workers map the same file).
         state = super().__getstate__()
         state["_cache"] = None
         if self._lengths is None:
             state["_index"] = None
-        source = self._source
-        if isinstance(source, np.memmap) and source.flags.c_contiguous:
-            where = file_position(source)
-            if where is not None:  # pickle where the lengths are, not 8 bytes a sample
-                state["_source"] = _Mapped(where[0], source.dtype.str, source.shape, where[-1])
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if isinstance(state.get("_source"), _Mapped):
-            state["_source"] = state["_source"].open()
-        self.__dict__.update(state)
-
-
-class _Mapped:
-    """A memory-mapped lengths array by location: reopened (read-only) when a sampler is unpickled."""
-
-    def __init__(self, path: str, dtype: str, shape: tuple[int, ...], offset: int) -> None:
-        self.path, self.dtype, self.shape, self.offset = path, dtype, shape, offset
-
-    def open(self) -> np.memmap:
-        return np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", offset=self.offset, shape=self.shape)

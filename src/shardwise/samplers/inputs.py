@@ -1,4 +1,4 @@
-"""How samplers take their inputs: a dataset's size, an array of lengths (numpy, memory map or Arrow)."""
+"""How samplers take their inputs: a dataset's size; lengths through :class:`~shardwise.index.lengths.LengthsInput`."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from collections.abc import Sized
 
 import numpy as np
 
-from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.errors import check_int
 from .._core.permutation import MAX_SIZE
-from ..index.arrow import resolve
+from ..index.lengths import LengthsInput
 
 
 def dataset_size(dataset: object, name: str = "dataset") -> int:
@@ -26,20 +25,17 @@ def lengths_array(values: object) -> np.ndarray:
 
     Checks the shape and dtype (O(1)); the values are checked where they are read in full (the
     index build, or :func:`as_lengths`), so a warm start never scans an input of 1e9 lengths.
+    The array of :meth:`LengthsInput.of(values) <shardwise.index.lengths.LengthsInput.of>`, which
+    samplers take directly.
     """
-    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
-    array = one_dimensional("lengths", values, sequence_of="integers", one="length")
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")
+    array: np.ndarray = LengthsInput.of(values).values
     return array  # a numpy.memmap stays one: its key is then O(1) (shardwise.index.key_of)
 
 
 def as_lengths(values: object) -> np.ndarray:
     """``values`` as a compact private copy of non-negative lengths (the ``sort_window`` path), or raise.
 
-    The dtype is the narrowest of uint16, uint32, int64 that holds every length.
+    The dtype is the narrowest of uint16, uint32, int64 that holds every length
+    (:meth:`LengthsInput.compact <shardwise.index.lengths.LengthsInput.compact>`).
     """
-    array = lengths_array(values)
-    _, high = check_non_negative_integers("lengths", array, holds="integers (token counts)", noun="integers")
-    dtype = np.uint16 if high < 2**16 else np.uint32 if high < 2**32 else np.int64
-    return np.array(array, dtype=dtype)
+    return LengthsInput.of(values).compact()
