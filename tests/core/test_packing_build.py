@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,8 @@ from shardwise._core.packing import (
     stratum_layouts,
 )
 from shardwise._core.packing.rows import pack_histogram
+from shardwise.index.workers import ENV_WORKERS, MAX_WORKERS, build_workers, map_tasks
+from shardwise.samplers.packed_build import PARALLEL_FROM, write_layouts
 
 
 # -- the reference: pack_histogram as plan version 2 was first written (numpy per step) -----------------
@@ -193,3 +198,39 @@ def test_chunked_piece_index_equals_one_sort_of_samples_then_pieces(chunk: int) 
         index = piece_index(lengths, max_len, TooLong.SPLIT)
         if index.start is not None:
             np.testing.assert_array_equal(index.sample, expected[0])
+
+
+def test_layouts_packed_by_worker_processes_equal_those_packed_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layouts files written with a worker process packing half the strata equal the in-memory chain's."""
+    rng = np.random.default_rng(5)
+    counts = np.bincount(np.clip(rng.lognormal(2.5, 1.0, 4000), 0, 64).astype(np.int64), minlength=65)
+    strata = PARALLEL_FROM + 3
+    options = {"rows_per_batch": 3, "tokens_per_batch": None, "balance": Balance.TOKENS, "drop_short": False}
+    monkeypatch.setenv(ENV_WORKERS, "1")
+    write_layouts(tmp_path, counts, strata, 64, **options)
+    expected = list(stratum_layouts(counts, strata, 64, **options))
+    slot_rows, batch_of_row = np.load(tmp_path / "slot_rows.npy"), np.load(tmp_path / "batch_of_row.npy")
+    np.testing.assert_array_equal(slot_rows, np.concatenate([layout.slot_rows for layout in expected]))
+    np.testing.assert_array_equal(batch_of_row, np.concatenate([layout.batch_of_row for layout in expected]))
+    batches = np.diff(np.load(tmp_path / "batch_offsets.npy"))
+    assert batches.tolist() == [layout.num_batches for layout in expected]
+
+
+def test_map_tasks_keeps_the_order_of_tasks_and_raises_a_worker_error() -> None:
+    """Results come back in task order whichever process computed them; a failing worker raises naming the step."""
+    assert map_tasks(abs, [-1, -2, -3, -4, -5, -6, -7], workers=2, what="abs") == [1, 2, 3, 4, 5, 6, 7]
+    with pytest.raises(RuntimeError, match=r"a worker process of square roots failed:(.|\n)*math domain error"):
+        map_tasks(math.sqrt, [4.0, -1.0], workers=1, what="square roots")
+
+
+def test_build_workers_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SHARDWISE_BUILD_WORKERS sets the extra processes; anything but a non-negative integer is refused by name."""
+    monkeypatch.setenv(ENV_WORKERS, "3")
+    assert build_workers() == 3
+    monkeypatch.setenv(ENV_WORKERS, "many")
+    with pytest.raises(ValueError, match="SHARDWISE_BUILD_WORKERS should be a non-negative integer, but got"):
+        build_workers()
+    monkeypatch.delenv(ENV_WORKERS)
+    assert 0 <= build_workers() <= MAX_WORKERS

@@ -26,8 +26,11 @@ from .._core.packing import (
     PieceIndex,
     StratumLayout,
     TooLong,
+    class_phases,
     fill_pieces,
+    pack_histogram,
     piece_counts,
+    stratum_histogram,
     stratum_layouts,
 )
 from ..index import GroupedIndex, build_or_open, length_index, read_checked
@@ -36,6 +39,7 @@ from ..index.builders import index_dtype
 from ..index.cache import CacheDir
 from ..index.lengths import LENGTH_KIND
 from ..index.progress import Progress
+from ..index.workers import build_workers, map_tasks
 from .inputs import as_lengths
 
 SHARED_FROM = 1 << 18
@@ -125,6 +129,37 @@ def shared_index(lengths: np.ndarray | None, key: str, max_len: int, too_long: T
     return PieceIndex(grouped.order, None, offsets[: max_len + 2], skipped)
 
 
+PARALLEL_FROM = 64
+"""Strata from which the packing step of a layouts build uses more processes (below: ~0.5 s, not worth a start)."""
+_TASK = 8  # strata per task handed to a process
+
+
+def pack_strata(task: tuple[str, np.ndarray, int, int, range]) -> list[int]:
+    """Pack strata ``task[4]`` into the ``slot_rows`` file ``task[0]`` (at their slots); their row counts.
+
+    ``task``: ``(path, counts, num_strata, max_len, strata)``. Run by the building process and
+    by worker processes (:func:`shardwise.index.workers.map_tasks`), each on its own strata.
+    """
+    path, counts, num_strata, max_len, strata = task
+    slot_rows = np.load(path, mmap_mode="r+")
+    phases = class_phases(counts.size)
+    firsts = slot_offsets(counts, num_strata)
+    rows = []
+    for stratum in strata:
+        item_rows, num_rows = pack_histogram(stratum_histogram(counts, num_strata, stratum, phases), max_len)
+        slot_rows[firsts[stratum] : firsts[stratum + 1]] = item_rows
+        rows.append(num_rows)
+    slot_rows.flush()
+    return rows
+
+
+def slot_offsets(counts: np.ndarray, num_strata: int) -> np.ndarray:
+    """``(num_strata + 1,)`` int64: where each stratum's slots start in ``slot_rows`` (its histogram's sum)."""
+    phases = class_phases(counts.size)
+    sizes = [int(stratum_histogram(counts, num_strata, s, phases).sum()) for s in range(num_strata)]
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
 def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len: int, *,
                   rows_per_batch: int | None, tokens_per_batch: int | None, balance: Balance,
                   drop_short: bool) -> None:  # fmt: skip
@@ -132,24 +167,36 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
 
     Files: ``slot_rows`` (int32, stratum after stratum), ``batch_of_row`` (int32), ``batch_keys``,
     their ``slot_offsets``, ``row_offsets`` and ``batch_offsets`` per stratum, and ``carried``.
+    Two steps: every stratum packed into rows (:func:`pack_strata`: pure Python, the cost of the
+    build; spread over :func:`~shardwise.index.workers.build_workers` more processes from
+    :data:`PARALLEL_FROM` strata on), then the chain of strata dealing their rows into batches.
     """
-    slot_rows = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
-                                          shape=(int(counts.sum()),))  # fmt: skip
-    rows, costs, sizes = [], [], np.zeros((4, num_strata), dtype=np.int64)
-    at = 0
+    path = directory / "slot_rows.npy"
+    slot_rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(int(counts.sum()),))
+    slot_rows.flush()
+    firsts = slot_offsets(counts, num_strata)
+    workers = build_workers() if num_strata >= PARALLEL_FROM else 0
+    what = f"packing {num_strata:,} strata into rows of max_len={max_len}"
+    tasks = [(str(path), counts, num_strata, max_len, range(s, min(s + _TASK, num_strata)))
+             for s in range(0, num_strata, _TASK)]  # fmt: skip
+    with Progress(len(tasks), f"{what} ({workers + 1} processes)", unit="tasks") as bar:
+        done = map_tasks(pack_strata, tasks, workers=workers, what=what, on_done=bar.update)
+    num_rows = [rows for part in done for rows in part]
+
+    def packed(stratum: int) -> tuple[np.ndarray, int]:
+        return np.asarray(slot_rows[firsts[stratum] : firsts[stratum + 1]], dtype=np.int64), num_rows[stratum]
+
     layouts = stratum_layouts(counts, num_strata, max_len, rows_per_batch=rows_per_batch,
-                              tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short)  # fmt: skip
-    with Progress(num_strata, f"packing {num_strata:,} strata into rows of max_len={max_len}", unit="strata") as bar:
+                              tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short,
+                              packed=packed)  # fmt: skip
+    rows, costs, sizes = [], [], np.zeros((4, num_strata), dtype=np.int64)
+    with Progress(num_strata, f"dealing the rows of {num_strata:,} strata into batches", unit="strata") as bar:
         for stratum, layout in enumerate(layouts):
-            slot_rows[at : at + layout.slot_rows.size] = layout.slot_rows
-            at += layout.slot_rows.size
             rows.append(layout.batch_of_row.astype(np.int32))
             costs.append(layout.batch_keys)
             sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
                                  layout.carried)  # fmt: skip
             bar.update(1)
-    slot_rows.flush()
-    del slot_rows
     for name, values in (("batch_of_row", rows), ("batch_keys", costs)):
         np.save(directory / f"{name}.npy", np.concatenate(values))
     for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):

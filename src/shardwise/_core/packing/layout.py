@@ -10,7 +10,7 @@ every batch costs about the same, in tokens or in attention cost (:class:`Balanc
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +81,7 @@ def layout_stratum(
     drop_short: bool = False,
     carry_in: tuple[np.ndarray, np.ndarray] | None = None,
     hand_on: bool = False,
+    packed: tuple[np.ndarray, int] | None = None,
 ) -> tuple[StratumLayout, tuple[np.ndarray, np.ndarray]]:
     """Pack a stratum's histogram into rows (:func:`pack_histogram`), deal them and ``carry_in``'s into batches.
 
@@ -94,11 +95,12 @@ def layout_stratum(
     Args:
         carry_in: ``(tokens, squares)`` per row handed on by the previous stratum.
         hand_on: this stratum may hand rows on (every stratum but the last).
+        packed: :func:`pack_histogram` of ``histogram``, if computed already (by another process).
 
     Returns:
         The layout and ``(tokens, squares)`` of the rows handed on.
     """
-    slot_rows, num_rows = pack_histogram(histogram, max_len)
+    slot_rows, num_rows = pack_histogram(histogram, max_len) if packed is None else packed
     slot_lengths = np.repeat(np.arange(histogram.size, dtype=np.int64), histogram)
     own_tokens, own_squares = row_loads(slot_rows, slot_lengths, num_rows)
     in_tokens, in_squares = carry_in if carry_in is not None else (np.empty(0, np.int64),) * 2
@@ -155,13 +157,16 @@ def stratum_layouts(
     tokens_per_batch: int | None,
     balance: Balance,
     drop_short: bool = False,
+    packed: Callable[[int], tuple[np.ndarray, int]] | None = None,
 ) -> Iterator[StratumLayout]:
     """Every stratum's layout, stratum by stratum (each stratum's batch count is fixed: the same every epoch).
 
     A chain: stratum ``s`` deals the rows stratum ``s - 1`` handed on with its own and hands its
     emptiest own rows beyond a multiple of ``rows_per_batch`` on to ``s + 1``
     (:func:`layout_stratum`), so the plan has ``ceil(rows / rows_per_batch)`` batches in all, not
-    one partial batch per stratum. A generator: one stratum in memory at a time.
+    one partial batch per stratum. A generator: one stratum in memory at a time. ``packed(s)``,
+    if given, is stratum ``s``'s :func:`pack_histogram` computed before (the packing of each
+    stratum does not depend on the chain: a build may spread it over processes).
     """
     phases = class_phases(counts.size)
     carry: tuple[np.ndarray, np.ndarray] | None = None
@@ -170,6 +175,6 @@ def stratum_layouts(
         layout, carry = layout_stratum(
             stratum_histogram(counts, num_strata, stratum, phases), max_len, rows_per_batch=rows_per_batch,
             tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short, carry_in=carry,
-            hand_on=not last,
+            hand_on=not last, packed=None if packed is None else packed(stratum),
         )  # fmt: skip
         yield layout
