@@ -37,14 +37,15 @@ MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|home|root|tmp|Users|mnt|scratc
 """An absolute path into a machine's own folders (not a URL's path, not ``bench/data/``, not ``~/``)."""
 
 # Files another engineer owns, whose fix lands there: run, and expected to fail until it does
-# (strict: the entry goes when the fix lands).
+# (not strict, as tests/contract/test_docs.py's NOT_YET: the fixes land while this runs; remove
+# an entry once its file passes).
 SHARDED = "owned by the sharded-benchmarks engineer of issue 32 (helpers renamed there)"
 SCALE = "owned by the cold-start engineer (issue 33)"
 DOCS = "a docs page outside issue 32's benchmark pages: the edit is in the issue-32 report"
 NO_QUICK_YET: dict[str, str] = {"bench_download.py": SHARDED, "bench_partitions.py": SHARDED,
                                 "bench_sharded_sources.py": SHARDED, "bench_scale.py": SCALE}  # fmt: skip
 PATHS_YET: dict[str, str] = {
-    "bench/_scratch_loaders.py": SHARDED, "bench/_streaming_ranks.py": SHARDED, "bench/bench_download.py": SHARDED,
+    "bench/bench_download.py": SHARDED,
     "bench/bench_partitions.py": SHARDED, "bench/bench_sharded.py": SHARDED, "bench/bench_sharded_sources.py": SHARDED,
     "bench/bench_scale.py": SCALE, "docs/fabric.md": DOCS, "docs/ragged-store.md": DOCS, "docs/torchrun.md": DOCS,
     "docs/transformers.md": DOCS, "docs/verify.md": DOCS,
@@ -71,7 +72,7 @@ print("RESULTS " + json.dumps(results))
 
 
 def _case(name: str, not_yet: dict[str, str]) -> object:
-    marks = [pytest.mark.xfail(reason=not_yet[name], strict=True)] if name in not_yet else []
+    marks = [pytest.mark.xfail(reason=not_yet[name], strict=False)] if name in not_yet else []
     return pytest.param(name, marks=marks, id=name)
 
 
