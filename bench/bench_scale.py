@@ -1,9 +1,11 @@
-"""Every sampler at 1e6..1e8 (Bucket also 1e9) samples, inputs memory-mapped: start time, private memory, shared files.
+"""Every sampler at 1e6..1e8 (Bucket, Packed 1e9) samples, inputs memory-mapped: cold and warm start beside a floor.
 
 Run (serialised with the other benchmarks; the 1e8 rows need ~10 GB of disk under --dir)::
 
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e6 1e7 1e8
-    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e9 --samplers Bucket --no-node
+    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 2e7 1e8 --samplers Bucket Packed \
+        ClassBalanced Weighted TwoStream --no-node
+    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e9 --samplers Bucket Packed --no-node
     mkdir -p /tmp/before-3f86430 && git archive 3f86430 src | tar -x -C /tmp/before-3f86430   # an older src
     flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e7 --samplers ClassBalanced \
         --before /tmp/before-3f86430/src
@@ -25,7 +27,8 @@ index cache in ``SHARDWISE_CACHE_DIR``:
 - node: 8 processes (ranks 0..7) at once on the warm cache, each builds and iterates ~2 s, then all
   read /proc/self/smaps_rollup while all are alive: the sum of PSS over the 8, of which anonymous.
 
-Samplers: ClassBalanced 32 classes x 8 samples; Weighted ``num_samples=n`` with replacement;
+Samplers: Bucket ``max_tokens=65536``; Packed ``max_len=4096, rows_per_batch=8`` (lengths over 4096 are
+split: the piece index); ClassBalanced 32 classes x 8 samples; Weighted ``num_samples=n`` with replacement;
 Weighted-distinct ``replacement=False, num_samples=n // 100``; TwoStream 32 + 96 a batch; Scheduled
 a ``BatchSizeSchedule.by_samples({0: 64, n/2: 128})`` over Weighted.
 
@@ -36,8 +39,12 @@ the current code's row, for sizes up to ``--before-max`` (default 1e7: older O(n
 need many GB at 1e8). torch rows and node totals are not repeated.
 
 Baseline, side by side: torch ``DistributedSampler(range(n)) + BatchSampler(batch_size=256)``.
-The numpy floor of a cold build: ``np.argsort(lengths, kind="stable")`` of the same lengths, in a
-fresh process.
+The numpy floor of a cold start (``cold / floor``: each sampler's cold first batch over it): in a
+fresh process, map the lengths and count them with one ``np.bincount`` pass (2**24 at a time),
+the least any index of the inputs must do (one read, one counting pass); the same floor for
+every sampler (their inputs are as large: n 4-byte values, TwoStream's two lists 8 bytes).
+The build of the packing layouts uses ``SHARDWISE_BUILD_WORKERS`` extra processes (default:
+CPUs - 1); set it to 0 for a one-core figure.
 """
 
 from __future__ import annotations
@@ -58,7 +65,8 @@ import numpy as np
 
 from _common import smaps_rollup, status_bytes
 
-SAMPLERS = ["torch", "Sharded", "Bucket", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream", "Scheduled"]
+SAMPLERS = ["torch", "Sharded", "Bucket", "Packed", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream",
+            "Scheduled"]  # fmt: skip
 SRC = Path(__file__).resolve().parents[1] / "src"  # the code measured, unless --before names another src
 WORLD, RANK = 8, 3
 CLASSES = 100_000
@@ -86,9 +94,9 @@ def _not_tenth(i: np.ndarray) -> np.ndarray:
     return i + i // 9 + 1
 
 
-def make_inputs(directory: Path, n: int, names: set[str]) -> None:
+def make_inputs(directory: Path, n: int, names: set[str], *, floor: bool = True) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    if names & {"Bucket"}:
+    if names & {"Bucket", "Packed"} or floor:
         _generate(directory / f"lengths-{n}.npy", n, np.int32,
                   lambda rng, a, b: np.clip(rng.lognormal(5.5, 1.0, b - a), 1, 8192).astype(np.int32))  # fmt: skip
     if names & {"ClassBalanced"}:
@@ -118,6 +126,8 @@ def build_sampler(name: str, n: int, directory: Path, rank: int) -> Any:  # noqa
         return shardwise.ShardedSampler(range(n), **common)
     if name == "Bucket":
         return shardwise.BucketBatchSampler(mapped("lengths"), max_tokens=65536, **common)
+    if name == "Packed":
+        return shardwise.PackedBatchSampler(mapped("lengths"), max_len=4096, rows_per_batch=8, **common)
     if name == "ClassBalanced":
         return shardwise.ClassBalancedBatchSampler(mapped("labels"), classes_per_batch=32, samples_per_class=8,
                                                    **common)  # fmt: skip
@@ -224,10 +234,20 @@ def run_node(name: str, n: int, directory: Path, cache: Path) -> dict[str, Any]:
             "first_batch_max": max(r["first_batch_s"] for r in results)}  # fmt: skip
 
 
-def argsort_floor(n: int, directory: Path) -> float:
+FLOOR_CHUNK = 1 << 24
+
+
+def counting_floor(n: int, directory: Path) -> float:
+    """Seconds for the numpy floor of a cold start, in a fresh process: map the lengths, read them once, count them.
+
+    One ``np.bincount`` over the mapped lengths, 2**24 at a time (the page cache holds the file, as
+    it does for the samplers' cold runs): what any index of the lengths must at least do.
+    """
     code = (
-        "import time, numpy as np, sys; a = np.load(sys.argv[1], mmap_mode='r'); a = np.asarray(a[:]); "
-        "t = time.perf_counter(); np.argsort(a, kind='stable'); print(time.perf_counter() - t)"
+        "import sys, time, numpy as np; t = time.perf_counter(); a = np.load(sys.argv[1], mmap_mode='r'); "
+        f"c = np.zeros(8193, np.int64); step = {FLOOR_CHUNK}\n"
+        "for i in range(0, a.size, step): c += np.bincount(a[i : i + step], minlength=c.size)\n"
+        "print(time.perf_counter() - t)"
     )
     out = subprocess.run([sys.executable, "-c", code, str(directory / f"lengths-{n}.npy")],
                          capture_output=True, text=True, check=True)  # fmt: skip
@@ -239,8 +259,9 @@ def mb(value: float) -> str:
     return f"{value / 2**20:,.1f} MB" if value < 2**30 else f"{value / 2**30:,.2f} GB"
 
 
-def row(n: int, label: str, cold: dict[str, Any], warm: dict[str, Any], node: str = "") -> str:
-    return (f"| {n:.0e} | {label} | {cold['first_batch_s']:.3f} s | {warm['first_batch_s']:.3f} s "
+def row(n: int, label: str, cold: dict[str, Any], warm: dict[str, Any], floor: float | None, node: str = "") -> str:
+    ratio = f"{cold['first_batch_s'] / floor:.1f}x" if floor else ""
+    return (f"| {n:.0e} | {label} | {cold['first_batch_s']:.3f} s | {ratio} | {warm['first_batch_s']:.3f} s "
             f"| {mb(cold['peak_growth'])} / {mb(warm['peak_growth'])} | {mb(warm['shared_bytes'])} "
             f"| {warm['units_per_s']:,.0f} | {node} |")  # fmt: skip
 
@@ -258,7 +279,7 @@ def main() -> None:
         default=["Sharded", "Bucket"],
         help="samplers that get the node totals (8 x an O(n) sampler's memory may not fit)",
     )
-    parser.add_argument("--no-floor", action="store_true", help="skip the numpy argsort floor (needs 3x n x 4 B)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the numpy floor (one read + one bincount)")
     parser.add_argument("--before", type=Path, default=None, metavar="SRC",
                         help="also run each sampler on the code in this src directory (before/after rows)")  # fmt: skip
     parser.add_argument("--before-max", default="1e7", help="largest n that gets a before row (default 1e7)")
@@ -279,22 +300,24 @@ def main() -> None:
     print(f"bench_scale: W={WORLD}, rank {RANK}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {now}")  # fmt: skip
     print(f"code: {SRC}" + (f"; before: {args.before}" if args.before is not None else "") + "\n")
-    print("| n | sampler | cold first batch | warm first batch | private growth cold / warm | shared files "
-          "| units/s (warm) | node: 8 ranks sum PSS (anon) |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| n | sampler | cold first batch | cold / floor | warm first batch | private growth cold / warm "
+          "| shared files | units/s (warm) | node: 8 ranks sum PSS (anon) |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.sizes:
         n = int(float(size))
-        make_inputs(directory, n, set(args.samplers))
-        if "Bucket" in args.samplers and not args.no_floor:
-            floor = argsort_floor(n, directory)
-            print(f"| {n:.0e} | numpy argsort(lengths, kind='stable') | {floor:.2f} s | | | | | |")
+        make_inputs(directory, n, set(args.samplers), floor=not args.no_floor)
+        floor = None
+        if not args.no_floor:
+            floor = counting_floor(n, directory)
+            label = "floor: map the lengths, one np.bincount (fresh process)"
+            print(f"| {n:.0e} | {label} | {floor:.3f} s | 1x | | | | | |")
         for name in args.samplers:
             if args.before is not None and name != "torch" and n <= int(float(args.before_max)):
                 cache = directory / f"cache-{name}-{n}-before"
                 shutil.rmtree(cache, ignore_errors=True)
                 cold = run_one(name, n, directory, cache, src=args.before)
                 warm = run_one(name, n, directory, cache, src=args.before)
-                print(row(n, f"{name} (before: {args.before.parent.name})", cold, warm), flush=True)
+                print(row(n, f"{name} (before: {args.before.parent.name})", cold, warm, floor), flush=True)
                 shutil.rmtree(cache, ignore_errors=True)
             cache = directory / f"cache-{name}-{n}"
             shutil.rmtree(cache, ignore_errors=True)
@@ -304,7 +327,7 @@ def main() -> None:
             if not args.no_node and name in args.node_samplers and n in {int(float(s)) for s in args.node_sizes}:
                 totals = run_node(name, n, directory, cache)
                 node = f"{mb(totals['pss'])} ({mb(totals['pss_anon'])})"
-            print(row(n, name, cold, warm, node), flush=True)
+            print(row(n, name, cold, warm, floor, node), flush=True)
             shutil.rmtree(cache, ignore_errors=True)
     load = os.getloadavg()
     print(f"\nload at end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
