@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from shardwise.data.sharded.cache import ShardCache
+from shardwise.data.sharded.fetch import identity, version_of
 from shardwise.index.progress import Heartbeat, set_progress
 
 fsspec = pytest.importorskip("fsspec")
@@ -44,7 +45,7 @@ FILLER = 300  # other files in the cache folder: each budget check scans them, h
 
 
 class _Downloads(Dataset[torch.Tensor]):
-    """Each sample downloads a shard the cache has not seen (another version a process and index)."""
+    """Each sample downloads a shard the cache has not seen (another URL a process and index)."""
 
     def __init__(self, cache: ShardCache, root: str) -> None:
         self.cache, self.root = cache, root
@@ -53,8 +54,10 @@ class _Downloads(Dataset[torch.Tensor]):
         return 4
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        url = f"{self.root}/fresh{index}.bin"
-        path = self.cache.path(url, SIZE, version=f"{os.getpid():x}x{index}")
+        url = f"{self.root}/fresh-{os.getpid():x}-{index}.bin"  # written here: fsspec's memory is per process
+        memory = fsspec.filesystem("memory")
+        memory.pipe(url, bytes(SIZE))
+        path = self.cache.path(url, SIZE, version=version_of(identity(url, memory.info(url))))
         return torch.tensor(os.path.getsize(path))
 
 
@@ -65,8 +68,6 @@ def shards() -> Iterator[str]:
     memory = fsspec.filesystem("memory")
     for s in range(CACHED):
         memory.pipe(f"{root}/s{s}.bin", bytes(SIZE))
-    for index in range(4):
-        memory.pipe(f"{root}/fresh{index}.bin", bytes(SIZE))
     yield root
     memory.rm(root, recursive=True)
 

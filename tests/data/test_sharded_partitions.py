@@ -113,12 +113,14 @@ def test_padding_fetches_nothing_of_another_partition(s3: dict[str, Any], tmp_pa
 
 
 def test_one_partition_fetches_everything_on_every_node(s3: dict[str, Any], tmp_path: Path) -> None:
-    """The baseline: with partitions=1 the same 2 nodes each fetch the whole dataset."""
+    """The baseline: with partitions=1 the same 2 nodes each fetch every shard their ranks read (drop_last: nearly all)."""
     source, _ = _layout(s3, tmp_path)
     reports = run_distributed(_node_main, 4, s3["endpoint"], s3["index"], str(tmp_path), 1, 1, 0, None, True,
                               timeout=300)  # fmt: skip
     for node in range(2):
-        assert sum(r["fetched"][0] for r in reports if r["node"] == node) == int(source.file_sizes.sum())
+        read = {source.shard_of(i) for r in reports for i in r["ids"][0]}  # the dropped tail may hold a whole shard
+        assert len(read) >= len(SIZES) - 1
+        assert sum(r["fetched"][0] for r in reports if r["node"] == node) == int(source.file_sizes[sorted(read)].sum())
 
 
 def test_exact_resume_from_four_ranks_to_two(s3: dict[str, Any], tmp_path: Path) -> None:

@@ -235,7 +235,8 @@ def test_prefetch_in_plan_order_within_budget(s3: dict[str, Any], tmp_path: Path
     budget = sum(sorted(sizes)[-4:])  # the four largest shards as kept: two windows of two
     cache = ShardCache(tmp_path / "small", budget_bytes=budget, storage_options=storage_options(s3["endpoint"]))
     source = _source(s3, tmp_path, "parquet", cache=cache, decode=decode)
-    sampler = LocalitySampler(source, window=2, num_replicas=1, rank=0, seed=1)
+    # the window plan: its first two windows are the first four shards of its order
+    sampler = LocalitySampler(source, window=2, mixing="windows", num_replicas=1, rank=0, seed=1)
     sampler._FIRST_CHUNK = 8  # several chunks per epoch, so the plan is followed as it advances
     iterator = iter(sampler)
     first = next(iterator)
