@@ -207,12 +207,13 @@ class ShardCache:
         """A local path holding the whole shard ``url`` (``size`` bytes), downloading it if needed.
 
         With ``derived`` (remote shards only), the path of the file derived from it, made if needed.
-        ``version`` (letters and digits: a hash of the shard's ETag or modification time, say) names
-        the copy, so that a shard rewritten at the same size is fetched again (:meth:`name`).
+        ``version``: the shard's identity as indexed, hashed (``fetch.version_of``: URL, size, ETag or
+        modification time). It names the copy, so that a shard rewritten at the same size is fetched
+        again (:meth:`name`), and a download (or, local, the file opened) is checked against it.
 
         Raises:
-            ShardError: the shard is missing, of another size, or could not be fetched after the
-                retries (names the URL and ``sample``).
+            ShardError: the shard is missing, changed since ``version`` was taken, of another size,
+                or could not be fetched after the retries (names the URL and ``sample``).
             OSError, ValueError: ``derived.make`` could not read the shard.
         """
         return self._get(url, size, sample, derived, version, wait=True)
