@@ -10,7 +10,7 @@ global orders of one epoch over the same uneven shards:
   streams, each reading one shard at a time, interleaved (NOTE [ Staggered streams ]);
 - ``py1e``: Streaming's default shuffle (``get_shuffle_py1e``, one canonical node), swept over
   ``shuffle_block_size``, computed by Streaming itself in its scratch venv (BENCHMARKS.md shows how to
-  make it: ``bench/_scratch_loaders.py``; without it the py1e rows are left out with one printed line).
+  make it: ``bench/_scratch_venvs.py``; without it the py1e rows are left out with one printed line).
 
 Shuffle figures (as ``bench_sharded_sources.py``): consecutive samples from one shard, mean |id step| /
 n (uniform: 1/3), |Spearman(position, id)| (uniform: 0), each the mean over ``--epochs`` epochs.
@@ -46,13 +46,13 @@ from pathlib import Path
 import numpy as np
 
 from _common import shuffle_quality, uneven_sizes
-from _scratch_loaders import SCRATCH, available
+from _scratch_venvs import SCRATCH, available
 
 WINDOWS = (2, 4, 8, 16)
 STREAMS = (2, 3, 4, 6, 8, 12, 16)
 BLOCKS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)  # x the mean shard size
 
-# Many orders in one process (``_streaming_ranks.py py1e`` writes one order a process, ~5 s each).
+# Many orders in one process (``_streaming_venv.py py1e`` writes one order a process, ~5 s each).
 PY1E = """
 import json, sys
 import numpy as np

@@ -45,7 +45,7 @@ DOCS = "a docs page outside issue 32's benchmark pages: the edit is in the issue
 NO_QUICK_YET: dict[str, str] = {"bench_download.py": SHARDED, "bench_partitions.py": SHARDED,
                                 "bench_sharded_sources.py": SHARDED, "bench_scale.py": SCALE}  # fmt: skip
 PATHS_YET: dict[str, str] = {
-    "bench/bench_download.py": SHARDED,
+    "bench/_scratch_venvs.py": SHARDED, "bench/_streaming_venv.py": SHARDED, "bench/bench_download.py": SHARDED,
     "bench/bench_partitions.py": SHARDED, "bench/bench_sharded.py": SHARDED, "bench/bench_sharded_sources.py": SHARDED,
     "bench/bench_scale.py": SCALE, "docs/fabric.md": DOCS, "docs/ragged-store.md": DOCS, "docs/torchrun.md": DOCS,
     "docs/transformers.md": DOCS, "docs/verify.md": DOCS,
