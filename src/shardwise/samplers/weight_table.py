@@ -1,0 +1,205 @@
+"""The weight table of ``WeightedSampler``: quantised cumulative weights, a guide table, draws by position.
+
+Steps 1 and 2 of the method in :mod:`shardwise.samplers.weighted` (quantise the weights to
+integers, their cumulative sum plus a Chen & Asau guide table), the lookup of step 3
+(:meth:`WeightTable.draw`: the item holding an exactly uniform integer), and the successive
+sampling of an epoch without replacement (:func:`distinct_draws`). The table's arrays may be
+memory maps of the node's index cache: every read is checked (``read_checked``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._core.draws import uniform_below
+from .._core.indices import has_bits, mark_bits
+from .._core.seeds import derive_words
+from ..index import read_checked
+from .indexed import mapped_source, reopen
+
+WITHOUT_REPLACEMENT = "weighted-distinct"
+"""The plan kind without replacement (its seeds derive from it)."""
+
+_BLOCK = 1 << 20  # weights converted / summed per step while building: bounds temporary memory
+_BITS = 62
+
+
+def _checked_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``weights[start:stop]`` in its own dtype, after checking it is finite and non-negative."""
+    block = weights[start:stop]
+    if (block.dtype.kind == "f" and not np.isfinite(block).all()) or block.min() < 0:
+        at = start + int(np.flatnonzero(~np.isfinite(block) | (block < 0))[0])
+        raise ValueError(f"weights should be finite and non-negative, but got weights[{at}]={weights[at].item()!r}")
+    return block
+
+
+def quantise(weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Validated ``weights`` as the int64 inclusive cumulative sum of their quantised values.
+
+    Two streaming passes in blocks of ``_BLOCK`` weights (the largest weight, then the sums):
+    private memory O(block) besides ``out``, which may be a writable memmap.
+
+    Raises:
+        ValueError: a NaN, infinite or negative weight, or all weights zero.
+    """
+    size = len(weights)
+    largest = 0.0
+    for start in range(0, size, _BLOCK):
+        largest = max(largest, float(_checked_block(weights, start, start + _BLOCK).max()))
+    if largest == 0:
+        raise ValueError(f"weights should have at least one positive weight, but all {size} weights are zero")
+    # scale: largest * 2**scale < 2**(62 - bits(n)), so the n quantised weights sum below 2**62.
+    scale = (_BITS - size.bit_length()) - int(np.frexp(largest)[1])
+    cdf = np.empty(size, dtype=np.int64) if out is None else out
+    offset = 0
+    for start in range(0, size, _BLOCK):
+        block = weights[start : start + _BLOCK]
+        scaled = np.ldexp(block.astype(np.float64), scale)  # exact: a power-of-two scaling
+        units = np.floor(scaled, out=scaled).astype(np.int64)
+        np.maximum(units, block > 0, out=units)  # a positive weight stays drawable
+        part = np.cumsum(units)
+        part += offset
+        cdf[start : start + len(units)] = part
+        offset = int(part[-1])
+    return cdf
+
+
+def guide_shift(total: int, size: int) -> int:
+    """Bucket width ``2**shift`` of the guide table: about ``size`` buckets over ``[0, total)``."""
+    return max(0, total.bit_length() - size.bit_length() + 1)
+
+
+def guide_length(total: int, size: int) -> int:
+    """Entries of the guide table of ``size`` items with total weight ``total``."""
+    return ((total - 1) >> guide_shift(total, size)) + 2
+
+
+def guide_dtype(size: int) -> np.dtype:
+    """int32 below 2**31 items, else int64."""
+    return np.dtype(np.int32) if size < 2**31 else np.dtype(np.int64)
+
+
+def fill_guide(cdf: np.ndarray, out: np.ndarray) -> None:
+    """Write the guide table of ``cdf`` into ``out`` (``guide_length`` entries), in blocks.
+
+    ``out[k]`` is the item holding value ``k << shift``: with ``a_i = ceil(cdf[i] / 2**shift)``
+    (non-decreasing), it is ``i`` on ``[a_(i-1), a_i)``.
+    """
+    size, total = len(cdf), int(cdf[-1])
+    shift = guide_shift(total, size)
+    filled, previous, round_up = 0, 0, (1 << shift) - 1
+    for start in range(0, size, _BLOCK):
+        ceilings = (np.asarray(cdf[start : start + _BLOCK]) + round_up) >> shift
+        lengths = np.diff(ceilings, prepend=previous)
+        previous = int(ceilings[-1])
+        part = np.repeat(np.arange(start, start + len(ceilings), dtype=np.int64), lengths)
+        out[filled : filled + len(part)] = part
+        filled += len(part)
+    out[filled:] = size - 1  # values past the last item's end: clip to the last item
+
+
+def count_positive(cdf: np.ndarray) -> int:
+    """How many items have a positive quantised weight, in blocks."""
+    count, previous = 0, 0
+    for start in range(0, len(cdf), _BLOCK):
+        block = np.asarray(cdf[start : start + _BLOCK])
+        count += int(np.count_nonzero(np.diff(block, prepend=previous)))
+        previous = int(block[-1])
+    return count
+
+
+class WeightTable:
+    """Draws items with probability proportional to integer weights, given as their inclusive cumsum.
+
+    Args:
+        cdf: ``(n,)`` non-decreasing int64, ``cdf[-1] < 2**62`` and positive (an array or a memmap).
+        guide: its guide table (:func:`fill_guide`), e.g. memory-mapped from the node's cache;
+            ``None`` builds it here (O(n) private memory).
+    """
+
+    __slots__ = ("cdf", "guide", "shift", "total")
+
+    def __init__(self, cdf: np.ndarray, guide: np.ndarray | None = None) -> None:
+        size = len(cdf)
+        self.cdf = cdf
+        self.total = int(cdf[-1])
+        self.shift = guide_shift(self.total, size)
+        if guide is None:
+            guide = np.empty(guide_length(self.total, size), dtype=guide_dtype(size))
+            fill_guide(cdf, guide)
+        self.guide = guide
+
+    def __len__(self) -> int:
+        return len(self.cdf)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A memory-mapped table travels as its file names (spawned workers map the same files).
+        parts = []
+        for array in (self.cdf, self.guide):
+            source = mapped_source(array)
+            parts.append((reopen, source) if source is not None else (np.asarray, (array,)))
+        return _rebuild_table, tuple(parts)
+
+    def locate(self, values: np.ndarray) -> np.ndarray:
+        """The item holding each value in ``[0, total)``: the first ``i`` with ``cdf[i] > value``."""
+        bucket = values >> self.shift
+        low = read_checked(self.guide, self.guide[bucket]).astype(np.int64)
+        high = read_checked(self.guide, self.guide[bucket + 1]).astype(np.int64)
+        open_ = np.flatnonzero(low < high)
+        while open_.size:
+            lows, highs = low[open_], high[open_]
+            middle = (lows + highs) >> 1
+            above = read_checked(self.cdf, self.cdf[middle]) > values[open_]
+            highs = np.where(above, middle, highs)
+            lows = np.where(above, lows, middle + 1)
+            low[open_], high[open_] = lows, highs
+            open_ = open_[lows < highs]
+        found: np.ndarray = low
+        return found
+
+    def draw(self, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The item drawn at each stream position (int64), a pure function of ``(keys, position)``."""
+        return self.locate(uniform_below(self.total, positions, keys))
+
+
+def _rebuild_table(*parts: tuple[Any, tuple[Any, ...]]) -> WeightTable:
+    cdf, guide = (make(*args) for make, args in parts)
+    return WeightTable(cdf, guide)
+
+
+def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``count`` distinct items of the with-replacement stream: successive sampling.
+
+    Once the items drawn hold half of the table's weight, the table is rebuilt without them and a
+    new stream (keyed by the round) continues: the next new item then has the same distribution,
+    the remaining weights renormalised, and repeats stay rare.
+
+    The items are written into ``out`` (``count`` int64, e.g. a writable memmap of the cache
+    entry), or into a new array, and returned. Private memory besides ``out``: a bit per item
+    (``n / 8`` bytes), a block of at most 2**20 draws, and the rebuilt table while there is one.
+    """
+    plan = np.empty(count, dtype=np.int64) if out is None else out
+    if plan.shape != (count,) or plan.dtype != np.int64:
+        raise ValueError(f"out should be a ({count},) int64 array, but got {plan.dtype} of shape {plan.shape}")
+    seen = np.zeros((len(table) >> 3) + 1, dtype=np.uint8)  # a bit per item: n / 8 bytes
+    have, position, taken, round_ = 0, 0, 0, 0
+    while have < count:
+        keys = derive_words(seed, epoch, WITHOUT_REPLACEMENT, round_, count=2)
+        block = min(max(2 * (count - have), 1024), 1 << 20)
+        drawn = table.draw(np.arange(position, position + block, dtype=np.int64), keys)
+        position += block
+        items, first = np.unique(drawn, return_index=True)
+        new = ~has_bits(seen, items)
+        fresh = items[new][np.argsort(first[new], kind="stable")][: count - have]
+        mark_bits(seen, fresh)
+        plan[have : have + len(fresh)] = fresh
+        have += len(fresh)
+        taken += int((table.cdf[fresh] - np.where(fresh > 0, table.cdf[fresh - 1], 0)).sum())
+        if 2 * taken > table.total and have < count:
+            units = np.diff(table.cdf, prepend=0)
+            units[np.unpackbits(seen, count=len(units), bitorder="little").view(bool)] = 0
+            table = WeightTable(np.cumsum(units, out=units))  # in place: one O(n) array, not two
+            position, taken, round_ = 0, 0, round_ + 1
+    return plan
