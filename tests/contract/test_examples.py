@@ -28,7 +28,7 @@ def _ranks(out: Path) -> list[list[dict[str, object]] | list[list[int]]]:
 @pytest.mark.timeout(180)
 def test_torchrun_example(tmp_path: Path) -> None:
     """torchrun, 2 ranks x 2 workers: primary once per epoch across ranks, every worker stream distinct."""
-    out = tmp_path / "run"  # does not exist yet, as with the documented command's /tmp/run
+    out = tmp_path / "run"  # does not exist yet, as with the documented command's run
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
           "examples/torchrun_ddp.py", "--out", str(out)])  # fmt: skip
     ranks = _ranks(out)
