@@ -7,12 +7,13 @@ NOTE [ An adaptive ledger is a weight schedule written at run time ]
 The run is cut into intervals of ``interval`` plan positions (samples over all ranks together,
 across epochs, as a ``WeightSchedule.by_samples`` counts them: never steps, whose size changes
 with the world size). Update ``u = 1, 2, ...`` is due once the loop has trained through run
-position ``u * interval``; its weights take effect one interval later, at ``(u + 1) * interval``,
-so that a DataLoader can prefetch up to an interval ahead of the loop. The initial weights hold on
-``[0, 2 * interval)``. The plan of any position is therefore fixed by the ledger entries before it,
-and positions at or past ``(updates + 2) * interval`` are not known yet: the sampler refuses to
-hand them out until the update for them is reported, so no rank ever draws with weights another
-rank lacks.
+position ``u * interval``; its weights take effect ``lag`` intervals later (default 1), at
+``(u + lag) * interval``, so that a DataLoader can prefetch up to ``lag`` intervals ahead of the loop
+(``lag=0``: at once, for a loop without prefetching workers). The initial weights hold on
+``[0, (1 + lag) * interval)``. The plan of any position is therefore fixed by the ledger entries
+before it, and positions at or past ``(updates + 1 + lag) * interval`` are not known yet: the
+sampler refuses to hand them out until the update for them is reported, so no rank ever draws with
+weights another rank lacks.
 
 NOTE [ Reported statistics are fixed-point ]
 A loop reports per-sample values (losses) with their sources. Each value is rounded to a multiple
@@ -153,15 +154,15 @@ class WeightLedger:
     """Every weight vector a run has used, by update: O(updates x sources) integers, the same on every rank.
 
     Entry 0 is the initial weights; entry ``u`` is what update ``u`` decided, in force from run
-    position ``(u + 1) * interval`` (NOTE [ An adaptive ledger is a weight schedule written at run
+    position ``(u + lag) * interval`` (NOTE [ An adaptive ledger is a weight schedule written at run
     time ]). ``state`` is the policy's own vector after the latest update (e.g. EXP3's reward
     estimates), so that the next update is a pure function of the ledger and the statistics.
     """
 
-    __slots__ = ("_shares", "_updates", "interval", "state")
+    __slots__ = ("_shares", "_updates", "interval", "lag", "state")
 
-    def __init__(self, interval: int, initial: np.ndarray, state: np.ndarray) -> None:
-        self.interval = interval
+    def __init__(self, interval: int, initial: np.ndarray, state: np.ndarray, lag: int = 1) -> None:
+        self.interval, self.lag = interval, lag
         self._shares = np.zeros((8, len(initial)), dtype=np.int64)
         self._shares[0] = initial
         self._updates = 0
@@ -190,7 +191,7 @@ class WeightLedger:
 
     def start_of(self, entry: int) -> int:
         """The run position from which ``entry`` is in force."""
-        return 0 if entry == 0 else (entry + 1) * self.interval
+        return 0 if entry == 0 else (entry + self.lag) * self.interval
 
     @property
     def due_at(self) -> int:
@@ -200,11 +201,11 @@ class WeightLedger:
     @property
     def known_until(self) -> int:
         """Run positions below this one have known weights; the next update's take effect here."""
-        return (self._updates + 2) * self.interval
+        return (self._updates + 1 + self.lag) * self.interval
 
     def entry_at(self, position: int) -> int:
         """The entry in force at run ``position`` (before any block rounding)."""
-        return max(0, min(self._updates, position // self.interval - 1))
+        return max(0, min(self._updates, position // self.interval - self.lag))
 
     def append(self, shares: np.ndarray, state: np.ndarray) -> None:
         """Record the next update (amortised O(S): the table doubles when full)."""
@@ -226,7 +227,7 @@ class WeightLedger:
         }
 
     @classmethod
-    def from_state(cls, saved: object, interval: int, num_sources: int) -> WeightLedger:
+    def from_state(cls, saved: object, interval: int, num_sources: int, lag: int = 1) -> WeightLedger:
         """The ledger of ``to_state()`` output; raises :class:`MalformedStateError` naming what is wrong."""
         if not isinstance(saved, dict) or set(saved) != {"interval", "updates", "shares", "state"}:
             raise MalformedStateError(
@@ -243,7 +244,7 @@ class WeightLedger:
             raise MalformedStateError(f"state['adaptive'] is malformed: {error}") from None
         if (shares < 0).any() or (shares.sum(axis=1) != SHARE_DENOMINATOR).any():
             raise MalformedStateError("state['adaptive']['shares'] should be non-negative shares summing to 2**30")
-        ledger = cls(interval, shares[0], state)
+        ledger = cls(interval, shares[0], state, lag)
         for row in shares[1:]:
             ledger.append(row, state)
         return ledger
@@ -441,7 +442,11 @@ class AdaptiveWeights:
         policy: :class:`Exp3`, :class:`ExponentiatedGradient`, or any pure callable
             ``(ledger, statistics) -> weights`` (or a :class:`PolicyStep`).
         interval: plan positions (samples over all ranks together) between updates: a multiple of
-            the mixture's block, and of the global batch for updates at step boundaries.
+            the global batch (at every world size the run may resume at), so that updates fall on
+            step boundaries.
+        lag: intervals between an update and the weights it sets taking effect: the DataLoader
+            may hand out up to ``lag * interval`` samples (all ranks) beyond the loop's position
+            (``num_workers * prefetch_factor + 1`` batches of every rank); 0 without workers.
         initial: the weights until the first update takes effect (default: uniform).
 
     Example:
@@ -450,9 +455,11 @@ class AdaptiveWeights:
         512
     """
 
-    __slots__ = ("initial", "interval", "policy")
+    __slots__ = ("initial", "interval", "lag", "policy")
 
-    def __init__(self, policy: Callable[..., Any], *, interval: int, initial: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, policy: Callable[..., Any], *, interval: int, lag: int = 1, initial: Sequence[float] | None = None
+    ) -> None:
         if not callable(policy):
             raise TypeError(
                 "policy should be Exp3(...), ExponentiatedGradient(...) or a callable (ledger, statistics) -> "
@@ -460,13 +467,15 @@ class AdaptiveWeights:
             )
         self.policy = policy
         self.interval = check_int("interval", interval, minimum=1)
+        self.lag = check_int("lag", lag, minimum=0)
         self.initial = None if initial is None else as_weight_array("initial", initial)
 
     def fingerprint(self) -> dict[str, Any]:
         """The policy's configuration, the interval and the initial weights."""
         initial = None if self.initial is None else [float(x) for x in self.initial]
-        return {**policy_config(self.policy), "interval": self.interval, "initial": initial}
+        return {**policy_config(self.policy), "interval": self.interval, "lag": self.lag, "initial": initial}
 
     def __repr__(self) -> str:
         initial = "" if self.initial is None else f", initial={self.initial.tolist()!r}"
-        return f"AdaptiveWeights({self.policy!r}, interval={self.interval}{initial})"
+        lag = "" if self.lag == 1 else f", lag={self.lag}"
+        return f"AdaptiveWeights({self.policy!r}, interval={self.interval}{lag}{initial})"

@@ -294,9 +294,7 @@ def slot_keys_for(seed: int, epoch: int) -> np.ndarray:
     return derive_words(seed, epoch, _SLOTS, count=ROUNDS)
 
 
-def draw_indices(
-    found: Draws, sizes: np.ndarray, offsets: np.ndarray, keys: np.ndarray | None
-) -> np.ndarray:
+def draw_indices(found: Draws, sizes: np.ndarray, offsets: np.ndarray, keys: np.ndarray | None) -> np.ndarray:
     """Global indices: draw ``k`` of source ``i`` is ``offsets[i] + perm_(i, k // n_i)(k % n_i)``."""
     if keys is not None and len(found.sources) <= _MERGED_MAX:
         return _draw_indices_merged(found, sizes, offsets, keys)

@@ -99,7 +99,7 @@ class Feedback:
     def __init__(self, adaptive: AdaptiveWeights, initial: np.ndarray, block: int) -> None:
         self.adaptive, self.block = adaptive, block
         shares = quantize_shares(initial, min_share_for(block))
-        self.ledger = WeightLedger(adaptive.interval, shares, initial_state(adaptive.policy, initial))
+        self.ledger = WeightLedger(adaptive.interval, shares, initial_state(adaptive.policy, initial), adaptive.lag)
         self.sums = np.zeros(len(initial), dtype=np.int64)
         self.counts = np.zeros(len(initial), dtype=np.int64)
 

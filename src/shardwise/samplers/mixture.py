@@ -414,6 +414,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
                 "state should hold 'adaptive' (the weight ledger) for a MixtureSampler with adaptive weights; save "
                 "sampler.state_dict() of an adaptive sampler"
             )
-        ledger = WeightLedger.from_state(state_dict[ADAPTIVE], feedback.ledger.interval, self.num_sources)
+        ledger = WeightLedger.from_state(
+            state_dict[ADAPTIVE], feedback.ledger.interval, self.num_sources, feedback.ledger.lag
+        )
         super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
         self._plan = feedback.plan_of(ledger, self._new_plan)
