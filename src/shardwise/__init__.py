@@ -16,13 +16,13 @@ from ._core.version import __version__
 # as before; type checkers and IDEs read the imports below. tests/contract/test_api.py checks that
 # the table and the imports name the same modules, and __all__ the same names.
 _SOURCES: dict[str, str] = {
-    "AdaptiveWeights": "._core.adaptive",
+    "AdaptiveWeights": "._core.adaptive_policies",
     "BatchSizeSchedule": "._core.schedule",
     "BucketBatchSampler": ".samplers.bucket",
     "ClassBalancedBatchSampler": ".samplers.class_balanced",
     "Even": "._core.plan",
-    "Exp3": "._core.adaptive",
-    "ExponentiatedGradient": "._core.adaptive",
+    "Exp3": "._core.adaptive_policies",
+    "ExponentiatedGradient": "._core.adaptive_policies",
     "LocalitySampler": ".samplers.locality",
     "MalformedStateError": "._core.errors",
     "Mixture": ".data.mixture",
@@ -37,7 +37,7 @@ _SOURCES: dict[str, str] = {
     "PackedSample": ".data.packed_dataset",
     "PadCollate": ".data.collate",
     "PendingWeightsError": "._core.mixture",
-    "PolicyStep": "._core.adaptive",
+    "PolicyStep": "._core.adaptive_policies",
     "PaddedBatch": ".data.collate",
     "ProvenanceUnsupported": ".samplers.provenance",
     "RaggedArray": ".data.ragged",
@@ -82,7 +82,8 @@ _SOURCES: dict[str, str] = {
 _SUBPACKAGES = frozenset({"_core", "data", "index", "integrations", "samplers", "tools"})
 
 if TYPE_CHECKING:
-    from ._core.adaptive import AdaptiveWeights, Exp3, ExponentiatedGradient, PolicyStep, SourceStatistics, WeightLedger
+    from ._core.adaptive import SourceStatistics, WeightLedger
+    from ._core.adaptive_policies import AdaptiveWeights, Exp3, ExponentiatedGradient, PolicyStep
     from ._core.errors import MalformedStateError, StateMismatchError
     from ._core.mixture import MixtureStop, PendingWeightsError
     from ._core.packing import PackedIndex, TooLong

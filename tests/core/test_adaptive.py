@@ -9,17 +9,13 @@ from hypothesis import strategies as st
 
 from shardwise._core.adaptive import (
     SHARE_DENOMINATOR,
-    AdaptiveWeights,
-    Exp3,
-    ExponentiatedGradient,
-    PolicyStep,
     SourceStatistics,
     WeightLedger,
     fixed_point_sums,
     min_share_for,
     quantize_shares,
-    run_policy,
 )
+from shardwise._core.adaptive_policies import AdaptiveWeights, Exp3, ExponentiatedGradient, PolicyStep, run_policy
 from shardwise._core.errors import MalformedStateError
 from shardwise._core.mixture import MixturePlan, MixtureStop, PendingWeightsError
 from shardwise._core.weights import Weights, WeightSchedule, exact_weights

@@ -1,6 +1,7 @@
 """The adaptive side of ``MixtureSampler``: this rank's pending report, the one collective, the ledger update.
 
-The arithmetic (fixed-point sums, policies, the ledger) is :mod:`shardwise._core.adaptive`; this
+The arithmetic (fixed-point sums, the ledger) is :mod:`shardwise._core.adaptive`, the policies
+:mod:`shardwise._core.adaptive_policies`; this
 module adds what needs torch: the all_reduce that makes every rank agree on the statistics.
 
 NOTE [ One collective an update ]
@@ -21,26 +22,26 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from .._core.adaptive import (
     SHARE_DENOMINATOR,
-    AdaptiveWeights,
     SourceStatistics,
     WeightLedger,
     check_values,
     fixed_point_sums,
-    initial_state,
     min_share_for,
     quantize_shares,
-    run_policy,
 )
+from .._core.adaptive_policies import AdaptiveWeights, initial_state, run_policy
 from .._core.mixture import MixturePlan
+from .._core.plan import rank_positions
 from .._core.weights import Weights
 from .._core.world import World
+from .passes import LivePass, UnitSource
 
 TAG_BITS = 20
 
@@ -174,3 +175,24 @@ class Feedback:
 def as_weights(shares: np.ndarray) -> Weights:
     """A ledger row as the plan's exact weights."""
     return Weights(tuple(int(x) for x in shares), SHARE_DENOMINATOR)
+
+
+def known_chunks(plan: MixturePlan, epoch: int, live: LivePass, world: World, source: UnitSource, first_size: int,
+                 chunk: int) -> Iterator[Iterator[int]]:  # fmt: skip
+    """The shell's chunks of a pass (``PlanSampler._chunks``), each cut where the ledger's weights end.
+
+    The next chunk is computed when it is pulled, after the loop's update: a pass waits for the
+    weights instead of drawing with stale ones (:class:`~shardwise._core.mixture.PendingWeightsError`
+    when they are still missing).
+    """
+    first, size = 0, first_size
+    while first < live.count:
+        stop = min(first + size, live.count)
+        positions = plan.known_prefix(epoch, rank_positions(live.start, world.rank, world.world_size, first, stop,
+                                                            live.total))  # fmt: skip
+        stop = first + len(positions)
+        units = source(positions)
+        live.done_chunks += live.current_len
+        live.current, live.current_len = iter(units), len(units)
+        yield live.current
+        first, size = stop, min(2 * size, chunk)

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.adaptive import AdaptiveWeights, WeightLedger, adaptive_block, as_initial
+from .._core.adaptive import WeightLedger
+from .._core.adaptive_policies import AdaptiveWeights, adaptive_block, as_initial
 from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import MalformedStateError, check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop
-from .._core.plan import rank_positions
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler
-from .feedback import Feedback
+from .feedback import Feedback, known_chunks
 from .identity import with_sources
 from .keywords import MixtureKeywords
 from .passes import LivePass, UnitSource
@@ -74,6 +74,11 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     - **Weights that change.** ``weights`` may be a :class:`WeightSchedule` by samples consumed
       (over the run, all ranks together) or by epoch; a change takes effect at the first block
       boundary at or after its threshold. :func:`temperature_weights` gives ``w_i ~ n_i ** alpha``.
+    - **Adaptive weights.** ``weights=AdaptiveWeights(policy, interval=...)`` moves the weights
+      during the run from what the loop reports (``record`` each step, ``update`` when
+      ``update_due``): one all_reduce an update, every update appended to a ledger in the state,
+      so the plan stays one function of the ledger: identical on every rank, resumable at any
+      world size, answered by ``which``/``when`` (docs/mixture.md, "Adaptive weights").
     - **Resume.** The position maps to every source's draw count by arithmetic, without replay:
       ``load_state_dict`` is O(1) at any world size. ``describe()`` and ``state_dict()["mixture"]``
       (informational; not needed to resume) give per-source draws and completed cycles.
@@ -88,7 +93,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
 
     Args:
         sizes: the sources' sizes, or the ``ConcatDataset`` / :class:`shardwise.Mixture` itself.
-        weights: one non-negative weight per source (only ratios matter), or a :class:`WeightSchedule`.
+        weights: one non-negative weight per source (only ratios matter), a :class:`WeightSchedule`,
+            or :class:`AdaptiveWeights` (then ``stop="num_samples"``).
         num_samples: draws per epoch over all ranks (with ``stop="num_samples"``).
         stop: ``"num_samples"``, ``"first_exhausted"``, ``"all_exhausted"`` or ``"primary"``.
         primary: the source that ends the epoch with ``stop="primary"``.
@@ -278,22 +284,10 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         return self._plan.weights_at(epoch, position)
 
     def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[int]]:
-        """As the shell's, but a chunk stops where the ledger's weights end: the next one waits for the update."""
         if self._feedback is None:
-            yield from super()._chunks(live, world, source)
-            return
-        plan = self._plan
-        first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
-        while first < live.count:
-            stop = min(first + size, live.count)
-            positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
-            positions = plan.known_prefix(self._progress.epoch, positions)  # the live pass's epoch
-            stop = first + len(positions)
-            units = source(positions)
-            live.done_chunks += live.current_len
-            live.current, live.current_len = iter(units), len(units)
-            yield live.current
-            first, size = stop, min(2 * size, self._CHUNK)
+            return super()._chunks(live, world, source)
+        first = min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
+        return known_chunks(self._plan, self._progress.epoch, live, world, source, first, self._CHUNK)
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
