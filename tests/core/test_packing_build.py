@@ -15,6 +15,7 @@ from shardwise._core.packing import (
     fill_pieces,
     piece_counts,
     piece_index,
+    strata_starts,
     stratum_histogram,
     stratum_layouts,
 )
@@ -234,3 +235,14 @@ def test_build_workers_reads_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         build_workers()
     monkeypatch.delenv(ENV_WORKERS)
     assert 0 <= build_workers() <= MAX_WORKERS
+
+
+def test_strata_starts_are_the_cumulative_sizes_of_the_strata() -> None:
+    """strata_starts (all strata at once, in chunks) equals the running sum of every stratum's histogram."""
+    rng = np.random.default_rng(11)
+    counts = rng.integers(0, 50, 300)
+    phases = class_phases(counts.size)
+    for strata in (1, 2, 7, 600):
+        sizes = [int(stratum_histogram(counts, strata, s, phases).sum()) for s in range(strata)]
+        expected = np.concatenate([[0], np.cumsum(sizes)])
+        np.testing.assert_array_equal(strata_starts(counts, strata, phases, chunk=64), expected)

@@ -30,6 +30,7 @@ from .._core.packing import (
     fill_pieces,
     pack_histogram,
     piece_counts,
+    strata_starts,
     stratum_histogram,
     stratum_layouts,
 )
@@ -134,30 +135,25 @@ PARALLEL_FROM = 64
 _TASK = 8  # strata per task handed to a process
 
 
-def pack_strata(task: tuple[str, np.ndarray, int, int, range]) -> list[int]:
-    """Pack strata ``task[4]`` into the ``slot_rows`` file ``task[0]`` (at their slots); their row counts.
+def pack_strata(task: tuple[str, np.ndarray, int, int, int, np.ndarray]) -> list[int]:
+    """Pack some strata into the ``slot_rows`` file, each at its slots; their row counts.
 
-    ``task``: ``(path, counts, num_strata, max_len, strata)``. Run by the building process and
-    by worker processes (:func:`shardwise.index.workers.map_tasks`), each on its own strata.
+    ``task``: ``(path, counts, num_strata, max_len, first, starts)``: strata ``first`` on, one
+    fewer than ``starts``, their slots ``starts[i]:starts[i + 1]`` (from
+    :func:`~shardwise._core.packing.strata_starts`). Run by the building process and by worker
+    processes (:func:`shardwise.index.workers.map_tasks`), each on its own strata.
     """
-    path, counts, num_strata, max_len, strata = task
+    path, counts, num_strata, max_len, first, starts = task
     slot_rows = np.load(path, mmap_mode="r+")
     phases = class_phases(counts.size)
-    firsts = slot_offsets(counts, num_strata)
     rows = []
-    for stratum in strata:
-        item_rows, num_rows = pack_histogram(stratum_histogram(counts, num_strata, stratum, phases), max_len)
-        slot_rows[firsts[stratum] : firsts[stratum + 1]] = item_rows
+    for i in range(starts.size - 1):
+        histogram = stratum_histogram(counts, num_strata, first + i, phases)
+        item_rows, num_rows = pack_histogram(histogram, max_len)
+        slot_rows[starts[i] : starts[i + 1]] = item_rows
         rows.append(num_rows)
     slot_rows.flush()
     return rows
-
-
-def slot_offsets(counts: np.ndarray, num_strata: int) -> np.ndarray:
-    """``(num_strata + 1,)`` int64: where each stratum's slots start in ``slot_rows`` (its histogram's sum)."""
-    phases = class_phases(counts.size)
-    sizes = [int(stratum_histogram(counts, num_strata, s, phases).sum()) for s in range(num_strata)]
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
 def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len: int, *,
@@ -174,11 +170,11 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
     path = directory / "slot_rows.npy"
     slot_rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(int(counts.sum()),))
     slot_rows.flush()
-    firsts = slot_offsets(counts, num_strata)
+    firsts = strata_starts(counts, num_strata, class_phases(counts.size))
     workers = build_workers() if num_strata >= PARALLEL_FROM else 0
     what = f"packing {num_strata:,} strata into rows of max_len={max_len}"
-    tasks = [(str(path), counts, num_strata, max_len, range(s, min(s + _TASK, num_strata)))
-             for s in range(0, num_strata, _TASK)]  # fmt: skip
+    file = str(path)
+    tasks = [(file, counts, num_strata, max_len, s, firsts[s : s + _TASK + 1]) for s in range(0, num_strata, _TASK)]
     with Progress(len(tasks), f"{what} ({workers + 1} processes)", unit="tasks") as bar:
         done = map_tasks(pack_strata, tasks, workers=workers, what=what, on_done=bar.update)
     num_rows = [rows for part in done for rows in part]

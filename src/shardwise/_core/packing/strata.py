@@ -42,6 +42,22 @@ def stratum_bounds(counts: np.ndarray, num_strata: int, stratum: int, phases: np
     return bounds
 
 
+def strata_starts(counts: np.ndarray, num_strata: int, phases: np.ndarray, *, chunk: int = 256) -> np.ndarray:
+    """``(num_strata + 1,)`` int64: where each stratum's slots start, strata one after another (a cumulative sum
+    of the strata's sizes, :func:`stratum_bounds` summed over classes), ``chunk`` strata at a time."""
+    counts = counts.astype(np.int64)
+    if num_strata == 1 or int(counts.max(initial=0)) * (num_strata + 1) >= 2**62:  # pragma: no cover - huge classes
+        sizes = [int(np.diff(stratum_bounds(counts, num_strata, s, phases), axis=0).sum()) for s in range(num_strata)]
+        return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    phase = (phases % np.uint64(num_strata)).astype(np.int64)
+    starts = np.empty(num_strata + 1, dtype=np.int64)
+    for first in range(0, num_strata + 1, chunk):
+        strata = np.arange(first, min(first + chunk, num_strata + 1), dtype=np.int64)[:, None]
+        starts[strata[:, 0]] = ((counts * strata + phase) // num_strata).sum(axis=1)  # lo of every class, summed
+    starts -= starts[0]
+    return starts
+
+
 def stratum_histogram(counts: np.ndarray, num_strata: int, stratum: int, phases: np.ndarray) -> np.ndarray:
     """``(classes,)`` int64 items of each length in ``stratum`` (see :func:`stratum_bounds`)."""
     lo, hi = stratum_bounds(counts, num_strata, stratum, phases)
