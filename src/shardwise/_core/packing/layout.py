@@ -111,7 +111,9 @@ def layout_stratum(
     if hand_on and rows_per_batch is not None:
         extra = min(tokens.size % rows_per_batch, num_rows)
         handed = np.sort(np.argsort(own_tokens, kind="stable")[:extra])
-    dealt = np.setdiff1d(np.arange(tokens.size, dtype=np.int64), handed)
+    not_handed = np.ones(tokens.size, dtype=bool)
+    not_handed[handed] = False
+    dealt = np.flatnonzero(not_handed)
     batch_of_row = np.full(tokens.size, CARRIED, dtype=np.int64)
     batch_of_row[dealt], num_batches = deal_rows(
         tokens[dealt], costs[dealt], rows_per_batch=rows_per_batch, tokens_per_batch=tokens_per_batch,

@@ -212,8 +212,9 @@ def deal_rows(
         if drop_short:
             extra = rows % rows_per_batch
             if extra:
-                fewest = np.argsort(tokens, kind="stable")[:extra]
-                keep = np.setdiff1d(keep, fewest)
+                kept = np.ones(rows, dtype=bool)
+                kept[np.argsort(tokens, kind="stable")[:extra]] = False  # the fewest tokens
+                keep = np.flatnonzero(kept)
             if keep.size == 0:
                 return batch_of_row, 0
         num_batches = -(-keep.size // rows_per_batch)
