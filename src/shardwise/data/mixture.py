@@ -10,7 +10,7 @@ import numpy as np
 from torch.utils.data import ConcatDataset, Dataset
 
 from .._core.arrays import as_lookup_indices
-from .._core.errors import check_int, check_iterable
+from .._core.errors import check_int, check_iterable, check_str
 
 
 class Mixture(ConcatDataset[Any]):
@@ -24,6 +24,9 @@ class Mixture(ConcatDataset[Any]):
     Args:
         datasets: sized datasets, as a sequence or a ``{name: dataset}`` mapping (names default to
             ``"0"``, ``"1"``, ...). Every one must hold at least one sample.
+        source_key: give every sample its source number, for a loop that reports per-source
+            losses (adaptive weights): a dict sample gets it under this key, any other sample
+            becomes ``(sample, source)``. ``None`` (default): samples as the datasets return them.
 
     Example:
         >>> data = Mixture({"a": range(3), "b": range(10, 12)})
@@ -31,7 +34,9 @@ class Mixture(ConcatDataset[Any]):
         ([3, 2], ['a', 'b'], 11, (1, 1))
     """
 
-    def __init__(self, datasets: Iterable[Dataset[Any]] | Mapping[str, Dataset[Any]]) -> None:
+    def __init__(
+        self, datasets: Iterable[Dataset[Any]] | Mapping[str, Dataset[Any]], *, source_key: str | None = None
+    ) -> None:
         if isinstance(datasets, Mapping):
             names = [str(name) for name in datasets]
             parts = list(datasets.values())
@@ -55,6 +60,7 @@ class Mixture(ConcatDataset[Any]):
                 raise ValueError(f"datasets should all hold samples, but dataset {name!r} is empty; leave it out")
         super().__init__(parts)
         self.names = names
+        self.source_key = None if source_key is None else check_str("source_key", source_key)
 
     @property
     def sizes(self) -> list[int]:
@@ -69,7 +75,12 @@ class Mixture(ConcatDataset[Any]):
     def __getitem__(self, index: int) -> Any:
         # ConcatDataset's lookup, through locate(): a float or bool index is refused here, naming it.
         source, within = self.locate(index)
-        return self.datasets[source][within]
+        sample = self.datasets[source][within]
+        if self.source_key is None:
+            return sample
+        if isinstance(sample, Mapping):
+            return {**sample, self.source_key: source}
+        return sample, source
 
     def source(self, index: int) -> int:
         """The source an index belongs to."""

@@ -23,7 +23,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,8 +37,10 @@ from .._core.adaptive import (
     quantize_shares,
 )
 from .._core.adaptive_policies import AdaptiveWeights, initial_state, run_policy
+from .._core.errors import check_int
 from .._core.mixture import MixturePlan
 from .._core.plan import rank_positions
+from .._core.state import Fingerprint, Progress
 from .._core.weights import Weights
 from .._core.world import World
 from .passes import LivePass, UnitSource
@@ -196,3 +198,102 @@ def known_chunks(plan: MixturePlan, epoch: int, live: LivePass, world: World, so
         live.current, live.current_len = iter(units), len(units)
         yield live.current
         first, size = stop, min(2 * size, chunk)
+
+
+class AdaptiveMixin:
+    """The adaptive-weights API of ``MixtureSampler``: the ledger, ``record``, ``update_due``, ``update``.
+
+    NOTE [ An adaptive ledger is a weight schedule written at run time ] (``_core/adaptive``).
+    """
+
+    _feedback: Feedback | None
+    _plan: MixturePlan
+    _progress: Progress
+
+    if TYPE_CHECKING:  # provided by PlanSampler
+
+        def _sync(self) -> None: ...
+        def _plan_size(self, epoch: int) -> int: ...
+        def _full_fingerprint(self) -> Fingerprint: ...
+
+        seed: int
+
+        @property
+        def world(self) -> World: ...
+
+    def _need_feedback(self, what: str) -> Feedback:
+        if self._feedback is None:
+            raise RuntimeError(
+                f"MixtureSampler.{what} needs adaptive weights: build the sampler with "
+                "weights=AdaptiveWeights(policy, interval=...)"
+            )
+        return self._feedback
+
+    @property
+    def ledger(self) -> WeightLedger:
+        """The weights of every update so far (entry 0: the initial weights), the same on every rank."""
+        return self._need_feedback("ledger").ledger
+
+    def record(self, values: Any, sources: Any) -> None:
+        """Add per-sample values (losses) with each sample's source to this rank's report for the next update.
+
+        Local and cheap (no communication); call it every step. ``sources`` are source numbers
+        (``sampler.sources_of(indices)`` gives them from the batch's indices). Values are kept as
+        fixed-point sums (NOTE [ Reported statistics are fixed-point ] in ``_core.adaptive``).
+
+        Raises:
+            ValueError: a non-finite value or one beyond ``2**20``, a source out of range, lengths that differ.
+            TypeError: non-numeric values, non-integer sources.
+        """
+        self._need_feedback("record").record(values, sources)
+
+    def trained_position(self, epoch: int | None = None, consumed: int | None = None) -> int:
+        """The run position (samples of all epochs, all ranks) the loop has trained through.
+
+        Counted by the sampler (what the loop received, see ``delivery``), or given as the
+        ``(epoch, consumed)`` of a state the caller keeps (HF ``Trainer``, whose loader runs ahead).
+        """
+        if epoch is None or consumed is None:
+            self._sync()
+            epoch, consumed = self._progress.epoch, self._progress.consumed
+        return self._plan.epoch_start(epoch) + min(consumed, self._plan_size(epoch))
+
+    def update_due(self, position: int | None = None) -> bool:
+        """Whether the loop has trained through the end of the interval the next update reports.
+
+        ``position``: the run position trained through, when the caller counts it (else the sampler's).
+        """
+        trained = self.trained_position() if position is None else position
+        return trained >= self._need_feedback("update_due").ledger.due_at
+
+    def update(self, group: Any = None, *, position: int | None = None) -> list[float]:
+        """Agree on the recorded statistics with one all_reduce, append the policy's weights to the ledger.
+
+        Call it on every rank when :meth:`update_due` (the same step on every rank); the new
+        weights take effect ``lag`` intervals later. Without an initialised process group the sampler
+        must be alone (``world_size == 1``). NOTE [ One collective an update ] (``samplers/feedback``)
+        says where the tensor lives and how disagreeing ranks fail. ``position`` as for :meth:`update_due`.
+
+        Returns:
+            The new weights (shares summing to 1).
+
+        Raises:
+            RuntimeError: the update is not due yet; the ranks report different updates or have
+                differently built samplers; several ranks but no process group.
+        """
+        feedback = self._need_feedback("update")
+        trained = self.trained_position() if position is None else position
+        return feedback.update(self._plan, trained, self._full_fingerprint(), self.world, group)
+
+    def sources_at(self, epoch: int, positions: Any) -> np.ndarray:
+        """The source of each plan position of ``epoch`` (int64), by arithmetic: O(len) and no table."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        array = np.asarray(positions, dtype=np.int64).reshape(-1)
+        found: np.ndarray = self._plan.locate(self.seed, epoch, array).sources
+        return found
+
+    def weights_at(self, epoch: int, position: int) -> list[float]:
+        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1)."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        position = check_int("position", position, minimum=0, maximum=max(0, self._plan_size(epoch) - 1))
+        return self._plan.weights_at(epoch, position)

@@ -22,7 +22,7 @@ from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler
-from .feedback import Feedback, known_chunks
+from .feedback import AdaptiveMixin, Feedback, known_chunks
 from .identity import with_sources
 from .keywords import MixtureKeywords
 from .passes import LivePass, UnitSource
@@ -47,7 +47,7 @@ def source_sizes(sizes: object) -> np.ndarray:
     return as_size_array("sizes", sizes)
 
 
-class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
+class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     """Draw from several datasets at once with exact proportions, over a ``ConcatDataset`` of them.
 
     Index ``offset_i + k`` is sample ``k`` of source ``i`` (``ConcatDataset`` order), so
@@ -221,67 +221,6 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         checked = as_lookup_indices("indices", indices, size=total, of=f"{self.num_sources} sources of {total} samples")
         found: np.ndarray = np.searchsorted(self._plan.offsets, checked, side="right") - 1
         return found
-
-    # -- adaptive weights (NOTE [ An adaptive ledger is a weight schedule written at run time ]) ----
-    def _need_feedback(self, what: str) -> Feedback:
-        if self._feedback is None:
-            raise RuntimeError(
-                f"MixtureSampler.{what} needs adaptive weights: build the sampler with "
-                "weights=AdaptiveWeights(policy, interval=...)"
-            )
-        return self._feedback
-
-    @property
-    def ledger(self) -> WeightLedger:
-        """The weights of every update so far (entry 0: the initial weights), the same on every rank."""
-        return self._need_feedback("ledger").ledger
-
-    def record(self, values: Any, sources: Any) -> None:
-        """Add per-sample values (losses) with each sample's source to this rank's report for the next update.
-
-        Local and cheap (no communication); call it every step. ``sources`` are source numbers
-        (``sampler.sources_of(indices)`` gives them from the batch's indices). Values are kept as
-        fixed-point sums (NOTE [ Reported statistics are fixed-point ] in ``_core.adaptive``).
-
-        Raises:
-            ValueError: a non-finite value or one beyond ``2**20``, a source out of range, lengths that differ.
-            TypeError: non-numeric values, non-integer sources.
-        """
-        self._need_feedback("record").record(values, sources)
-
-    def _trained_position(self) -> int:
-        """The run position (samples of all epochs, all ranks) the loop has trained through."""
-        self._sync()
-        progress = self._progress
-        return self._plan.epoch_start(progress.epoch) + min(progress.consumed, self._plan_size(progress.epoch))
-
-    def update_due(self) -> bool:
-        """Whether the loop has trained through the end of the interval the next update reports."""
-        return self._trained_position() >= self._need_feedback("update_due").ledger.due_at
-
-    def update(self, group: Any = None) -> list[float]:
-        """Agree on the recorded statistics with one all_reduce, append the policy's weights to the ledger.
-
-        Call it on every rank when :meth:`update_due` (the same step on every rank); the new
-        weights take effect one interval later. Without an initialised process group the sampler
-        must be alone (``world_size == 1``). NOTE [ One collective an update ] (``samplers/feedback``)
-        says where the tensor lives and how disagreeing ranks fail.
-
-        Returns:
-            The new weights (shares summing to 1).
-
-        Raises:
-            RuntimeError: the update is not due yet; the ranks report different updates or have
-                differently built samplers; several ranks but no process group.
-        """
-        feedback = self._need_feedback("update")
-        return feedback.update(self._plan, self._trained_position(), self._full_fingerprint(), self.world, group)
-
-    def weights_at(self, epoch: int, position: int) -> list[float]:
-        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1)."""
-        epoch = check_int("epoch", epoch, minimum=0)
-        position = check_int("position", position, minimum=0, maximum=max(0, self._plan_size(epoch) - 1))
-        return self._plan.weights_at(epoch, position)
 
     def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[int]]:
         if self._feedback is None:
