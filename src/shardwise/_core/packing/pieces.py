@@ -160,11 +160,11 @@ def _grouped(keys: np.ndarray, cursor: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
     ``cursor`` is advanced past the slots taken. A radix sort for 16-bit keys.
     """
-    order = np.argsort(keys.astype(np.uint16 if cursor.size <= 2**16 else np.int64), kind="stable")
-    ranked = keys[order]
-    here = np.bincount(ranked, minlength=cursor.size)
+    keys = keys.astype(np.uint16 if cursor.size <= 2**16 else np.int64, copy=False)
+    order = np.argsort(keys, kind="stable")
+    here = np.bincount(keys, minlength=cursor.size)
     slots = np.arange(order.size, dtype=np.int64)
-    slots += (cursor - (np.cumsum(here) - here))[ranked]  # the key's cursor + the rank among equal keys here
+    slots += np.repeat(cursor - (np.cumsum(here) - here), here)  # the key's cursor + the rank among equal keys here
     cursor += here
     return order, slots
 
@@ -196,7 +196,7 @@ def fill_pieces(
     for first in range(0, lengths.size, chunk):
         part = np.asarray(lengths[first : first + chunk])
         short = np.flatnonzero(part <= max_len)
-        order, slots = _grouped(part[short].astype(np.int64), short_cursor)
+        order, slots = _grouped(part[short], short_cursor)
         short += first
         sample[slots] = short[order]  # start stays 0: the caller hands it in zeroed
         owner, starts, piece_len = _pieces(first, part, max_len)
