@@ -20,6 +20,9 @@ next (a :class:`shardwise.BatchSizeSchedule`, or ``BucketBatchSampler(max_tokens
 batch count varies a little between epochs): Lightning reads the count once, when the loader is
 set up, and would cut a longer later epoch short on every rank alike, skipping its last batches.
 
+:class:`AdaptiveMixtureCallback` reports per-sample losses to a ``MixtureSampler`` with adaptive
+weights and updates them when an interval ends (docs/mixture.md, "Adaptive weights").
+
 :class:`ShardwiseEpochCallback` is only for a shardwise sampler nested where Lightning does not
 look (inside your own batch sampler or loader wrapper).
 """
@@ -35,7 +38,7 @@ from . import require
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")
 check("lightning")
 
-__all__ = ["FollowEpochLength", "ShardwiseEpochCallback"]
+__all__ = ["AdaptiveMixtureCallback", "FollowEpochLength", "ShardwiseEpochCallback"]
 
 _Callback: Any = _lightning.Callback
 _COMBINED_LOADER = private("lightning", "_combined_loader")  # FitLoop's
@@ -83,3 +86,47 @@ class FollowEpochLength(_Callback):  # type: ignore[misc]
         interval = trainer.val_check_interval
         if isinstance(interval, float) and getattr(trainer, _TIME_INTERVAL, None) is None:
             trainer.val_check_batch = max(1, int(loop.max_batches * interval))
+
+
+class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
+    """Records each trained batch's per-sample losses in an adaptive ``MixtureSampler``; updates when due.
+
+    ``training_step`` returns ``{"loss": loss, "sample_losses": (B,) losses, "sources": (B,) source
+    numbers}`` (``sources`` may instead be in the batch, as ``Mixture(..., source_key="source")``
+    puts it: ``batch["source"]``, or the last element of a tuple batch). After every batch the losses
+    are recorded (local); when the interval ends every rank calls ``sampler.update()`` (one all_reduce).
+    Lightning runs checkpoint callbacks after this one, so a checkpoint at that step holds the update.
+
+    Args:
+        sampler: the ``MixtureSampler`` built with ``weights=AdaptiveWeights(...)``.
+        losses: the key of the per-sample losses in ``training_step``'s output.
+        sources: the key of the sources in the output, else in a dict batch.
+
+    Example:
+        >>> trainer = Trainer(callbacks=[AdaptiveMixtureCallback(sampler)])  # doctest: +SKIP
+    """
+
+    def __init__(self, sampler: Any, *, losses: str = "sample_losses", sources: str = "source") -> None:
+        super().__init__()
+        self.sampler, self.losses, self.sources = sampler, losses, sources
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not isinstance(outputs, dict) or self.losses not in outputs:
+            raise ValueError(
+                f"AdaptiveMixtureCallback needs training_step to return a dict with {self.losses!r} (a loss per "
+                f"sample), but it returned {type(outputs).__name__}"
+            )
+        if self.sources in outputs:
+            sources = outputs[self.sources]
+        elif isinstance(batch, dict) and self.sources in batch:
+            sources = batch[self.sources]
+        elif isinstance(batch, (list, tuple)) and batch:
+            sources = batch[-1]
+        else:
+            raise ValueError(
+                f"AdaptiveMixtureCallback found no sources: return them from training_step as {self.sources!r}, "
+                'or build the data with shardwise.Mixture(..., source_key="source")'
+            )
+        self.sampler.record(outputs[self.losses].detach(), sources)
+        if self.sampler.update_due():
+            self.sampler.update()

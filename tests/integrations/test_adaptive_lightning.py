@@ -1,0 +1,107 @@
+"""AdaptiveMixtureCallback under a real Lightning ``Trainer(strategy="ddp", devices=2)`` on CPU.
+
+Each rank's ``training_step`` returns per-sample losses (a function of the sample, so that any split
+of the samples over ranks reports the same sums) and the batch carries each sample's source
+(``Mixture(source_key=...)``); the callback records them and updates the weights every interval.
+Both ranks must end with the ledger of one process's plain loop, bit for bit, and have trained
+the plan that ledger defines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardwise import AdaptiveWeights, ExponentiatedGradient, Mixture, MixtureSampler
+from shardwise.tools.launch import run_distributed
+from tests.integrations.test_lightning import _join_as_ddp, _trainer
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+
+NUM_SAMPLES, INTERVAL, BATCH = 96, 24, 4  # 24 = 3 steps at W=2 with 4 a rank; 2 epochs: 8 updates
+
+
+def _data() -> Mixture:
+    return Mixture({"prose": range(40), "code": range(1000, 1030), "noise": range(2000, 2010)}, source_key="source")
+
+
+def _sampler(**world: Any) -> MixtureSampler:
+    adaptive = AdaptiveWeights(ExponentiatedGradient(rate=0.5, floor=0.1), interval=INTERVAL)
+    return MixtureSampler(_data(), adaptive, num_samples=NUM_SAMPLES, block=10, seed=3, **world)
+
+
+def _loss(values: Any) -> Any:
+    return (values % 5).double() / 2.0 + 2.0 * (values // 1000).double()
+
+
+def _fit(rank: int, world_size: int) -> dict[str, Any]:
+    from lightning.pytorch import LightningModule
+
+    from shardwise.integrations.lightning import AdaptiveMixtureCallback
+
+    _join_as_ddp(rank)
+    sampler = _sampler()
+
+    class Module(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[list[int]] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+            values, _ = batch
+            self.seen.append(values.tolist())
+            loss = self.layer(values.float().unsqueeze(1)).sum() * 0.0
+            return {"loss": loss, "sample_losses": _loss(values)}
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(_data(), batch_size=BATCH, sampler=sampler)
+
+    module = Module()
+    _trainer(callbacks=[AdaptiveMixtureCallback(sampler)]).fit(module)
+    return {"ledger": sampler.ledger.to_state(), "seen": module.seen}
+
+
+def _reference() -> tuple[dict[str, Any], list[list[int]]]:
+    """One process's plain loop: the same losses, recorded in plan order; its ledger and each epoch's plan."""
+    sampler, data = _sampler(num_replicas=1, rank=0), _data()
+    plans = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        plan: list[int] = []
+        for index in sampler:
+            plan.append(data[index][0])
+            if len(plan) % BATCH == 0:
+                values = torch.tensor(plan[-BATCH:])
+                sampler.record(_loss(values), sampler.sources_of(_ids(values)))
+                if sampler.update_due():
+                    sampler.update()
+        plans.append(plan)
+    return sampler.ledger.to_state(), plans
+
+
+def _ids(values: Any) -> list[int]:
+    starts = {0: 0, 1000: 40, 2000: 70}
+    return [starts[v // 1000 * 1000] + v % 1000 for v in values.tolist()]
+
+
+def test_the_callback_gives_every_rank_the_ledger_and_plan_of_one_process() -> None:
+    """Two DDP ranks under Lightning: the ledger equals a plain loop's, and the ranks trained that plan."""
+    results = run_distributed(_fit, 2, timeout=200)
+    ledger, plans = _reference()
+    assert ledger["updates"] == 2 * NUM_SAMPLES // INTERVAL
+    for result in results:
+        assert result["ledger"] == ledger
+    steps_per_epoch = NUM_SAMPLES // (2 * BATCH)
+    for epoch in range(2):
+        batches = [result["seen"][epoch * steps_per_epoch : (epoch + 1) * steps_per_epoch] for result in results]
+        drawn = [batches[rank][step][k] for step in range(steps_per_epoch) for k in range(BATCH) for rank in range(2)]
+        assert drawn == plans[epoch]
+    assert not np.allclose(ledger["shares"][:3], ledger["shares"][-3:])
