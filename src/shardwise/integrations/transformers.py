@@ -122,16 +122,19 @@ class _Position:
             return units
         return units // self.batch_size if self.drop_last else -(-units // self.batch_size)
 
-    def state(self) -> dict[str, Any]:
-        """The sampler's state after the batches trained in this pass (the same on every rank)."""
+    def consumed(self) -> int:
+        """The plan position of ``epoch`` after the batches trained in this pass (all ranks together)."""
         world_size = self.sampler.num_replicas
         total = self.sampler.plan_size(self.epoch)
         count = rank_count(total, self.start, world_size, self.sampler.even)
         units = self._local_units(self.trained, total, self.start, world_size)
         end = pass_end(total, self.start, world_size, self.sampler.even)
-        consumed = end if units >= count else self.start + units * world_size
+        return end if units >= count else self.start + units * world_size
+
+    def state(self) -> dict[str, Any]:
+        """The sampler's state after the batches trained in this pass (the same on every rank)."""
         state = self.sampler.state_dict()
-        state["epoch"], state["consumed"] = self.epoch, consumed
+        state["epoch"], state["consumed"] = self.epoch, self.consumed()
         return state
 
 

@@ -1,0 +1,111 @@
+"""HF ``Trainer``: adaptive mixture weights from the loss the Trainer computes, per sample where it can.
+
+:class:`AdaptiveMixtureMixin` goes before ``ShardwiseTrainer``'s base (or before TRL's trainers,
+as ``ShardwiseTrainerMixin`` does) with ``train_sampler=MixtureSampler(..., weights=AdaptiveWeights(...))``:
+
+- ``compute_loss`` asks the model's outputs back and turns them into one loss per sample: for
+  logits ``(B, T, V)`` with ``labels`` ``(B, T)`` (a causal LM; labels shifted as HF's models shift
+  them, ``-100`` ignored) the mean token loss of each sequence, for logits ``(B, C)`` with labels
+  ``(B,)`` each sample's cross-entropy; any other model reports the batch loss for every sample.
+- Each sample's source comes from the plan, not the batch: the batch being trained is the next
+  one the mixin counts (``ShardwiseTrainerMixin`` counts trained batches for its checkpoints), so
+  its plan positions, and their sources, follow by arithmetic; the dataset needs no source column.
+- ``training_step`` updates the weights when the interval ends, at the position the Trainer
+  trained through (its loader and Accelerate prefetch ahead of it), on every rank at the same
+  step. Checkpoints carry the ledger in ``shardwise_sampler.json`` with the position.
+
+Example:
+    >>> class Trainer(AdaptiveMixtureMixin, transformers.Trainer): ...  # doctest: +SKIP
+    >>> sampler = MixtureSampler(data, AdaptiveWeights(Exp3(), interval=4096), num_samples=10**6)  # doctest: +SKIP
+    >>> Trainer(model=model, args=args, train_dataset=data, train_sampler=sampler).train()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._core.plan import rank_positions
+from ..samplers.mixture import MixtureSampler
+from . import require
+from .transformers import ShardwiseTrainerMixin
+
+_transformers = require("transformers", "transformers", "transformers", "adaptive_mixture")
+_Trainer: Any = _transformers.Trainer
+
+__all__ = ["AdaptiveMixtureMixin", "AdaptiveMixtureTrainer", "per_sample_losses"]
+
+
+def per_sample_losses(outputs: Any, inputs: Any, loss: Any) -> np.ndarray:
+    """One loss per sample from a model's outputs and inputs (float64); the batch loss for each where unknown."""
+    import torch
+
+    logits = getattr(outputs, "logits", None) if not isinstance(outputs, dict) else outputs.get("logits")
+    labels = inputs.get("labels") if isinstance(inputs, dict) else None
+    with torch.no_grad():
+        if logits is not None and labels is not None and logits.dim() == 3 and labels.dim() == 2:
+            shifted = logits[:, :-1].float().transpose(1, 2)  # (B, V, T - 1): cross_entropy's class dimension
+            targets = labels[:, 1:]
+            tokens = torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="none")
+            counted = (targets != -100).sum(dim=1).clamp(min=1)
+            values = tokens.sum(dim=1) / counted
+        elif logits is not None and labels is not None and logits.dim() == 2 and labels.dim() == 1:
+            values = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+        else:
+            rows = len(next(iter(inputs.values()))) if isinstance(inputs, dict) and inputs else 1
+            values = loss.detach().float().reshape(1).expand(rows)
+    return np.asarray(values.detach().cpu().double().numpy())
+
+
+class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
+    """``ShardwiseTrainerMixin`` that reports each trained sample's loss to an adaptive ``MixtureSampler``.
+
+    With any other sampler it behaves as ``ShardwiseTrainerMixin``. See the module docstring.
+    """
+
+    def _adaptive_sampler(self, model: Any) -> MixtureSampler | None:
+        sampler = self.train_sampler
+        training = getattr(model, "training", True)
+        if training and isinstance(sampler, MixtureSampler) and sampler.adaptive is not None:
+            return sampler
+        return None
+
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, **kwargs: Any) -> Any:
+        sampler = self._adaptive_sampler(model)
+        if sampler is None or self._shardwise_position is None:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, **kwargs)
+        values = per_sample_losses(outputs, inputs, loss)
+        sampler.record(values, self._batch_sources(sampler, len(values)))
+        return (loss, outputs) if return_outputs else loss
+
+    def _batch_sources(self, sampler: MixtureSampler, count: int) -> np.ndarray:
+        """The sources of the batch being trained: the next ``count`` units of this rank's pass."""
+        position = self._shardwise_position
+        if position is None or position.batch_size is None:
+            raise RuntimeError("AdaptiveMixtureMixin needs the training loader ShardwiseTrainerMixin builds")
+        world = sampler.world
+        first = position.trained * position.batch_size
+        total = sampler.plan_size(position.epoch)
+        positions = rank_positions(position.start, world.rank, world.world_size, first, first + count, total)
+        return sampler.sources_at(position.epoch, positions)
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = super().training_step(model, inputs, *args, **kwargs)  # counts the batch as trained
+        sampler = self._adaptive_sampler(model)
+        position = self._shardwise_position
+        if sampler is not None and position is not None:
+            trained = sampler.trained_position(position.epoch, position.consumed())
+            if sampler.update_due(trained):
+                sampler.update(position=trained)
+        return loss
+
+
+class AdaptiveMixtureTrainer(AdaptiveMixtureMixin, _Trainer):  # type: ignore[misc]
+    """``ShardwiseTrainer`` with adaptive mixture weights (``train_sampler=`` an adaptive ``MixtureSampler``).
+
+    Example:
+        >>> trainer = AdaptiveMixtureTrainer(model=model, args=args, train_dataset=data,  # doctest: +SKIP
+        ...                                  train_sampler=sampler)
+    """
