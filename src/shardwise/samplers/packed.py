@@ -90,14 +90,15 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     and each piece is its own document for attention, positions and labels (no attention across
     pieces). ``"skip"`` leaves such samples out (``sampler.skipped``); ``"error"`` refuses them.
 
-    Cost at 1e9 samples: the item index (sample ids grouped by length, 4-8 bytes a sample) and
-    the strata layouts (4 bytes an item, 4 a row) live in the node's shared index cache, built
-    once per node by one process (one packing pass over ~30,000 strata histograms: minutes,
-    extrapolated from 3-6 s at 1e7) and memory-mapped by every rank and worker; a rank's private
-    memory is one stratum (about 100 bytes an item of ``window``); the first batch of an epoch
-    costs one stratum (~20 ms), a rank's whole epoch about 1 ms of packing per stratum spread
-    over the epoch. Splitting long samples builds the piece index in the building process's
-    memory (O(n), once per node).
+    Cost at 1e9 samples: the item index (sample ids grouped by length, 4 bytes a sample; with
+    split samples the piece index, 8 bytes an item) and the strata layouts (4 bytes an item, 4 a
+    row) live in the node's shared index cache, built once per node by one process and
+    memory-mapped by every rank and worker: two chunked passes over the lengths for the index
+    (O(chunk) private memory), then ~30,000 strata packed at a few ms each, spread over the
+    node's cores (``SHARDWISE_BUILD_WORKERS``; see docs/scale.md for measured times). A rank's
+    private memory is one stratum (about 100 bytes an item of ``window``); another rank's start
+    reads two numbers and maps the files (tens of ms), the first batch of an epoch costs one
+    stratum (~20 ms), a rank's whole epoch about 1 ms of packing per stratum spread over the epoch.
 
     Args:
         lengths: the length of every sample, a 1-D sequence of non-negative integers.
