@@ -164,3 +164,38 @@ def test_dataloader_workers_prefetch_within_an_interval() -> None:
         warnings.simplefilter("ignore", UserWarning)
         expected = train(_sampler(interval=64), range(1))
         assert train(_sampler(interval=64), range(1), workers=2) == expected
+
+
+FACTORY = """
+from shardwise import AdaptiveWeights, ExponentiatedGradient, Mixture, MixtureSampler
+
+def make_adaptive(rank=0, world_size=1):
+    data = Mixture({"easy": range(100), "code": range(1000, 1060), "noise": range(2000, 2030)})
+    adaptive = AdaptiveWeights(ExponentiatedGradient(rate=2.0), interval=128)
+    return MixtureSampler(data, adaptive, num_samples=640, block=64, seed=5, num_replicas=world_size, rank=rank)
+"""
+
+
+def test_the_which_command_shows_the_weights_in_force_at_a_step(tmp_path: Any, capsys: Any) -> None:
+    """`shardwise which --state` gives a step's samples and the weights in force; a step past the ledger exits 2."""
+    import json
+
+    from shardwise.tools.cli import main
+
+    (tmp_path / "factory.py").write_text(FACTORY)
+    batches = train(_sampler(ExponentiatedGradient(rate=2.0)), range(1))  # the uninterrupted run
+    sampler = _sampler(ExponentiatedGradient(rate=2.0))
+    train(sampler, range(1), stop=8)  # saved at 128: update 1 recorded, in force from 256, known until 384
+    torch.save(sampler.state_dict(), tmp_path / "state.pt")
+    target = f"{tmp_path / 'factory.py'}:make_adaptive"
+    base = ["which", target, "-w", "1", "-b", str(BATCH), "--state", str(tmp_path / "state.pt"), "--epoch", "0"]
+    for step in (3, 20):  # before update 1 takes effect (at 256), and after
+        with pytest.raises(SystemExit) as exited:
+            main([*base, "--start", "0", "--step", str(step), "--json"])
+        row = json.loads(capsys.readouterr().out)["batches"][0]
+        assert exited.value.code == 0 and [_data()[i] for i in row["indices"]] == batches[step]
+        assert list(row["weights"].values()) == pytest.approx(sampler.weights_at(0, step * BATCH), abs=1e-6)
+    assert list(row["weights"].values()) != pytest.approx(sampler.weights_at(0, 0), abs=1e-6)
+    with pytest.raises(SystemExit) as exited:
+        main([*base, "--step", "16"])  # from the state's position 128: 128 + 16 * 16 = 384, past the ledger
+    assert exited.value.code == 2 and "no update has set yet" in capsys.readouterr().err

@@ -134,7 +134,7 @@ def run(
         )
     obj = build(target, world_size)
     try:
-        sampler, _, _ = resolve(obj, batch_size)
+        sampler, per_step, _ = resolve(obj, batch_size)
     except (TypeError, ValueError) as error:
         message = (
             str(error).replace("pass batch_size=...", "pass --batch-size").replace("leave it out", "drop --batch-size")
@@ -148,7 +148,14 @@ def run(
     common: dict[str, Any] = {"batch_size": batch_size, "world_size": world_size, "start": start or 0}
     if step is not None:
         batches = which(obj, epoch=0 if epoch is None else epoch, step=step, rank=rank, **common)
-        return "batches", [b.to_dict() for b in batches]
+        rows = [b.to_dict() for b in batches]
+        weights_at = getattr(sampler, "weights_at", None)  # a mixture: the weights in force at the step
+        if rows and weights_at is not None:
+            first = (start or 0) + step * world_size * per_step
+            shares = weights_at(rows[0]["epoch"], min(first, sampler.plan_size(rows[0]["epoch"]) - 1))
+            in_force = {str(name): round(w, 6) for name, w in zip(sampler.source_names, shares, strict=True)}
+            rows = [{**row, "weights": in_force} for row in rows]
+        return "batches", rows
     if span is None:
         span = range(epoch or 0, (epoch or 0) + 1)
     return "trained", [t.to_dict() for t in when(obj, sample or 0, epochs=span, **common)]
@@ -180,6 +187,7 @@ def add_which(app: Any, console: Any) -> None:
         from rich.table import Table
 
         from .._core.errors import MalformedStateError, StateMismatchError
+        from .._core.mixture import PendingWeightsError
         from ..samplers.provenance import ProvenanceUnsupported
 
         try:
@@ -187,8 +195,8 @@ def add_which(app: Any, console: Any) -> None:
                 target, world_size=world_size, epoch=epoch, step=step, rank=rank, sample=sample, epochs=epochs,
                 batch_size=batch_size, start=start, state=state,
             )  # fmt: skip
-        except (WhichError, ValueError, TypeError, ProvenanceUnsupported, MalformedStateError,
-                StateMismatchError) as error:  # fmt: skip
+        except (WhichError, ValueError, TypeError, ProvenanceUnsupported, MalformedStateError, StateMismatchError,
+                PendingWeightsError) as error:  # fmt: skip
             print(f"shardwise which: error: {str(error).splitlines()[0]}", file=sys.stderr)
             raise typer.Exit(USAGE_ERROR) from None
         if json_path is not None:
@@ -217,6 +225,8 @@ def add_which(app: Any, console: Any) -> None:
             else:
                 table.add_row(str(row["epoch"]), str(row["step"]), str(row["rank"]), str(row["position"]))
         console.print(table)
+        if rows and "weights" in rows[0]:
+            console.print("weights in force: " + ", ".join(f"{k} {v:.4f}" for k, v in rows[0]["weights"].items()))
         if not rows:
             console.print("not trained in these epochs")
 
