@@ -153,7 +153,8 @@ def run(
         if rows and weights_at is not None:
             first = (start or 0) + step * world_size * per_step
             shares = weights_at(rows[0]["epoch"], min(first, sampler.plan_size(rows[0]["epoch"]) - 1))
-            in_force = {str(name): round(w, 6) for name, w in zip(sampler.source_names, shares, strict=True)}
+            names = getattr(sampler, "source_names", range(len(shares)))
+            in_force = {str(name): round(w, 6) for name, w in zip(names, shares, strict=True)}
             rows = [{**row, "weights": in_force} for row in rows]
         return "batches", rows
     if span is None:
