@@ -156,17 +156,16 @@ def _order_by_key(
         # numpy's stable sort of 16-bit keys is a radix sort; wider keys are compared as intp
         part = part.astype(np.uint16 if int(part.max()) < 2**16 else np.intp, copy=False)
         local = np.argsort(part, kind="stable")
-        ranked = part[local]  # the chunk's keys, sorted (kept narrow: it only indexes)
-        here = np.bincount(ranked, minlength=counts.size)
+        here = np.bincount(part, minlength=counts.size)
         firsts = np.cumsum(here) - here  # where each key's run starts in this sorted chunk
         # dest: slot of each sorted element = the key's cursor + its rank among equal keys here
-        dest = np.arange(ranked.size, dtype=np.int64)
-        dest -= firsts[ranked]
-        dest += cursor[ranked]
+        # (the sorted keys are runs: one np.repeat, not two gathers by key)
+        dest = np.arange(part.size, dtype=np.int64)
+        dest += np.repeat(cursor - firsts, here)
         local += first
         out[dest] = local
         cursor += here
         progress.update(part.size)
-        del local, ranked, dest
+        del local, dest
     out.flush()
     del out
