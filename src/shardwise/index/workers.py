@@ -87,6 +87,8 @@ def map_tasks(
         RuntimeError: a worker failed (its traceback in the message) or died.
     """
     workers = min(check_int("workers", workers, minimum=0), max(len(tasks) - 1, 0))
+    if not sys.executable:  # an embedded interpreter that cannot start another: this process alone
+        workers = 0
 
     def local(task: Any) -> Any:
         result = function(task)
