@@ -199,3 +199,33 @@ def test_the_which_command_shows_the_weights_in_force_at_a_step(tmp_path: Any, c
     with pytest.raises(SystemExit) as exited:
         main([*base, "--step", "16"])  # from the state's position 128: 128 + 16 * 16 = 384, past the ledger
     assert exited.value.code == 2 and "no update has set yet" in capsys.readouterr().err
+
+
+def test_skipped_steps_and_adaptive_weights_resume_together() -> None:
+    """skip_steps on an adaptive mixture: the skipped steps never train, and a resume at an update gives the same run."""
+    policy = ExponentiatedGradient(rate=2.0)
+    sampler = _sampler(policy)
+    train(sampler, range(1), stop=8)
+    state = sampler.state_dict()
+    skipped = _sampler(policy)
+    skipped.load_state_dict(state)
+    shardwise.skip_steps(skipped, epoch=0, steps=range(2, 4), batch_size=BATCH, start=state["consumed"])
+    state = skipped.state_dict()  # the skip ledger and the weight ledger, together
+    whole = _sampler(policy)
+    whole.load_state_dict(state)
+    rest = train(whole, range(1))
+    assert len(rest) * BATCH == 640 - 128 - 2 * BATCH
+    head_sampler = _sampler(policy)
+    head_sampler.load_state_dict(state)
+    head: list[list[int]] = []
+    for batch in DataLoader(_data(), batch_size=BATCH, sampler=head_sampler):
+        indices = batch.tolist()
+        head_sampler.record(loss_of(indices), head_sampler.sources_of(sampler_indices(indices)))
+        head.append(indices)
+        if head_sampler.update_due():
+            head_sampler.update()
+            break  # checkpoint at the update
+    tail_sampler = _sampler(policy)
+    tail_sampler.load_state_dict(head_sampler.state_dict())
+    assert head + train(tail_sampler, range(1)) == rest
+    assert (tail_sampler.ledger.shares == whole.ledger.shares).all()

@@ -89,7 +89,7 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
         first = position.trained * position.batch_size
         total = sampler.plan_size(position.epoch)
         positions = rank_positions(position.start, world.rank, world.world_size, first, first + count, total)
-        return sampler.sources_at(position.epoch, positions)
+        return sampler.sources_at(position.epoch, sampler.uncompacted(position.epoch, positions))
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         loss = super().training_step(model, inputs, *args, **kwargs)  # counts the batch as trained

@@ -180,8 +180,10 @@ def as_weights(shares: np.ndarray) -> Weights:
 
 
 def known_chunks(plan: MixturePlan, epoch: int, live: LivePass, world: World, source: UnitSource, first_size: int,
-                 chunk: int) -> Iterator[Iterator[int]]:  # fmt: skip
+                 chunk: int, uncompacted: Callable[[np.ndarray], np.ndarray]) -> Iterator[Iterator[int]]:  # fmt: skip
     """The shell's chunks of a pass (``PlanSampler._chunks``), each cut where the ledger's weights end.
+
+    ``uncompacted`` maps the pass's positions to plan positions (the skip ledger's skipped ones left in).
 
     The next chunk is computed when it is pulled, after the loop's update: a pass waits for the
     weights instead of drawing with stale ones (:class:`~shardwise._core.mixture.PendingWeightsError`
@@ -190,8 +192,8 @@ def known_chunks(plan: MixturePlan, epoch: int, live: LivePass, world: World, so
     first, size = 0, first_size
     while first < live.count:
         stop = min(first + size, live.count)
-        positions = plan.known_prefix(epoch, rank_positions(live.start, world.rank, world.world_size, first, stop,
-                                                            live.total))  # fmt: skip
+        positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
+        positions = positions[: len(plan.known_prefix(epoch, uncompacted(positions)))]
         stop = first + len(positions)
         units = source(positions)
         live.done_chunks += live.current_len
@@ -214,6 +216,8 @@ class AdaptiveMixin:
 
         def _sync(self) -> None: ...
         def _plan_size(self, epoch: int) -> int: ...
+        def _raw_plan_size(self, epoch: int) -> int: ...
+        def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray: ...
         def _full_fingerprint(self) -> Fingerprint: ...
 
         seed: int
@@ -256,7 +260,12 @@ class AdaptiveMixin:
         if epoch is None or consumed is None:
             self._sync()
             epoch, consumed = self._progress.epoch, self._progress.consumed
-        return self._plan.epoch_start(epoch) + min(consumed, self._plan_size(epoch))
+        # Skipped positions (skip_steps) count as passed: intervals are of plan positions, as the weights are.
+        if consumed >= self._plan_size(epoch):
+            position = self._raw_plan_size(epoch)
+        else:
+            position = int(self.uncompacted(epoch, np.asarray([consumed], dtype=np.int64))[0])
+        return self._plan.epoch_start(epoch) + position
 
     def update_due(self, position: int | None = None) -> bool:
         """Whether the loop has trained through the end of the interval the next update reports.

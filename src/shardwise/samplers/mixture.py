@@ -7,6 +7,7 @@ The arithmetic (blocks, exact counts, keyed orders, stop rules) lives in
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -226,7 +227,9 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         if self._feedback is None:
             return super()._chunks(live, world, source)
         first = min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
-        return known_chunks(self._plan, self._progress.epoch, live, world, source, first, self._CHUNK)
+        epoch = self._progress.epoch  # the live pass's
+        uncompacted = partial(self.uncompacted, epoch)
+        return known_chunks(self._plan, epoch, live, world, source, first, self._CHUNK, uncompacted)
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
