@@ -187,7 +187,7 @@ def make_sampler(arm: str, sizes: list[int], steps: int) -> MixtureSampler:
     num_samples = steps * GLOBAL_BATCH
     if arm == "fixed":
         return MixtureSampler(sizes, [1, 1, 1], num_samples=num_samples, block=GLOBAL_BATCH, seed=0)
-    policy = Exp3(smoothing=0.5, floor=0.05) if arm == "exp3" else ExponentiatedGradient(rate=0.5, smoothing=0.2,
+    policy = Exp3(smoothing=0.5, floor=0.05) if arm == "exp3" else ExponentiatedGradient(rate=0.05, smoothing=0.0,
                                                                                           floor=0.05)  # fmt: skip
     adaptive = AdaptiveWeights(policy, interval=INTERVAL)
     return MixtureSampler(sizes, adaptive, num_samples=num_samples, block=GLOBAL_BATCH, seed=0)
