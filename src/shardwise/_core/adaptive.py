@@ -174,6 +174,12 @@ class WeightLedger:
         """``(updates + 1, S)`` float64 weights (exact: shares over ``2**30``)."""
         return self.shares / float(SHARE_DENOMINATOR)
 
+    @property
+    def latest(self) -> np.ndarray:
+        """The weights of the last entry (those the next update follows), O(S)."""
+        result: np.ndarray = self._shares[self._updates] / float(SHARE_DENOMINATOR)
+        return result
+
     def start_of(self, entry: int) -> int:
         """The run position from which ``entry`` is in force."""
         return 0 if entry == 0 else (entry + self.lag) * self.interval

@@ -47,7 +47,7 @@ class Policy(Protocol):
     """An adaptive mixture policy: the next weights from the ledger so far and the reduced statistics.
 
     It must be a pure function of its arguments (every rank calls it with the same ones, and a
-    resumed run calls it again): ``ledger.weights[-1]`` are the weights in force now,
+    resumed run calls it again): ``ledger.latest`` are the weights in force now,
     ``ledger.state`` the vector it returned last time (``initial_state`` before the first update).
     """
 
@@ -135,7 +135,7 @@ class Exp3:
     def __call__(self, ledger: WeightLedger, statistics: SourceStatistics) -> PolicyStep:
         sources = ledger.num_sources
         t = statistics.update
-        previous = ledger.weights[-1]
+        previous = ledger.latest
         rewards = ledger.state.copy()
         seen = (statistics.counts > 0) & (previous > 0)
         rewards[seen] = self.smoothing * rewards[seen] + (1 - self.smoothing) * statistics.means[seen] / previous[seen]

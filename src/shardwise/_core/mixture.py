@@ -18,9 +18,9 @@ from .mixture_blocks import (
     MAX_BLOCK,
     Draws,
     Layout,
+    LayoutBuffer,
     counts_before,
     draw_indices,
-    extend_layout,
     locate,
     make_layout,
     slot_keys_for,
@@ -123,6 +123,7 @@ class MixturePlan:
         self.known_until: int | None = None
         """Run positions at or past this one have no weights yet (an adaptive ledger); ``None``: all known."""
         self._layout: tuple[int, Layout] | None = None
+        self._buffer: LayoutBuffer | None = None  # the cached layout's rows, once an update grew it
         self._keys: tuple[int, int, np.ndarray | None, np.ndarray | None] | None = None
 
     @property
@@ -161,11 +162,11 @@ class MixturePlan:
                 else:
                     stretches.append((first, self.entries[at]))
         layout = make_layout(self.block, stretches)
-        self._layout = (epoch, layout)
+        self._layout, self._buffer = (epoch, layout), None
         return layout
 
     def extend(self, threshold: int, weights: Weights, known_until: int) -> None:
-        """Append a weight change at run position ``threshold`` (an adaptive ledger's update): O(S) + a copy.
+        """Append a weight change at run position ``threshold`` (an adaptive ledger's update): amortised O(S).
 
         ``threshold`` lies past every earlier change, with a ``num_samples`` stop; the cached layout of
         the epoch holding it grows by one stretch instead of being laid out again.
@@ -194,7 +195,9 @@ class MixturePlan:
         first = -(-(threshold - start) // self.block)
         if first * self.block >= self.num_samples:
             return
-        self._layout = (epoch, extend_layout(layout, first, weights))
+        if self._buffer is None:
+            self._buffer = LayoutBuffer(layout)
+        self._layout = (epoch, self._buffer.append(first, weights))
 
     def known_prefix(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The leading ``positions`` whose weights are known (a pass stops there until the next update).

@@ -161,23 +161,53 @@ def make_layout(block: int, stretches: Sequence[tuple[int, Weights]], phases: Se
     return Layout(block, first, prefix, denominator, phase, base)
 
 
-def extend_layout(layout: Layout, first: int, weights: Weights) -> Layout:
-    """``layout`` with one more stretch, ``weights`` from block ``first`` on: O(S) arithmetic and one array copy.
+class LayoutBuffer:
+    """A :class:`Layout` with room to grow: appending a stretch (an adaptive update) is amortised O(S).
 
-    ``first`` lies at or after the last stretch's first block; at it, the last stretch is replaced.
+    The rows live in arrays of twice the needed capacity; :meth:`append` writes one row (or
+    replaces the last, when the new stretch starts at the same block) and returns a view of the rows.
     """
-    last = len(layout.first) - 1
-    keep = last if first == int(layout.first[last]) else last + 1
-    base = layout.counts_at_block(first) if keep > last else [int(x) for x in layout.base[last]]
-    prefix = np.asarray(weights.prefix, dtype=np.int64)
-    return Layout(
-        layout.block,
-        np.append(layout.first[:keep], np.int64(first)),
-        np.concatenate([layout.prefix[:keep], prefix[None, :]]),
-        np.append(layout.denominator[:keep], np.int64(weights.denominator)),
-        np.append(layout.phase[:keep], np.int64(weights.denominator // 2)),
-        np.concatenate([layout.base[:keep], np.asarray([base], dtype=np.int64)]),
-    )
+
+    __slots__ = ("base", "block", "count", "denominator", "first", "phase", "prefix")
+
+    def __init__(self, layout: Layout) -> None:
+        count, sources = len(layout.first), layout.num_sources
+        capacity = max(8, 2 * count)
+        self.block, self.count = layout.block, count
+        self.first = np.zeros(capacity, dtype=np.int64)
+        self.prefix = np.zeros((capacity, sources + 1), dtype=np.int64)
+        self.denominator = np.ones(capacity, dtype=np.int64)
+        self.phase = np.zeros(capacity, dtype=np.int64)
+        self.base = np.zeros((capacity, sources), dtype=np.int64)
+        for name in ("first", "prefix", "denominator", "phase", "base"):
+            getattr(self, name)[:count] = getattr(layout, name)
+
+    def view(self) -> Layout:
+        count = self.count
+        return Layout(self.block, self.first[:count], self.prefix[:count], self.denominator[:count],
+                      self.phase[:count], self.base[:count])  # fmt: skip
+
+    def append(self, first: int, weights: Weights) -> Layout:
+        """The layout with ``weights`` from block ``first`` on (at or after the last stretch's first block)."""
+        last = self.count - 1
+        if first == int(self.first[last]):
+            row = last  # the last stretch never drew: replace it (its base stays)
+        else:
+            base = self.view().counts_at_block(first)
+            row = self.count
+            if row == len(self.first):
+                for name in ("first", "prefix", "denominator", "phase", "base"):
+                    old = getattr(self, name)
+                    grown = np.zeros((2 * len(old), *old.shape[1:]), dtype=np.int64)
+                    grown[: len(old)] = old
+                    setattr(self, name, grown)
+            self.base[row] = base
+            self.count += 1
+        self.first[row] = first
+        self.prefix[row] = weights.prefix
+        self.denominator[row] = weights.denominator
+        self.phase[row] = weights.denominator // 2
+        return self.view()
 
 
 # -- positions ----------------------------------------------------------------------------------
