@@ -72,9 +72,15 @@ def check_unchanged(fs: Any, url: str, version: str | None, sample: int | None) 
     with contextlib.suppress(Exception):  # a listing cached by fs.find would answer with the old ETag
         fs.invalidate_cache(url)
     try:
-        now = identity(url, fs.info(url))
+        info = fs.info(url)
     except FileNotFoundError as error:
         raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)") from error
+    check_identity(url, info, version, sample)
+
+
+def check_identity(url: str, info: dict[str, Any], version: str, sample: int | None) -> None:
+    """Raise :class:`ShardError` if ``info`` (fsspec's, of shard ``url`` now) is not the identity ``version`` hashes."""
+    now = identity(url, info)
     if version_of(now) != version:
         raise ShardError(
             f"shard {url} {for_sample(sample)}changed since it was indexed (now {now[1]} bytes, version "

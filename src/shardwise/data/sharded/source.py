@@ -8,8 +8,9 @@ several sources); :class:`~shardwise.samplers.locality.LocalitySampler` also rea
 time and tells the source which shards come next, so the node cache prefetches them.
 
 The per-shard counts (and the length and label columns, if asked) are read from the shards'
-metadata once per node and kept in the shared index cache (``shardwise.index.build_or_open``),
-keyed by every shard's URL, size and ETag or modification time: a changed shard is read again.
+metadata once per node and kept in the shared index cache (``metadata``), keyed by every shard's
+URL, size and ETag or modification time: a changed shard is read again, and a shard changed after
+indexing is refused when it is fetched or opened (``fetch``).
 
 Cost at 1e9 samples in 1e5 shards: shard counts and offsets, ~1.6 MB memory-mapped and shared by
 the node; a length or label column is 8 bytes a sample, memory-mapped (shared, not private).
@@ -25,21 +26,19 @@ import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
-from ...index import build_or_open
 from ...index.cache import CacheDir
 from .cache import Derived, ShardCache
-from .fetch import identity, is_local, version_of
-from .formats import Format, ShardError, ShardReader, decode_parquet, format_of, pyarrow, read_column, shard_facts
+from .fetch import is_local, version_of
+from .formats import Format, ShardError, ShardReader, decode_parquet, format_of, pyarrow
+from .metadata import expand_urls, read_metadata, stat_shards
 from .rows import OutputFormat, numeric_columns, table_rows
 
-KIND = "sharded-meta"
 OPEN_SHARDS = 16  # shards kept decoded per process by default: a window of the plan, bounded memory
 _PREFETCH_AHEAD = 1  # windows prefetched after the ones being read
 _OPEN_ATTEMPTS = 3  # fetches of a shard that other processes evict before it is opened
@@ -50,32 +49,6 @@ class Decode(enum.Enum):
 
     NODE = "node"
     WORKER = "worker"
-
-
-def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
-    """A list of shard URLs from a list, a glob (``s3://bucket/train-*.parquet``) or a folder."""
-    import fsspec
-
-    if isinstance(urls, (str, os.PathLike)):
-        text = os.fspath(urls)
-        fs, _, paths = fsspec.get_fs_token_paths(text, storage_options=storage_options)
-        protocol = text.split("://", 1)[0] + "://" if "://" in text else ""
-        if len(paths) == 1 and fs.isdir(paths[0]):
-            paths = sorted(p for p in fs.find(paths[0]) if format_of(p) is not None)
-        elif len(paths) == 1 and format_of(paths[0]) is None and not fs.exists(paths[0]):
-            # Neither a folder nor a shard file: without this, the next error would be about format=.
-            raise ValueError(
-                f"urls should name shard files, a glob or a folder, but urls={text!r} does not exist; check the "
-                "path (and storage_options for a remote one)"
-            )
-        found = [protocol + p if protocol and not p.startswith(protocol) else p for p in paths]
-        if not found:
-            raise ValueError(f"urls should name shard files, but urls={text!r} matched none (.parquet, .arrow, .tar)")
-        return found
-    listed = [os.fspath(u) for u in check_iterable("urls", urls, of="shard URLs")]
-    if not listed or not all(isinstance(u, str) and u for u in listed):
-        raise ValueError(f"urls should be a non-empty list of shard URLs, but got urls={urls!r}")
-    return listed
 
 
 class ShardedSource(Dataset[dict[str, Any]]):
@@ -189,69 +162,16 @@ class ShardedSource(Dataset[dict[str, Any]]):
                 f"{missing[0]!r} is in every shard; the columns every shard has are {names}"
             )
 
-    def _stat(self) -> list[tuple[str, int, str]]:
-        """``(url, size, version)`` per shard: the version is the ETag, else the modification time."""
-        stats = []
-        for url in self.urls:
-            fs = self.cache.filesystem(url)
-            try:
-                info = fs.info(url)
-            except FileNotFoundError as error:
-                raise ShardError(f"shard {url} does not exist; check urls and storage_options") from error
-            stats.append(identity(url, info))
-        return stats
-
     def _metadata(self, index_dir: CacheDir) -> dict[str, np.ndarray]:
-        stats = self._stat()
+        stats = stat_shards(self.urls, self.cache.filesystem)
         # What a sampler's state records of this data (shardwise.samplers.identity): every shard's URL, size, version.
         self.data_fingerprint = hashlib.blake2b(json.dumps(stats).encode(), digest_size=8).hexdigest()
         # Each shard's URL, size and version as 8 bytes (0.8 MB at 1e5 shards): the cache names its
-        # copy by it, so a shard rewritten in place, even at the same size, is fetched again.
-        # A fetch or open of the shard is checked against it (fetch.check_unchanged).
+        # copy by it, so a shard rewritten in place, even at the same size, is fetched again, and a
+        # fetch or open of the shard is checked against it (fetch.check_unchanged).
         self._versions = np.asarray([int(version_of(stat), 16) for stat in stats], dtype=np.uint64)
-        # "names": entries hold the columns every shard has (names.npy), which earlier entries did not.
-        options = [self.format.value, self.length_column, self.label_column, "names"]
-        key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
-
-        def build(directory: Path) -> None:
-            counts: list[int] = []
-            lengths: list[np.ndarray] = []
-            labels: list[np.ndarray] = []
-            common: list[str] | None = None  # the columns every shard read so far has
-            for url, _, _ in stats:
-                fs = self.cache.filesystem(url)
-                try:
-                    with fs.open(url, "rb") as handle:
-                        rows, names = shard_facts(handle, self.format)
-                        counts.append(rows)
-                        common = names if common is None else [name for name in common if name in names]
-                        # A column the shard lacks is raised below, outside the handler that blames its format.
-                        missing = [(option, column) for option, column in (("length_column", self.length_column),
-                                   ("label_column", self.label_column)) if column is not None and column not in names]
-                        for column, values in ((self.length_column, lengths), (self.label_column, labels)):
-                            if column is not None and not missing:
-                                handle.seek(0)
-                                values.append(read_column(handle, self.format, column))
-                except (OSError, ValueError, KeyError, TypeError) as error:
-                    raise ShardError(
-                        f"could not read the metadata of shard {url} as {self.format.value}: {error}"
-                    ) from error
-                if missing:
-                    option, column = missing[0]
-                    what = "member extensions" if self.format is Format.WEBDATASET else "columns"
-                    raise ValueError(
-                        f"{option} should name a column of the shards, but got {option}={column!r}, which shard "
-                        f"{url} does not have; its {what} are {names}"
-                    )
-            np.save(directory / "counts.npy", np.asarray(counts, dtype=np.int64))
-            np.save(directory / "names.npy", np.asarray(common or [], dtype=str))
-            np.save(directory / "bytes.npy", np.asarray([size for _, size, _ in stats], dtype=np.int64))
-            if self.length_column is not None:
-                np.save(directory / "lengths.npy", np.concatenate(lengths))
-            if self.label_column is not None:
-                np.save(directory / "labels.npy", np.concatenate(labels))
-
-        return build_or_open(KIND, key, build, cache_dir=index_dir)
+        return read_metadata(stats, self.format, self.length_column, self.label_column, self.cache.filesystem,
+                             index_dir)
 
     # -- samples -------------------------------------------------------------------------------
     def __len__(self) -> int:

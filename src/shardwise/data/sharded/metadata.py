@@ -1,0 +1,118 @@
+"""A sharded dataset's metadata: the shard URLs, each shard's identity, and its counts and columns, once per node.
+
+The per-shard sample counts (and a length or label column, if asked) come from the shards'
+metadata (Parquet footers, Arrow IPC record-batch headers, tar member names) and are kept in the
+shared index cache (``shardwise.index.build_or_open``), keyed by every shard's identity (URL,
+size, ETag or modification time: ``fetch.identity``): a changed shard is read again, an unchanged
+dataset costs one ``HEAD`` (or ``stat``) a shard.
+
+Cost at indexing: a Parquet shard's footer (one or two ranged reads); an Arrow IPC or WebDataset
+shard read whole once. A length or label column is read whole, its own column chunks only
+(Parquet): an integer column costs its own bytes, but the lengths of a list or string column
+(token ids, text) cost that column's bytes, most of a dataset of token ids; store lengths as an
+integer column where start-up reads matter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._core.errors import check_iterable
+from ...index import build_or_open
+from ...index.cache import CacheDir
+from .fetch import Identity, identity
+from .formats import Format, ShardError, format_of, read_column, shard_facts
+
+KIND = "sharded-meta"
+
+
+def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
+    """A list of shard URLs from a list, a glob (``s3://bucket/train-*.parquet``) or a folder."""
+    import fsspec
+
+    if isinstance(urls, (str, os.PathLike)):
+        text = os.fspath(urls)
+        fs, _, paths = fsspec.get_fs_token_paths(text, storage_options=storage_options)
+        protocol = text.split("://", 1)[0] + "://" if "://" in text else ""
+        if len(paths) == 1 and fs.isdir(paths[0]):
+            paths = sorted(p for p in fs.find(paths[0]) if format_of(p) is not None)
+        elif len(paths) == 1 and format_of(paths[0]) is None and not fs.exists(paths[0]):
+            # Neither a folder nor a shard file: without this, the next error would be about format=.
+            raise ValueError(
+                f"urls should name shard files, a glob or a folder, but urls={text!r} does not exist; check the "
+                "path (and storage_options for a remote one)"
+            )
+        found = [protocol + p if protocol and not p.startswith(protocol) else p for p in paths]
+        if not found:
+            raise ValueError(f"urls should name shard files, but urls={text!r} matched none (.parquet, .arrow, .tar)")
+        return found
+    listed = [os.fspath(u) for u in check_iterable("urls", urls, of="shard URLs")]
+    if not listed or not all(isinstance(u, str) and u for u in listed):
+        raise ValueError(f"urls should be a non-empty list of shard URLs, but got urls={urls!r}")
+    return listed
+
+
+def stat_shards(urls: list[str], filesystem: Callable[[str], Any]) -> list[Identity]:
+    """Every shard's identity ``(url, size, version)``: one ``info`` (``HEAD``, ``stat``) a shard."""
+    stats = []
+    for url in urls:
+        try:
+            info = filesystem(url).info(url)
+        except FileNotFoundError as error:
+            raise ShardError(f"shard {url} does not exist; check urls and storage_options") from error
+        stats.append(identity(url, info))
+    return stats
+
+
+def read_metadata(stats: list[Identity], fmt: Format, length_column: str | None, label_column: str | None,
+                  filesystem: Callable[[str], Any], index_dir: CacheDir) -> dict[str, np.ndarray]:
+    """The shards' ``counts``, ``bytes``, ``names`` (the columns every shard has) and, if asked, ``lengths``
+    and ``labels``: from the node's index cache, built once (a changed shard changes the key)."""
+    # "names": entries hold the columns every shard has (names.npy), which earlier entries did not.
+    options = [fmt.value, length_column, label_column, "names"]
+    key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
+
+    def build(directory: Path) -> None:
+        counts: list[int] = []
+        lengths: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        common: list[str] | None = None  # the columns every shard read so far has
+        for url, _, _ in stats:
+            fs = filesystem(url)
+            try:
+                with fs.open(url, "rb") as handle:
+                    rows, names = shard_facts(handle, fmt)
+                    counts.append(rows)
+                    common = names if common is None else [name for name in common if name in names]
+                    # A column the shard lacks is raised below, outside the handler that blames its format.
+                    missing = [(option, column) for option, column in (("length_column", length_column),
+                               ("label_column", label_column)) if column is not None and column not in names]
+                    for column, values in ((length_column, lengths), (label_column, labels)):
+                        if column is not None and not missing:
+                            handle.seek(0)
+                            values.append(read_column(handle, fmt, column))
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise ShardError(f"could not read the metadata of shard {url} as {fmt.value}: {error}") from error
+            if missing:
+                option, column = missing[0]
+                what = "member extensions" if fmt is Format.WEBDATASET else "columns"
+                raise ValueError(
+                    f"{option} should name a column of the shards, but got {option}={column!r}, which shard "
+                    f"{url} does not have; its {what} are {names}"
+                )
+        np.save(directory / "counts.npy", np.asarray(counts, dtype=np.int64))
+        np.save(directory / "names.npy", np.asarray(common or [], dtype=str))
+        np.save(directory / "bytes.npy", np.asarray([size for _, size, _ in stats], dtype=np.int64))
+        if length_column is not None:
+            np.save(directory / "lengths.npy", np.concatenate(lengths))
+        if label_column is not None:
+            np.save(directory / "labels.npy", np.concatenate(labels))
+
+    return build_or_open(KIND, key, build, cache_dir=index_dir)
