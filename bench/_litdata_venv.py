@@ -3,12 +3,12 @@
 litdata is not a dependency of this repository (its install pulls its own pins), so the benchmark
 runs this script as a subprocess in a scratch venv with torch 2.13 and litdata (and pyarrow, to read
 the Parquet shards), with this worktree's ``src`` and ``bench`` on ``PYTHONPATH``
-(``bench/_scratch_ranks.py`` holds what it shares with ``_streaming_ranks.py``):
+(``bench/_venv_ranks.py`` holds what it shares with ``_streaming_venv.py``):
 
-- ``python _litdata_ranks.py optimize SHARDS OUT CHUNK``: the Parquet shards' rows (id, tokens) written
+- ``python _litdata_venv.py optimize SHARDS OUT CHUNK``: the Parquet shards' rows (id, tokens) written
   as LitData chunks of ``CHUNK`` samples (the mean shard size) with ``litdata.optimize``, its
   documented way in, one input per shard;
-- ``python _litdata_ranks.py ranks SPEC.json``: ``rank_main`` over the ``litdata`` loader on real gloo
+- ``python _litdata_venv.py ranks SPEC.json``: ``rank_main`` over the ``litdata`` loader on real gloo
   ranks (``shardwise.tools.launch.run_distributed``); prints one JSON line of the ranks' reports.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from _scratch_ranks import parquet_shards, rows_of, run_ranks
+from _venv_ranks import parquet_shards, rows_of, run_ranks
 
 
 def main() -> None:

@@ -15,11 +15,11 @@ used as its documentation says:
 - ``litdata``: ``StreamingDataset(shuffle=True)`` over the same samples ``optimize``d into LitData's
   chunks, in a ``StreamingDataLoader``; resume through the loader's ``state_dict()`` /
   ``load_state_dict()`` (rank 0's on every rank, as Lightning restores it). It runs in a scratch
-  venv (``bench/_litdata_ranks.py``);
+  venv (``bench/_litdata_venv.py``);
 - ``streaming``: MosaicML Streaming's ``StreamingDataset(remote=s3, local=node cache, shuffle=True,
   shuffle_algo="py1e", batch_size=32)`` over the same samples written as MDS shards, in a
   ``StreamingDataLoader``; resume through the loader's ``state_dict()`` / ``load_state_dict()``
-  (rank 0's on every rank). It runs in its own scratch venv (``bench/_streaming_ranks.py``).
+  (rank 0's on every rank). It runs in its own scratch venv (``bench/_streaming_venv.py``).
 
 With ``spec["stop"]`` the rank records the ids of its first ``stop`` batches and the loader's state
 after them, reads on to the end of the epoch (timed: cold), reads a second epoch (timed: warm) and
@@ -107,6 +107,21 @@ def list_collate(batch: list[Any]) -> list[Any]:
     return batch
 
 
+def in_memory_rows(paths: list[str]) -> list[dict[str, Any]]:
+    """Every row of the Parquet shards ``paths``, in order, as ``ShardedSource(output_format="numpy")`` gives it."""
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        table = pq.read_table(path)
+        tokens = table["tokens"].combine_chunks()
+        values = tokens.values.to_numpy()
+        offsets = tokens.offsets.to_numpy()
+        ids = table["id"].to_numpy()
+        rows.extend({"id": ids[i], "tokens": values[offsets[i] : offsets[i + 1]].copy()} for i in range(len(ids)))
+    return rows
+
+
 def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     """``(loader, set_epoch, id of a row)`` for ``spec["loader"]``, resumed from ``spec["state"]`` if given."""
     from torch.utils.data import DataLoader
@@ -121,15 +136,25 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
                            prefetch_threads=spec.get("prefetch_threads", 4))
         # Rows as numpy arrays, as LitData yields them (lists would cost ~6x more to cross from workers).
         source = ShardedSource(spec["urls"], cache=cache, index_dir=Path(spec["root"]) / "index",
-                               open_shards=spec["window"] + 2, output_format="numpy",
+                               open_shards=(spec.get("window") or 10) + 2, output_format="numpy",
                                decode=spec.get("decode", "node"))
-        sampler = LocalitySampler(source, window=spec["window"], mixing=spec.get("mixing", "windows"), seed=0)
+        plan = {key: spec[key] for key in ("window", "mixing") if spec.get(key) is not None}  # else the defaults
+        sampler = LocalitySampler(source, seed=0, **plan)
         if state is not None:
             sampler.load_state_dict(state)
         loader = DataLoader(source, sampler=sampler, batch_size=batch, num_workers=workers, collate_fn=list_collate,
                             multiprocessing_context=context)
         loader.state_dict = sampler.state_dict  # type: ignore[attr-defined]  # what a checkpoint saves
         return loader, sampler.set_epoch, lambda row: row["id"]
+    if name == "memory":  # the floor: the same rows held in memory, torch's DistributedSampler, the same loader
+        from torch.utils.data import DistributedSampler
+
+        rows = in_memory_rows(spec["local_shards"])
+        plain = DistributedSampler(rows, num_replicas=world_size, rank=rank, seed=0)
+        loader = DataLoader(rows, sampler=plain, batch_size=batch, num_workers=workers, collate_fn=list_collate,
+                            multiprocessing_context=context)
+        loader.state_dict = lambda: None  # type: ignore[attr-defined]  # the floor is not resumed
+        return loader, plain.set_epoch, lambda row: row["id"]
     if name == "hf":
         import datasets
         from datasets.distributed import split_dataset_by_node
@@ -156,7 +181,7 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
                             multiprocessing_context=context)
         loader.state_dict = lambda: None  # type: ignore[attr-defined]  # no mid-epoch state: restart the epoch
         return loader, lambda epoch: None, lambda row: int(row["cls"])
-    if name == "litdata":  # runs in the scratch venv (bench/_litdata_ranks.py)
+    if name == "litdata":  # runs in the scratch venv (bench/_litdata_venv.py)
         import litdata
 
         ds = litdata.StreamingDataset(spec["litdata_url"], shuffle=True, seed=0,
@@ -167,12 +192,20 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         if state is not None:
             loader.load_state_dict(state)
         return loader, ds.set_epoch, lambda row: int(row["id"])
-    if name == "streaming":  # runs in its scratch venv (bench/_streaming_ranks.py, which builds it)
-        from _streaming_ranks import streaming_loader
+    if name == "streaming":  # runs in its scratch venv (bench/_streaming_venv.py, which builds it)
+        from _streaming_loader import streaming_loader
 
         return streaming_loader(rank, world_size, spec, context)
     raise ValueError(f"loader should be 'shardwise', 'hf', 'webdataset', 'litdata' or 'streaming', "
                      f"but got loader={name!r}")
+
+
+def _together() -> None:
+    """Wait for every rank (as a training step's all-reduce would): each epoch starts on all ranks at once."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +214,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     loader, set_epoch, get_id = _loader(rank, world_size, spec)
     report: dict[str, Any] = {"rank": rank}
     ids: list[int] = []
+    _together()
     began = start = time.perf_counter()
     steps, first = 0, 0
     for batch in loader:
@@ -199,6 +233,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     if spec.get("warm"):
         set_epoch(1)
         read = 0
+        _together()  # no rank's warm epoch overlaps another's cold one
         began = time.perf_counter()
         for step, batch in enumerate(loader):
             if step == 0:
@@ -211,9 +246,10 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         # The timed epochs above read memory only every 0.5 s (a reading costs ~17 ms of a process's
         # time: every 8th batch, it was about half of a rank's time). A third, untimed epoch reads it
         # every 8th batch as well, for a peak that short epochs do not hide.
-        set_epoch(2)
-        for step, _ in enumerate(loader):
-            if step % 8 == 0:
-                memory.sample()
+        if spec.get("memory_epoch", True):
+            set_epoch(2)
+            for step, _ in enumerate(loader):
+                if step % 8 == 0:
+                    memory.sample()
     report["peak"], report["base"] = memory.stop(), memory.start
     return report

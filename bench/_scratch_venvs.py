@@ -4,21 +4,29 @@
 (``SCRATCH``), which of them can run here (``available``), the spec of each Streaming row
 (``loader_spec``), and the conversion of the Parquet rows to each one's own format on the S3
 endpoint (``scratch_setup``: LitData's chunks, Streaming's MDS shards). The scripts that run in the
-venvs are ``_litdata_ranks.py`` and ``_streaming_ranks.py`` (sharing ``_scratch_ranks.py``).
+venvs are ``_litdata_venv.py`` and ``_streaming_venv.py`` (sharing ``_venv_ranks.py``).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+
+def venv_python(variable: str, folder: str) -> str:
+    """``$<variable>``, else ``<the temporary folder>/<folder>/bin/python``: a scratch venv's interpreter."""
+    return os.environ.get(variable) or os.path.join(tempfile.gettempdir(), folder, "bin", "python")
+
+
 # Loaders that run in a scratch venv of their own (BENCHMARKS.md shows how each is made): interpreter, script.
-SCRATCH = {"litdata": ("/tmp/scratch-venv/bin/python", "_litdata_ranks.py"),  # torch 2.13, litdata, pyarrow
-           "streaming": ("/tmp/scratch-venv-streaming/bin/python", "_streaming_ranks.py")}  # torch 2.14.1
+SCRATCH = {"litdata": (venv_python("SHARDWISE_LITDATA_PYTHON", "scratch-venv"), "_litdata_venv.py"),  # torch 2.13
+           "streaming": (venv_python("SHARDWISE_STREAMING_PYTHON", "scratch-venv-streaming"),  # torch 2.14.1
+                         "_streaming_venv.py")}
 SCRATCH["streaming-limit"] = SCRATCH["streaming-block"] = SCRATCH["streaming"]
 STREAMING = ("streaming", "streaming-limit", "streaming-block")
 VENV_NAMES = {SCRATCH["litdata"][0]: "LitData", SCRATCH["streaming"][0]: "Streaming"}

@@ -2,41 +2,33 @@
 
 mosaicml-streaming is not a dependency of this repository: it imports torchvision at import, and
 PyPI's torchvision does not import beside this machine's torch 2.13.0, so it runs in a scratch venv
-with torch 2.14.1 and torchvision 0.29.1 (``/tmp/scratch-venv-streaming``; BENCHMARKS.md gives the
-commands), with this worktree's ``src`` and ``bench`` on ``PYTHONPATH``. Commands:
+with torch 2.14.1 and torchvision 0.29.1 (``$TMPDIR/scratch-venv-streaming``, or
+``$SHARDWISE_STREAMING_PYTHON``; BENCHMARKS.md gives the commands), with this worktree's ``src``
+and ``bench`` on ``PYTHONPATH``. Commands:
 
-- ``python _streaming_ranks.py mds SHARDS OUT COUNT``: the Parquet shards' rows written with
+- ``python _streaming_venv.py mds SHARDS OUT COUNT``: the Parquet shards' rows written with
   ``streaming.MDSWriter`` (columns ``id: int64``, ``tokens: ndarray:int32``, no compression) as
   about ``COUNT`` shards of even bytes (``size_limit`` = the rows' bytes / ``COUNT``); prints
   ``MDS <json>``: samples and bytes of each shard;
-- ``python _streaming_ranks.py ranks SPEC.json``: ``rank_main`` over the ``streaming`` loader on real
-  gloo ranks; prints one JSON line of the ranks' reports (``bench/_scratch_ranks.py``);
-- ``python _streaming_ranks.py py1e SIZES.npy OUT.npy --block-size B --canonical-nodes C --seed S
+- ``python _streaming_venv.py ranks SPEC.json``: ``rank_main`` over the ``streaming`` loader on real
+  gloo ranks; prints one JSON line of the ranks' reports (``bench/_venv_ranks.py``);
+- ``python _streaming_venv.py py1e SIZES.npy OUT.npy --block-size B --canonical-nodes C --seed S
   --epoch E``: the global sample order of one epoch that Streaming's ``py1e`` shuffle gives for
   shards of ``SIZES`` samples (``streaming.base.shuffle.get_shuffle_py1e``, what
   ``StreamingDataset(shuffle_algo="py1e")`` partitions over nodes, ranks and workers), written to
   ``OUT`` (``.npy`` int64, or a JSON list if ``OUT`` ends in ``.json``). No S3, no ranks.
 
-The loader (``streaming_loader``, called by ``_sharded_ranks._loader`` for ``loader="streaming"``):
-``StreamingDataset(remote="s3://...", local=<one cache dir for the node>, shuffle=True,
-shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader`` (``spec`` may add ``cache_limit`` and
-``shuffle_block_size``; ``fetch_log``: a folder where ``log_downloads`` counts the shard bytes
-downloaded), rank and world from
-``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (all ranks on one node), the S3
-endpoint from ``S3_ENDPOINT_URL`` and the credentials from ``AWS_*``, as Streaming's docs say;
-resume through the loader's ``state_dict()`` / ``load_state_dict()`` (rank 0's state on every rank).
+The loader itself is ``_streaming_loader.py`` (what ``_rank_loop`` builds for ``loader="streaming"``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from _scratch_ranks import parquet_shards, rows_of, run_ranks
+from _venv_ranks import parquet_shards, rows_of, run_ranks
 
 COLUMNS = {"id": "int64", "tokens": "ndarray:int32"}
 
@@ -62,80 +54,9 @@ def write_mds(shards: str, out: str, count: int) -> list[dict[str, int]]:
     return [{"samples": s["samples"], "bytes": s["raw_data"]["bytes"]} for s in index["shards"]]
 
 
-class Rows:
-    """The loader's batches as lists of rows, as ``rank_main`` reads them; ``state_dict`` is the loader's.
-
-    The batches stay column dicts inside the loader: ``StreamingDataLoader`` counts the samples of
-    a batch as ``len(batch[0])`` unless it is a dict, so a list of rows (2 keys each) would be
-    counted as 2 samples and its ``state_dict()`` would resume at the wrong sample.
-    """
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Any:
-        for batch in self.loader:
-            yield [{"id": i, "tokens": t} for i, t in zip(batch["id"], batch["tokens"], strict=True)]
-
-    def state_dict(self) -> Any:
-        return self.loader.state_dict()
-
-
-def columns_collate(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    return {"id": [int(row["id"]) for row in rows], "tokens": [row["tokens"] for row in rows]}
-
-
-def log_downloads(folder: str) -> None:
-    """Append the bytes of every shard file this process (and the workers it forks) downloads to a file in ``folder``.
-
-    Wraps ``Stream._download_file``, through which Streaming fetches each file: it counts, changes nothing.
-    """
-    from streaming.base.stream import Stream
-
-    download = Stream._download_file
-    if getattr(download, "logged", False):
-        return
-
-    def logged(self: Any, from_basename: str, to_basename: str | None = None) -> str:
-        local: str = download(self, from_basename, to_basename)
-        if from_basename.startswith("shard."):
-            with open(Path(folder) / f"{os.getpid()}.log", "a") as log:
-                log.write(f"{os.path.getsize(local)}\n")
-        return local
-
-    logged.logged = True  # type: ignore[attr-defined]
-    Stream._download_file = logged  # type: ignore[method-assign]
-
-
-def fetched_bytes(folder: str) -> int:
-    """What ``log_downloads`` logged in ``folder``: bytes of shard files downloaded."""
-    return sum(int(line) for log in Path(folder).glob("*.log") for line in log.read_text().split())
-
-
-def streaming_loader(rank: int, world_size: int, spec: dict[str, Any], context: Any) -> tuple[Any, Any, Any]:
-    """``(loader, set_epoch, id of a row)`` for Streaming, resumed from ``spec["state"]`` if given."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), S3_ENDPOINT_URL=spec["endpoint"])
-    from streaming import StreamingDataLoader, StreamingDataset
-
-    local = Path(spec["root"]) / "streaming-cache" / spec["streaming_local"]
-    if spec.get("fetch_log"):  # the bench's count of downloads (bytes fetched over the dataset's)
-        Path(spec["fetch_log"]).mkdir(parents=True, exist_ok=True)
-        log_downloads(spec["fetch_log"])
-    ds = StreamingDataset(remote=spec["streaming_url"], local=str(local), shuffle=True, shuffle_algo="py1e",
-                          shuffle_seed=0, batch_size=spec["batch"], cache_limit=spec.get("cache_limit"),
-                          shuffle_block_size=spec.get("shuffle_block_size"))
-    loader = StreamingDataLoader(ds, batch_size=spec["batch"], num_workers=spec["workers"],
-                                 collate_fn=columns_collate, multiprocessing_context=context)
-    if spec.get("state") is not None:
-        loader.load_state_dict(spec["state"])
-    # The dataset moves to its next epoch by itself at each iter(): no set_epoch.
-    return Rows(loader), lambda epoch: None, lambda row: row["id"]
-
-
 def py1e(argv: list[str]) -> None:
     """The ``py1e`` command (the module docstring); bad arguments: one line on stderr, exit 2."""
-    parser = argparse.ArgumentParser(prog="_streaming_ranks.py py1e",
+    parser = argparse.ArgumentParser(prog="_streaming_venv.py py1e",
                                      description="Streaming's py1e global sample order of one epoch")
     parser.add_argument("sizes", help=".npy of the samples in each shard (1-D, integers >= 1), in shard order")
     parser.add_argument("out", help="where to write the order: .npy (int64) or .json")

@@ -1,4 +1,4 @@
-"""What the scratch-venv sides of ``bench_sharded_sources.py`` share (``_litdata_ranks.py``, ``_streaming_ranks.py``).
+"""What the scratch-venv sides of ``bench_sharded_sources.py`` share (``_litdata_venv.py``, ``_streaming_venv.py``).
 
 A loader that is not a dependency of this repository (its install pulls its own pins) runs in a
 scratch venv, as a subprocess of the benchmark, with this worktree's ``src`` and ``bench`` on
@@ -32,7 +32,7 @@ def parquet_shards(folder: str) -> list[str]:
 
 def run_ranks(spec_file: str) -> None:
     """``rank_main`` on ``spec["world_size"]`` gloo ranks; prints ``REPORTS <json>`` (a list, or ``{"error": ...}``)."""
-    from _sharded_ranks import rank_main
+    from _rank_loop import rank_main
     from shardwise.tools.launch import run_distributed
 
     spec = json.loads(Path(spec_file).read_text())

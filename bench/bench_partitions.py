@@ -22,7 +22,7 @@ W=8); ``drop_last=True`` is shown too. Figures:
 - scale: private memory (smaps_rollup Anonymous) and build time of a ``LocalitySampler`` with
   ``partitions=8, ranks_per_partition=8`` at 1e9 samples in 1e5 shards, in a fresh process.
 
-Run: ``flock /tmp/shardwise-bench.lock python bench/bench_partitions.py``
+Run: ``python bench/bench_partitions.py``
 """
 
 from __future__ import annotations

@@ -1,55 +1,57 @@
-"""Sharded data on S3, side by side: shardwise (ShardedSource + LocalitySampler) vs HF datasets streaming vs WebDataset.
+"""Sharded data on S3: the in-memory floor, the shuffle by layout, shardwise beside HF datasets, WebDataset and others.
 
-The same samples are written as Parquet shards (shardwise, HF datasets) and WebDataset tars, in an
-uneven number of uneven shards, and served by moto's S3 server on 127.0.0.1 (``tests/s3_server.py``).
-Each loader is used as its documentation says:
+Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server.py``):
 
-- shardwise: ``ShardedSource(s3 URLs)`` + ``LocalitySampler(window=...)`` in a ``DataLoader``
-  (``shardwise-streams``: with ``mixing="streams"``; ``shardwise-worker``: with ``decode="worker"``,
-  each DataLoader worker decoding the Parquet shards it reads instead of the node decoding each
-  once; ``shardwise-1thread``: ``ShardCache(prefetch_threads=1)``, one download at a time a rank;
-  all in the multi-process figures);
+- **The in-memory floor** (``_sharded_figures.floor_rows``): rank 0 of W=2 real gloo ranks, 2
+  forked DataLoader workers each, batch 32, reads one epoch cold (an empty node cache) and one
+  warm, with ``ShardedSource`` + ``LocalitySampler`` (defaults; rows as numpy) over 41 uneven
+  Parquet shards (row groups of 256) of ``--floor-samples`` samples of 100-499 int32 tokens. The
+  floor is torch's ``DistributedSampler`` over the same rows held in memory, same loader, same
+  run; each epoch starts on both ranks at once. Printed: shardwise's epoch as a fraction of the
+  floor's (seconds, start-up included), both epochs' seconds and the seconds to the first batch.
+- **The shuffle by layout** (``_sharded_figures.shuffle_rows``): one epoch's global order of the
+  default plan, of the window plan (window 8, the default before plan 2) and of a uniform
+  shuffle, on 41 even shards, 41 shards cut at uniform random points and 53 shards spread 1:1000:
+  consecutive samples from one shard, mean |id step| over n, and the pairs over a uniform shuffle's.
+
+The rest (not with ``--quick``): the same samples as Parquet shards (shardwise, HF datasets) and
+WebDataset tars, ``--samples`` in ``--shards`` uneven shards, each loader used as its documentation
+says:
+
+- shardwise: ``ShardedSource(s3 URLs)`` + ``LocalitySampler`` in a ``DataLoader`` (``shardwise-streams``:
+  ``mixing="streams"``, the default; ``shardwise-worker``: ``decode="worker"``, each DataLoader worker
+  decoding the Parquet shards it reads; ``shardwise-1thread``: ``ShardCache(prefetch_threads=1)``);
 - HF datasets: ``load_dataset("parquet", streaming=True)`` + ``.shuffle(buffer_size=1000)`` +
   ``split_dataset_by_node``;
 - WebDataset: ``WebDataset(presigned http URLs, nodesplitter=split_by_node, shardshuffle=100).shuffle(1000)``.
 
-Figures, in process (ranks simulated by ``RANK``/``WORLD_SIZE`` or explicit rank arguments): steps
-per rank (min/max) at W = 3 and 4 (batch 32); shuffle quality of one epoch's order against a
-uniform permutation (fraction of consecutive samples from one shard, mean |id difference| over n,
-Spearman correlation of position and id); samples/s of one rank with ``num_workers=0``, cold and
-warm; bytes shardwise fetched over the dataset's size.
+Figures in process (ranks simulated by ``RANK``/``WORLD_SIZE`` or explicit rank arguments): steps
+per rank (min/max) at W = 3 and 4 (batch 32); the shuffle of one epoch's order; samples/s of one
+rank with ``num_workers=0``, cold and warm; bytes shardwise fetched over the dataset's size.
+Figures with ranks as real processes, 2 forked workers each (``_rank_figures``, ``_rank_loop``):
+steps per rank at W=3; samples lost and repeated when W=3 ranks stop 40% into the epoch and resume
+at W=3 and at W=2, each loader resumed its documented way; samples/s per rank, cold and warm; the
+seconds to the first batch and of the whole epoch; peak anonymous memory (``Pss_Anon``) of a rank
+plus its workers; the shuffle of the order the W=3 ranks read, step by step.
 
-Figures with ranks as real processes (``shardwise.tools.launch.run_distributed``, gloo), 2 forked
-DataLoader workers each (``bench/_sharded_ranks.py``): steps per rank at W=3; samples lost and
-repeated when W=3 ranks stop 40% into the epoch and resume at W=3 and at W=2, each loader resumed
-its documented way; samples/s per rank, cold (first epoch) and warm (second), timed from the first
-batch, the seconds before that first batch (the workers' start-up, and whatever a cold loader fetches
-before it) and the seconds of the whole epoch, both included (the slowest rank's is the epoch's); peak anonymous memory
-(``Pss_Anon``) of a rank plus its workers; the shuffle quality of the order the W=3 ranks read
-(step by step: step 0's batches of rank 0, 1, 2, then step 1's). LitData joins these when
-``/tmp/scratch-venv`` has torch 2.13, litdata and pyarrow (``bench/_litdata_ranks.py``: it reads
-the same rows ``optimize``d into its chunks, on the same S3 endpoint).
+LitData and MosaicML Streaming join these when their scratch venvs exist (``_scratch_venvs``: the
+interpreter ``$SHARDWISE_LITDATA_PYTHON``, else ``<temporary folder>/scratch-venv/bin/python``, and
+``$SHARDWISE_STREAMING_PYTHON``, else ``<temporary folder>/scratch-venv-streaming/bin/python``;
+``_litdata_venv.py`` and ``_streaming_venv.py`` run there). Streaming reads the same rows as MDS
+shards of about the mean shard's bytes with ``StreamingDataset(shuffle_algo="py1e")``, three rows:
+its defaults; ``cache_limit`` = the bytes of the window's largest MDS shards; and that with
+``shuffle_block_size`` = the window's samples. It imports torchvision, which PyPI ships for
+another torch than this repository's, so its venv has torch 2.14.1 (CPU use)::
 
-MosaicML Streaming joins them when ``/tmp/scratch-venv-streaming`` has mosaicml-streaming 0.13.0
-(``bench/_streaming_ranks.py``): the same rows written as MDS shards of about the mean shard's bytes
-(``MDSWriter``) on the same S3 endpoint, read by ``StreamingDataset(remote="s3://...", local=<node
-cache>, shuffle=True, shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader``, resumed
-with its ``state_dict()``/``load_state_dict()``; two rows: its defaults (``num_canonical_nodes`` =
-physical nodes = 1, ``shuffle_block_size`` = max(4_000_000 // nodes, 1 << 18), no
-``cache_limit``); ``cache_limit`` = the bytes of the window's largest MDS shards (what
-shardwise's window holds); and that with ``shuffle_block_size`` = the window's samples (window x
-the mean MDS shard's samples); plus the bytes it downloads and py1e's own global order. Streaming
-imports torchvision, and PyPI's torchvision does not import beside this machine's torch 2.13.0,
-so that venv has torch 2.14.1 (CPU use; BENCHMARKS.md gives the commands that make it):
-
-    python3 -m venv /tmp/scratch-venv-streaming
-    /tmp/scratch-venv-streaming/bin/pip install --no-deps mosaicml-streaming==0.13.0
-    /tmp/scratch-venv-streaming/bin/pip install torch==2.14.1 torchvision==0.29.1 'numpy<2.2' \\
+    python3 -m venv "$TMPDIR/scratch-venv-streaming"
+    "$TMPDIR/scratch-venv-streaming/bin/pip" install --no-deps mosaicml-streaming==0.13.0
+    "$TMPDIR/scratch-venv-streaming/bin/pip" install torch==2.14.1 torchvision==0.29.1 'numpy<2.2' \\
         boto3 zstd xxhash python-snappy Brotli tqdm 'transformers<5' catalogue pyarrow
 
 Either venv missing: that loader is left out with one printed line.
 
-Run: ``flock /tmp/shardwise-bench.lock python bench/bench_sharded_sources.py``
+Run: ``python bench/bench_sharded_sources.py`` (~15 min on 2 cores); ``--quick``: the floor at
+20,000 samples, one round, and the shuffle (< 1 min).
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
 from _common import shuffle_quality, uneven_sizes
-from _scratch_loaders import SCRATCH, STREAMING, available, loader_spec, scratch_run, scratch_setup
+from _rank_figures import NAMES, launch, quality_text, rank_figures
+from _scratch_venvs import available, scratch_setup
+from _sharded_figures import floor_rows, shuffle_rows
 
 BATCH = 32
 
@@ -129,147 +133,23 @@ def scale_probe() -> None:
     print(f"SCALE {drawn} {seconds:.3f} {grown}")
 
 
-NAMES = {"shardwise": "shardwise", "shardwise-streams": "shardwise, mixing=streams",
-         "shardwise-worker": "shardwise, decode=worker", "shardwise-1thread": "shardwise, prefetch_threads=1",
-         "hf": "HF datasets",
-         "webdataset": "WebDataset", "litdata": "LitData", "streaming": "Streaming",
-         "streaming-limit": "Streaming, cache_limit = window",
-         "streaming-block": "Streaming, cache_limit = window, shuffle_block_size = window"}
-RESUMED_BY = {"shardwise": "sampler state", "hf": "StatefulDataLoader state, rank r <- rank r",
-              "webdataset": "no resume: restarts the epoch", "litdata": "StreamingDataLoader state of rank 0",
-              "streaming": "StreamingDataLoader state of rank 0"}
-RESUMED_BY["streaming-limit"] = RESUMED_BY["streaming-block"] = RESUMED_BY["streaming"]
-RESUMED_BY["shardwise-streams"] = RESUMED_BY["shardwise-worker"] = RESUMED_BY["shardwise"]
-RESUMED_BY["shardwise-1thread"] = RESUMED_BY["shardwise"]
-
-
-def lost_repeated(reads: list[int], n: int) -> str:
-    """Samples of ``range(n)`` never read, and reads beyond the first of a sample."""
-    unique = set(reads)
-    return f"{n - len(unique & set(range(n)))} / {len(reads) - len(unique)}"
-
-
-def launch(world_size: int, spec: dict[str, Any], key: str | None = None) -> list[dict[str, Any]]:
-    """``rank_main`` on ``world_size`` real gloo ranks; LitData's and Streaming's in their scratch venvs.
-
-    RuntimeError if a rank raised.
-    """
-    key = key or spec["loader"]
-    if key not in SCRATCH:
-        from _sharded_ranks import rank_main
-        from shardwise.tools.launch import run_distributed
-
-        reports: list[dict[str, Any]] = run_distributed(rank_main, world_size, spec, timeout=900)
-        return reports
-    import json
-
-    spec_file = Path(spec["root"]) / f"{key}-spec.json"
-    spec_file.write_text(json.dumps({**spec, "world_size": world_size}))
-    done = scratch_run(key, "ranks", str(spec_file))
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORTS ")]
-    if not lines:
-        raise RuntimeError(f"{NAMES[key]}'s ranks printed no reports: {done.stderr[-2000:]}")
-    answer = json.loads(lines[-1].removeprefix("REPORTS "))
-    if isinstance(answer, dict):
-        print(done.stderr[-4000:], file=sys.stderr)
-        raise RuntimeError(answer["error"])
-    return list(answer)
-
-
-def resume_rows(spec: dict[str, Any], key: str, n: int, stop: int, name: str,
-                first: list[dict[str, Any]] | None = None) -> list[tuple[str, str, str]]:
-    """Stop W=3 ranks at step ``stop``, resume at W=3 and at W=2: samples lost and repeated over the epoch."""
-    spec = {**loader_spec(spec, key), "cache": f"cache-ranks-{key}"}
-    if first is None:
-        first = launch(3, {**spec, "stop": stop}, key)
-    before = [i for r in first for i in r["before"]]
-    state = [r["state"] for r in first] if key == "hf" else first[0]["state"]
-    rows = []
-    for resumed in (3, 2):
-        try:
-            second = launch(resumed, {**spec, "state": state}, key)
-            value = lost_repeated(before + [i for r in second for i in r["ids"]], n)
-        except RuntimeError as error:  # a rank raised: say how
-            lines = [line for line in str(error).splitlines() if "Error" in line]
-            value = f"fails: {(lines[-1] if lines else str(error))[:160]}"
-        rows.append((f"lost / repeated, stopped at step {stop} of W=3, resumed at W={resumed}",
-                     f"{name} ({RESUMED_BY[key]})", value))
-    return rows
-
-
-def step_order(reports: list[dict[str, Any]]) -> np.ndarray:
-    """The ids the ranks read in one epoch in training order: step 0's batches of rank 0, 1, ..., then step 1's."""
-    order = []
-    for step in range(max(r["steps"] for r in reports)):
-        for r in reports:
-            order.extend(r["ids"][step * BATCH : (step + 1) * BATCH])
-    return np.asarray(order, dtype=np.int64)
-
-
-def quality_text(order: np.ndarray, shard_of: np.ndarray) -> str:
-    quality = shuffle_quality(order, shard_of)
-    return f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"
-
-
-def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.ndarray) -> list[tuple[str, str, str]]:
-    """Ranks as processes, 2 workers each: an epoch at W=3 (cold, stopping point, warm), resumed at W=3 and W=2."""
-    rows: list[tuple[str, str, str]] = []
-    world_size = 3
-    stop = max(1, int(0.4 * n / (world_size * BATCH)))  # 40% into the epoch
-    for key in loaders:
-        name = NAMES[key]
-        began = time.perf_counter()
-        try:
-            fetch_log = str(Path(spec["root"]) / f"fetched-{key}")  # Streaming logs its downloads there
-            first = launch(world_size, {**loader_spec(spec, key), "stop": stop, "warm": True,
-                                        "cache": f"cache-ranks-{key}", "fetch_log": fetch_log}, key)
-        except RuntimeError as error:
-            rows.append(("one epoch at W=3, 2 workers", name, f"fails: {str(error)[-160:]}"))
-            continue
-        counts = [r["steps"] for r in first]
-        rows.append(("steps per rank, W=3, 2 workers (min / max)", name, f"{min(counts)} / {max(counts)}"))
-        rows.append(("one epoch, uninterrupted: lost / repeated", name,
-                     lost_repeated([i for r in first for i in r["ids"]], n)))
-        rows.append(("same-shard pairs / mean |id step|/n / Spearman, the W=3 ranks' reads step by step", name,
-                     quality_text(step_order(first), shard_of)))
-        for label in ("cold", "warm"):
-            rates = [r[label] for r in first]
-            rows.append((f"samples/s per rank, W=3, 2 workers, {label} (mean, min..max)", name,
-                         f"{np.mean(rates):,.0f} ({min(rates):,.0f}..{max(rates):,.0f})"))
-        for label in ("cold", "warm"):
-            waits = [r.get(f"startup_{label}", float("nan")) for r in first]
-            rows.append((f"seconds from iter(loader) to the first batch, W=3, 2 workers, {label} (mean, min..max)",
-                         name, f"{np.mean(waits):.2f} ({min(waits):.2f}..{max(waits):.2f})"))
-        for label in ("cold", "warm"):
-            walls = [r.get(f"epoch_{label}", float("nan")) for r in first]
-            rows.append((f"seconds for the whole epoch, iter(loader) to the last batch, {label} (mean, min..max)",
-                         name, f"{np.mean(walls):.2f} ({min(walls):.2f}..{max(walls):.2f})"))
-        peaks = [r["peak"] / 2**20 for r in first]
-        bases = [r["base"] / 2**20 for r in first]
-        rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
-                     f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
-        if key in STREAMING:
-            from _streaming_ranks import fetched_bytes
-
-            local = Path(spec["root"]) / "streaming-cache" / loader_spec(spec, key)["streaming_local"]
-            held = sum(p.stat().st_size for p in local.glob("shard.*"))
-            rows.append(("bytes fetched / dataset, W=3, both epochs (cold + warm); shard bytes in its cache after",
-                         name, f"{fetched_bytes(fetch_log) / spec['streaming_bytes']:.3f}; {held:,}"))
-        rows.extend(resume_rows(spec, key, n, stop, f"{name}, 2 workers", first))
-        if key == "hf":  # its resume with workers fails: the same resume without workers
-            rows.extend(resume_rows({**spec, "workers": 0}, key, n, stop, f"{name}, num_workers=0"))
-        print(f"{name}: ranks done in {time.perf_counter() - began:.0f} s", flush=True)
-    return rows
-
-
 def main() -> None:
     if "--scale-probe" in sys.argv:
         scale_probe()
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke-sized run (< 2 min): the shuffle by layout and the in-memory floor at "
+                             "20,000 samples, one round; no loader comparison")
     parser.add_argument("--samples", type=int, default=6_000)
     parser.add_argument("--shards", type=int, default=37)
-    parser.add_argument("--window", type=int, default=8, help="LocalitySampler window (shards mixed together)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="LocalitySampler window (shards mixed together; default: the sampler's)")
+    parser.add_argument("--floor-samples", type=int, default=None,
+                        help="samples of the in-memory floor figures, in 41 uneven shards (default 200,000; quick: "
+                             "20,000)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of the floor figures, each the floor then shardwise (default 2; quick: 1)")
     parser.add_argument("--loaders", default=",".join(NAMES),
                         help="loaders of the multi-process figures, some of: %(default)s (streaming-limit: "
                              "Streaming with cache_limit = the bytes of the window's largest MDS shards; "
@@ -281,9 +161,42 @@ def main() -> None:
     unknown = sorted(set(args.loaders.split(",")) - set(NAMES))
     if unknown:
         parser.error(f"--loaders should name some of {','.join(NAMES)}, but got {','.join(unknown)}")
+    args.floor_samples = args.floor_samples or (20_000 if args.quick else 200_000)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    print(f"bench_sharded_sources.py {' '.join(sys.argv[1:])}: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    rows: list[tuple[str, str, str]] = shuffle_rows(args.floor_samples, args.window)
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp, s3_server(args.latency) as endpoint:
+        from tests.s3_server import make_bucket, storage_options
 
+        spec = {"root": tmp, "options": storage_options(endpoint), "window": args.window, "batch": BATCH,
+                "workers": 2, "endpoint": endpoint}
+        rows.extend(floor_rows(spec, make_bucket(endpoint, "bench"), args.floor_samples, 41, args.rounds, launch))
+    if args.quick:
+        print_table(rows)
+        return
+    rows.extend(compare(args))
+    print_table(rows)
+
+
+def print_table(rows: list[tuple[str, str, str]]) -> None:
+    width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    print(f"| {'figure':<{width[0]}} | {'loader':<{width[1]}} | value |")
+    print(f"|{'-' * (width[0] + 2)}|{'-' * (width[1] + 2)}|-------|")
+    for figure, name, value in rows:
+        print(f"| {figure:<{width[0]}} | {name:<{width[1]}} | {value} |")
+
+
+def s3_server(latency: float) -> Any:
+    from tests.s3_server import s3_endpoint
+
+    return s3_endpoint(latency)
+
+
+def compare(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The loaders side by side (the module docstring): steps, shuffle, rates, bytes, ranks, resume, scale."""
     import subprocess
 
+    window = args.window or 10  # LocalitySampler's default
     probe = subprocess.run([sys.executable, __file__, "--scale-probe"], capture_output=True, text=True, check=True,
                            timeout=600).stdout.split("SCALE ")[1].split()
     scale_rows = [
@@ -342,7 +255,7 @@ def main() -> None:
         # -- steps per rank ----------------------------------------------------------------------
         source = shardwise_source("cache-steps")
         for world_size in (3, 4):
-            ours = [steps(len(LocalitySampler(source, window=args.window, num_replicas=world_size, rank=r)))
+            ours = [steps(len(LocalitySampler(source, window=window, num_replicas=world_size, rank=r)))
                     for r in range(world_size)]
             theirs_hf = [steps(sum(1 for _ in hf(r, world_size, ["id"]))) for r in range(world_size)]
             theirs_wds = [steps(sum(1 for _ in webdataset(r, world_size))) for r in range(world_size)]
@@ -356,7 +269,7 @@ def main() -> None:
         fetched = ""
         for label, cache_dir in (("cold", "cache-epoch"), ("warm", "cache-epoch")):
             src = shardwise_source(cache_dir)
-            sampler = LocalitySampler(src, window=args.window, num_replicas=1, rank=0, seed=0)
+            sampler = LocalitySampler(src, window=window, num_replicas=1, rank=0, seed=0)
             loader = DataLoader(src, sampler=sampler, batch_size=BATCH, collate_fn=list_collate)
             ids, seconds = timed((row for batch in loader for row in batch), lambda row: row["id"])
             rates[f"shardwise {label}"] = f"{n / seconds:,.0f}"
@@ -365,9 +278,9 @@ def main() -> None:
                 fetched = f"{src.cache.fetched_bytes / parquet_bytes:.3f}"
         # A node cache of two windows (the 2 x window largest shards): each shard still fetched once.
         shard_bytes = np.sort(np.asarray(shardwise_source("cache-epoch").file_sizes))
-        budget = int(shard_bytes[-2 * args.window :].sum())
+        budget = int(shard_bytes[-2 * window :].sum())
         src = shardwise_source("cache-budget", budget)
-        sampler = LocalitySampler(src, window=args.window, num_replicas=1, rank=0, seed=0)
+        sampler = LocalitySampler(src, window=window, num_replicas=1, rank=0, seed=0)
         loader = DataLoader(src, sampler=sampler, batch_size=BATCH, collate_fn=list_collate)
         ids, seconds = timed((row for batch in loader for row in batch), lambda row: row["id"])
         rates[f"shardwise cold, cache budget {budget / parquet_bytes:.0%} of the data"] = f"{n / seconds:,.0f}"
@@ -382,14 +295,14 @@ def main() -> None:
         rates["WebDataset"] = f"{n / seconds:,.0f}"
         orders["WebDataset"] = np.asarray(ids)
         orders["uniform (ShardedSampler)"] = np.asarray(list(ShardedSampler(n, num_replicas=1, rank=0, seed=0)))
-        for window in (1, 2, 4, 16):
-            sampler = LocalitySampler(sizes, window=window, num_replicas=1, rank=0, seed=0)
-            orders[f"shardwise window={window}"] = np.asarray(list(sampler))
+        for mixed in (1, 2, 4, 16):
+            sampler = LocalitySampler(sizes, window=mixed, num_replicas=1, rank=0, seed=0)
+            orders[f"shardwise window={mixed}"] = np.asarray(list(sampler))
         for name, order in orders.items():
             if sorted(order.tolist()) != list(range(n)):
                 raise RuntimeError(f"{name} did not read every sample exactly once in one epoch")
             quality = shuffle_quality(order, shard_of)
-            shown = name if name != "shardwise" else f"shardwise window={args.window}"
+            shown = name if name != "shardwise" else f"shardwise window={window}"
             rows.append(("same-shard pairs / mean |id step|/n / Spearman", shown,
                          f"{quality['same_shard']:.3f} / {quality['id_step']:.3f} / {quality['spearman']:+.3f}"))
         for name, rate in rates.items():
@@ -399,18 +312,13 @@ def main() -> None:
 
         if not args.no_ranks:
             spec = {"urls": parquet_urls, "tar_urls": tar_urls, "options": options, "hf_options": hf_options,
-                    "root": str(root), "window": args.window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
+                    "root": str(root), "window": window, "batch": BATCH, "workers": 2, "endpoint": endpoint}
             loaders = available(args.loaders.split(","))
-            rows.extend(scratch_setup(spec, loaders, root, fs, sizes, args.window, shard_of, quality_text))
+            rows.extend(scratch_setup(spec, loaders, root, fs, sizes, window, shard_of, quality_text))
             rows.extend(rank_figures(spec, n, loaders, shard_of))
 
     rows.extend(scale_rows)
-    width = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
-    print(f"| {'figure':<{width[0]}} | {'loader':<{width[1]}} | value |")
-    print(f"|{'-' * (width[0] + 2)}|{'-' * (width[1] + 2)}|-------|")
-    for figure, name, value in rows:
-        print(f"| {figure:<{width[0]}} | {name:<{width[1]}} | {value} |")
-
+    return rows
 
 if __name__ == "__main__":
     main()

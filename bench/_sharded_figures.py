@@ -1,0 +1,122 @@
+"""The figures of issue 30's targets, for ``bench_sharded_sources.py``: the in-memory floor and the shuffle by layout.
+
+- ``floor_rows``: rank 0 of W=2 real gloo ranks, 2 forked DataLoader workers each, reads one epoch
+  cold (an empty node cache) and one warm (the next epoch, the cache full) with ``ShardedSource`` +
+  ``LocalitySampler`` (the defaults; rows as numpy) from the S3 endpoint; the floor, measured in the
+  same run with the same loader, is torch's ``DistributedSampler`` over the same rows held in memory
+  (``_rank_loop.in_memory_rows``). The fraction is the floor's epoch seconds over shardwise's, start-up
+  included (iter(loader) to the last batch); the seconds to the first batch are shown apart.
+- ``shuffle_rows``: one epoch's global order (the same at every world size) of the default plan,
+  of the window plan (``mixing="windows"``, the default before plan 2) and of a uniform shuffle, on
+  even shards, on uniform random cuts (``_common.uneven_sizes``) and on sizes spread 1:1000
+  (log-uniform): consecutive samples from one shard and mean |id step| / n (uniform: 1/3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from _common import shuffle_quality, uneven_sizes
+
+EPOCHS = 2  # orders averaged per shuffle figure
+
+
+def spread_sizes(n: int, shards: int, spread: float = 1000.0, seed: int = 0) -> np.ndarray:
+    """``shards`` shard sizes spread ``1:spread`` (log-uniform), about ``n`` samples in all."""
+    scale = np.exp(np.random.default_rng(seed).uniform(0, np.log(spread), shards))
+    sizes: np.ndarray = np.maximum(1, (scale / scale.sum() * n).astype(np.int64))
+    return sizes
+
+
+def shuffle_rows(n: int, window: int | None) -> list[tuple[str, str, str]]:
+    """Same-shard pairs / mean |id step| / n of the default plan, the window plan and a uniform order, by layout."""
+    from shardwise import LocalitySampler
+
+    layouts = {"41 even shards": np.full(41, n // 41, dtype=np.int64), "41 shards, random cuts": uneven_sizes(n, 41),
+               "53 shards spread 1:1000": spread_sizes(n, 53)}
+    plan = {} if window is None else {"window": window}
+    rows = []
+    for layout, sizes in layouts.items():
+        shard_of = np.repeat(np.arange(len(sizes)), sizes)
+        total = int(sizes.sum())
+        orders: dict[str, list[np.ndarray]] = {"uniform": [], "shardwise default": [], "windows, window=8": []}
+        for epoch in range(EPOCHS):
+            orders["uniform"].append(np.random.default_rng(epoch).permutation(total))
+            for name, options in (("shardwise default", plan),
+                                  ("windows, window=8", {"window": 8, "mixing": "windows"})):
+                sampler = LocalitySampler(sizes, num_replicas=1, rank=0, seed=0, **options)
+                sampler.set_epoch(epoch)
+                orders[name].append(np.fromiter(sampler, dtype=np.int64, count=len(sampler)))
+        uniform = np.mean([shuffle_quality(order, shard_of)["same_shard"] for order in orders["uniform"]])
+        for name, found in orders.items():
+            same = np.mean([shuffle_quality(order, shard_of)["same_shard"] for order in found])
+            step = np.mean([shuffle_quality(order, shard_of)["id_step"] for order in found])
+            rows.append((f"same-shard pairs / mean |id step|/n / x uniform's pairs, {layout}", name,
+                         f"{same:.3f} / {step:.3f} / {same / uniform:.2f}x"))
+    return rows
+
+
+def write_floor_shards(root: Path, n: int, shards: int) -> list[Path]:
+    """Parquet shards of ``n`` samples (id, 100-499 int32 tokens; row groups of 256) in ``shards`` uneven shards."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    paths, first = [], 0
+    for s, size in enumerate(uneven_sizes(n, shards).tolist()):
+        lengths = rng.integers(100, 500, size=size)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = pa.array(rng.integers(0, 50_000, size=int(offsets[-1]), dtype=np.int32))
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), values)
+        paths.append(root / f"floor-{s:03d}.parquet")
+        pq.write_table(pa.table({"id": np.arange(first, first + size), "tokens": tokens}), paths[-1],
+                       row_group_size=256)
+        first += size
+    return paths
+
+
+def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
+               launch: Any) -> list[tuple[str, str, str]]:
+    """Rank 0 of W=2 (2 workers): shardwise's cold and warm epochs as fractions of the in-memory floor, ``rounds`` x.
+
+    ``launch(world_size, spec)``: the ranks' reports (``bench_sharded_sources.launch``).
+    """
+    root = Path(spec["root"])
+    paths = write_floor_shards(root / "floor", n, shards)
+    for path in paths:
+        fs.put(str(path), f"bench/floor/{path.name}")
+    base = {**spec, "urls": [f"s3://bench/floor/{p.name}" for p in paths], "local_shards": [str(p) for p in paths],
+            "warm": True, "memory_epoch": False}
+    figures: dict[str, list[float]] = {}
+    for round_ in range(rounds):  # interleaved: the floor, then shardwise from an empty cache
+        floor = launch(2, {**base, "loader": "memory"})[0]
+        ours = launch(2, {**base, "loader": "shardwise", "cache": f"cache-floor-{round_}"})[0]
+        for label in ("cold", "warm"):
+            figures.setdefault(f"fraction {label}", []).append(floor[f"epoch_{label}"] / ours[f"epoch_{label}"])
+            figures.setdefault(f"first {label}", []).append(ours[f"startup_{label}"])
+            figures.setdefault(f"floor first {label}", []).append(floor[f"startup_{label}"])
+            figures.setdefault(f"epoch {label}", []).append(ours[f"epoch_{label}"])
+            figures.setdefault(f"floor epoch {label}", []).append(floor[f"epoch_{label}"])
+    what = f"rank 0 of W=2, 2 workers, {n:,} samples in {shards} shards, {rounds} round(s)"
+
+    def shown(key: str, form: str) -> str:
+        values = figures[key]
+        return (form.format(np.median(values)) + (f" ({form.format(min(values))}..{form.format(max(values))})"
+                                                   if len(values) > 1 else ""))
+
+    rows = []
+    for label in ("cold", "warm"):
+        rows.append((f"epoch, {label}: fraction of the in-memory floor (median, min..max), {what}", "shardwise",
+                     shown(f"fraction {label}", "{:.2f}")))
+        rows.append((f"epoch seconds, {label}, iter(loader) to the last batch", "shardwise",
+                     shown(f"epoch {label}", "{:.2f}")))
+        rows.append((f"epoch seconds, {label}, iter(loader) to the last batch", "in-memory floor",
+                     shown(f"floor epoch {label}", "{:.2f}")))
+        rows.append((f"seconds to the first batch, {label}", "shardwise", shown(f"first {label}", "{:.2f}")))
+        rows.append((f"seconds to the first batch, {label}", "in-memory floor",
+                     shown(f"floor first {label}", "{:.2f}")))
+    return rows
