@@ -20,7 +20,7 @@ after 0, 30 and 100 ms (``s3_endpoint(latency=...)``: a sleep, as a real store's
 byte). Prints the median seconds, MB/s and the ratio to one thread. ``--prefetch-only`` skips the
 first table.
 
-Run: ``python bench/bench_download.py``
+Run: ``python bench/bench_download.py``; ``--quick``: 8 shards, one round (a smoke test).
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ def main() -> None:
     parser.add_argument("--bytes", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefetch-only", action="store_true", help="only the prefetch threads' table")
+    parser.add_argument("--quick", action="store_true", help="a smoke-sized run: 8 shards, 1 round")
     args = parser.parse_args()
+    if args.quick:
+        args.shards, args.rounds = 8, 1
     if not args.prefetch_only:
         copy_table(args)
     prefetch_table(args)

@@ -22,7 +22,8 @@ W=8); ``drop_last=True`` is shown too. Figures:
 - scale: private memory (smaps_rollup Anonymous) and build time of a ``LocalitySampler`` with
   ``partitions=8, ranks_per_partition=8`` at 1e9 samples in 1e5 shards, in a fresh process.
 
-Run: ``python bench/bench_partitions.py``
+Run: ``python bench/bench_partitions.py``; ``--quick``: 2,003 samples in 13 shards, 2 partitions, no scale
+probe (a smoke test).
 """
 
 from __future__ import annotations
@@ -140,10 +141,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_003)
     parser.add_argument("--shards", type=int, default=37)
     parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke-sized run: 2,003 samples in 13 shards, 2 partitions, no scale probe")
     args = parser.parse_args()
+    if args.quick:
+        args.samples, args.shards = 2_003, 13
 
-    probes = {p: subprocess.run([sys.executable, __file__, "--scale-probe", str(p)], capture_output=True, text=True,
-                                check=True, timeout=600).stdout.split("SCALE ")[1].split() for p in (1, 8)}  # fmt: skip
+    probes = {} if args.quick else {
+        p: subprocess.run([sys.executable, __file__, "--scale-probe", str(p)], capture_output=True, text=True,
+                          check=True, timeout=600).stdout.split("SCALE ")[1].split() for p in (1, 8)}  # fmt: skip
     from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
     from shardwise import LocalitySampler, ShardCache, ShardedSource
@@ -166,7 +172,7 @@ def main() -> None:
               f"window={args.window}, G={G} ranks a node")  # fmt: skip
         uniforms = [shuffle_quality(np.random.default_rng(e).permutation(n), shard_of) for e in range(EPOCHS)]
         uniform = {k: float(np.mean([abs(q[k]) for q in uniforms])) for k in uniforms[0]}
-        for partitions in (2, 4):
+        for partitions in (2,) if args.quick else (2, 4):
             nodes = partitions
             for p, drop_last in ((1, False), (partitions, False), (partitions, True)):
                 fetched = run_nodes(endpoint, urls, index, root / "caches", nodes, p, args.window, 2, drop_last)
