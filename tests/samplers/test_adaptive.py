@@ -229,3 +229,12 @@ def test_skipped_steps_and_adaptive_weights_resume_together() -> None:
     tail_sampler.load_state_dict(head_sampler.state_dict())
     assert head + train(tail_sampler, range(1)) == rest
     assert (tail_sampler.ledger.shares == whole.ledger.shares).all()
+
+
+def test_lag_zero_takes_an_update_at_once_without_workers() -> None:
+    """AdaptiveWeights(lag=0): update u is in force from u * interval (a loop without prefetching workers)."""
+    adaptive = AdaptiveWeights(ExponentiatedGradient(rate=2.0), interval=128, lag=0)
+    sampler = MixtureSampler(_data(), adaptive, num_samples=640, block=64, seed=5, num_replicas=1, rank=0)
+    assert len(train(sampler, range(1))) == 40 and sampler.ledger.updates == 5
+    assert sampler.weights_at(0, 127) != sampler.weights_at(0, 128)
+    assert sampler.weights_at(0, 128) == pytest.approx(sampler.ledger.weights[1].tolist(), abs=1e-9)
