@@ -133,7 +133,7 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         from shardwise import LocalitySampler, ShardCache, ShardedSource
 
         cache = ShardCache(Path(spec["root"]) / spec["cache"], storage_options=spec["options"],
-                           prefetch_threads=spec.get("prefetch_threads", 4))
+                           prefetch_threads=spec.get("prefetch_threads", 4), budget_bytes=spec.get("budget"))
         # Rows as numpy arrays, as LitData yields them (lists would cost ~6x more to cross from workers).
         source = ShardedSource(spec["urls"], cache=cache, index_dir=Path(spec["root"]) / "index",
                                open_shards=(spec.get("window") or 10) + 2, output_format="numpy",

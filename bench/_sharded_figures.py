@@ -120,3 +120,38 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
         rows.append((f"seconds to the first batch, {label}", "in-memory floor",
                      shown(f"floor first {label}", "{:.2f}")))
     return rows
+
+
+def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, launch: Any,
+               ranks: tuple[int, ...] = (1, 2, 4)) -> list[tuple[str, str, str]]:
+    """Bytes one node fetches in an epoch over the dataset's, ``ranks`` ranks a node (2 workers each), one cache.
+
+    The cache's ``budget_bytes`` is the documented minimum: the ``window + 2`` largest shards as the
+    cache keeps them (decoded). Bytes are counted by the S3 server (``gauge.sent``: every GET body,
+    the ranks' and their workers'), after the index is built.
+    """
+    from shardwise import ShardCache, ShardedSource
+    from shardwise.samplers.locality import WINDOW
+
+    root = Path(spec["root"])
+    paths = write_floor_shards(root / "bytes", n, shards)
+    for path in paths:
+        fs.put(str(path), f"bench/bytes/{path.name}")
+    urls = [f"s3://bench/bytes/{p.name}" for p in paths]
+    probe = ShardedSource(urls, cache=ShardCache(root / "probe-bytes", storage_options=spec["options"]),
+                          index_dir=root / "index")
+    for first in (np.cumsum(probe.shard_sizes) - probe.shard_sizes).tolist():
+        probe[int(first)]  # every shard decoded once: the sizes the cache keeps
+    kept = sorted(p.stat().st_size for p in (root / "probe-bytes").iterdir() if p.suffix == ".arrow")
+    window = spec.get("window") or WINDOW
+    budget = int(sum(kept[-(window + 2):]))
+    total = int(probe.file_sizes.sum())
+    rows = []
+    for count in ranks:
+        before = gauge.sent
+        launch(count, {**spec, "loader": "shardwise", "urls": urls, "cache": f"cache-bytes-{count}", "budget": budget,
+                       "warm": False, "memory_epoch": False})
+        rows.append((f"bytes one node fetches in an epoch / the dataset, {count} rank(s) a node, 2 workers each, "
+                     f"budget = the {window + 2} largest kept shards ({budget / total:.0%} of the data as Parquet)",
+                     "shardwise", f"{(gauge.sent - before) / total:.3f}"))
+    return rows

@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server:
 from _common import shuffle_quality, uneven_sizes
 from _rank_figures import NAMES, launch, quality_text, rank_figures
 from _scratch_venvs import available, scratch_setup
-from _sharded_figures import floor_rows, shuffle_rows
+from _sharded_figures import bytes_rows, floor_rows, shuffle_rows
 
 BATCH = 32
 
@@ -165,12 +165,17 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 2)
     print(f"bench_sharded_sources.py {' '.join(sys.argv[1:])}: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     rows: list[tuple[str, str, str]] = shuffle_rows(args.floor_samples, args.window)
-    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp, s3_server(args.latency) as endpoint:
+    from tests.s3_server import Gauge
+
+    gauge = Gauge()
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp, s3_server(args.latency, gauge) as endpoint:
         from tests.s3_server import make_bucket, storage_options
 
         spec = {"root": tmp, "options": storage_options(endpoint), "window": args.window, "batch": BATCH,
                 "workers": 2, "endpoint": endpoint}
-        rows.extend(floor_rows(spec, make_bucket(endpoint, "bench"), args.floor_samples, 41, args.rounds, launch))
+        fs = make_bucket(endpoint, "bench")
+        rows.extend(floor_rows(spec, fs, args.floor_samples, 41, args.rounds, launch))
+        rows.extend(bytes_rows(spec, fs, gauge, args.floor_samples // 4, 41, launch))
     if args.quick:
         print_table(rows)
         return
@@ -186,10 +191,10 @@ def print_table(rows: list[tuple[str, str, str]]) -> None:
         print(f"| {figure:<{width[0]}} | {name:<{width[1]}} | {value} |")
 
 
-def s3_server(latency: float) -> Any:
+def s3_server(latency: float, gauge: Any = None) -> Any:
     from tests.s3_server import s3_endpoint
 
-    return s3_endpoint(latency)
+    return s3_endpoint(latency, gauge)
 
 
 def compare(args: argparse.Namespace) -> list[tuple[str, str, str]]:

@@ -45,11 +45,17 @@ def storage_options(endpoint: str) -> dict[str, Any]:
 
 
 class Gauge:
-    """GET requests the server is answering now, and the most at once (what a test asserts concurrency by)."""
+    """GET requests the server is answering now, the most at once (what a test asserts concurrency by), bytes sent."""
 
     def __init__(self) -> None:
-        self.now = self.peak = 0
+        self.now = self.peak = self.sent = 0  # sent: bytes of every GET response body
         self._lock = threading.Lock()
+
+    def count(self, body: list[bytes]) -> list[bytes]:
+        """Add a GET response's body to ``sent``; returns it."""
+        with self._lock:
+            self.sent += sum(len(chunk) for chunk in body)
+        return body
 
     def __enter__(self) -> None:
         with self._lock:
@@ -70,7 +76,7 @@ def _delayed(app: Any, latency: float, gauge: Gauge | None) -> Any:
             return app(environ, start_response)
         with gauge:
             time.sleep(latency)
-            return list(app(environ, start_response))  # the body is sent in the gauge
+            return gauge.count(list(app(environ, start_response)))  # the body is sent in the gauge
 
     return delayed
 

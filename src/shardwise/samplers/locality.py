@@ -72,7 +72,8 @@ class _Following:
         if i >= len(self._ids):
             raise StopIteration
         if i % self._step == 0:
-            self._follow(self._positions[i : i + 8 * self._step])  # about two windows ahead
+            # from a step back: the DataLoader workers read a few batches behind the sampler
+            self._follow(self._positions[max(0, i - self._step) : i + 8 * self._step])  # about two windows ahead
         self._next = i + 1
         return self._ids[i]
 

@@ -288,6 +288,8 @@ class ShardCache:
         """
         remote = [shard for shard in shards if not is_local(shard[0])]
         self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
+        if self.budget_bytes is not None:  # the node's other ranks evict by it too
+            budgeting.write_plan(self.directory, list(self._upcoming))
         self._derived = derived
         if not remote or not self.prefetch_threads:
             return
@@ -368,12 +370,14 @@ class ShardCache:
         if self.budget_bytes is None:
             return True
         return budgeting.has_room(budgeting.cached_files(self.directory), key, size, self.budget_bytes,
-                                  self._upcoming, self._inflight, self._pinned)
+                                  budgeting.node_upcoming(self.directory, self._upcoming), self._inflight,
+                                  self._pinned)
 
     def _evict(self, keep: str) -> None:  # keep: a file name
         """Bring the cache under its budget (``budget.evict``)."""
         if self.budget_bytes is not None:
-            budgeting.evict(budgeting.cached_files(self.directory), self.budget_bytes, self._upcoming,
+            budgeting.evict(budgeting.cached_files(self.directory), self.budget_bytes,
+                            budgeting.node_upcoming(self.directory, self._upcoming),
                             self._pinned, shard_key(keep))
 
 

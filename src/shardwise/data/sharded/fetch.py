@@ -147,7 +147,7 @@ def remove_leftovers(final: Path) -> None:
 
 def temporary(name: str) -> bool:
     """Whether a cache directory entry is a lock or a file being written (never a shard to read or count)."""
-    return name.endswith(".lock") or PART in name
+    return name.endswith(".lock") or PART in name or name.startswith(".")  # .plan-<pid>: budget.write_plan
 
 
 def complete(path: Path, size: int) -> bool:

@@ -1,0 +1,65 @@
+"""The node's ranks share one cache budget: a rank ahead of another never evicts a shard the other still reads.
+
+Against moto's S3 server, two real processes on one cache directory: the other rank (a spawned
+process) still reads shard 0; this rank is done with it and prefetches shard 3. Under a budget of
+3.5 shards, fetching shard 3 would evict shard 0, which the other rank would then fetch again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardwise.data.sharded import ShardCache
+from tests.s3_server import make_bucket, s3_endpoint, storage_options
+
+SIZE = 10_000  # bytes a shard
+BUCKET = "budget"
+URLS = [f"s3://{BUCKET}/{s}.bin" for s in range(4)]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    with s3_endpoint() as url:
+        fs = make_bucket(url, BUCKET)
+        for s in range(4):
+            fs.pipe(f"{BUCKET}/{s}.bin", bytes([s]) * SIZE)
+        yield url
+
+
+def _behind(directory: str, endpoint: str, ready: Any, done: Any) -> None:
+    """The rank behind: has shards 0-2 in the cache and still reads shard 0 first; stays until ``done``."""
+    cache = ShardCache(directory, budget_bytes=int(3.5 * SIZE), prefetch_threads=0,
+                       storage_options=storage_options(endpoint))
+    for url in URLS[:3]:
+        cache.path(url, SIZE)
+    cache.follow([(url, SIZE, None) for url in URLS])
+    ready.set()
+    done.wait(60)
+
+
+def test_a_rank_ahead_keeps_the_shards_a_rank_behind_still_reads(endpoint: str, tmp_path: Path) -> None:
+    """This rank is done with shard 0; the other process still reads it: prefetching shard 3 does not evict it."""
+    context = mp.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    behind = context.Process(target=_behind, args=(str(tmp_path), endpoint, ready, done), daemon=True)
+    behind.start()
+    try:
+        assert ready.wait(60), "the other rank did not start"
+        cache = ShardCache(tmp_path, budget_bytes=int(3.5 * SIZE), prefetch_threads=1,
+                           storage_options=storage_options(endpoint))
+        cache.follow([(url, SIZE, None) for url in URLS[1:]])  # shards 1, 2, 3: done with shard 0
+        cache.close()  # the prefetch thread finishes what it took
+        kept = {path.name.partition("-")[0] for path in tmp_path.iterdir() if path.suffix == ".bin"}
+        assert cache.name(URLS[0]).partition("-")[0] in kept  # not evicted: the other rank reads it next
+        assert cache.name(URLS[3]).partition("-")[0] not in kept  # no room for it until shard 0 is done
+        assert cache.fetched_bytes == 0
+    finally:
+        done.set()
+        behind.join(30)
+        if behind.is_alive():
+            behind.kill()
