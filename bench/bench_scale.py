@@ -1,14 +1,14 @@
 """Every sampler at 1e6..1e8 (Bucket, Packed 1e9) samples, inputs memory-mapped: cold and warm start beside a floor.
 
-Run (serialised with the other benchmarks; the 1e8 rows need ~10 GB of disk under --dir)::
+Run (alone on the machine; the 1e8 rows need ~10 GB of disk under --dir, the 1e9 rows ~25 GB)::
 
-    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e6 1e7 1e8
-    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 2e7 1e8 --samplers Bucket Packed \
-        ClassBalanced Weighted TwoStream --no-node
-    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e9 --samplers Bucket Packed --no-node
-    mkdir -p /tmp/before-3f86430 && git archive 3f86430 src | tar -x -C /tmp/before-3f86430   # an older src
-    flock /tmp/shardwise-bench.lock python bench/bench_scale.py --sizes 1e7 --samplers ClassBalanced \
-        --before /tmp/before-3f86430/src
+    python bench/bench_scale.py --quick    # 3e5 samples, five samplers, no node totals: a smoke test
+    python bench/bench_scale.py --sizes 1e6 1e7 1e8
+    python bench/bench_scale.py --sizes 2e7 1e8 --samplers Bucket Packed ClassBalanced Weighted TwoStream --no-node
+    python bench/bench_scale.py --sizes 1e9 --samplers Bucket Packed --no-node
+    mkdir -p before-790903e && git archive 790903e src | tar -x -C before-790903e   # an older src
+    python bench/bench_scale.py --sizes 2e7 --samplers Packed --no-node --before before-790903e/src \
+        --before-max 2e7
 
 Inputs are ``.npy`` files opened with ``np.load(mmap_mode="r")`` (generated once under ``--dir``):
 lengths int32 (log-normal, 1..8192 tokens), labels int32 (100,000 classes), weights float32, the
@@ -266,11 +266,20 @@ def row(n: int, label: str, cold: dict[str, Any], warm: dict[str, Any], floor: f
             f"| {warm['units_per_s']:,.0f} | {node} |")  # fmt: skip
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["1e6", "1e7", "1e8"])
     parser.add_argument("--samplers", nargs="+", default=SAMPLERS, choices=SAMPLERS)
-    parser.add_argument("--dir", default="/tmp/shardwise-bench-scale", help="inputs (and caches) live here")
+    parser.add_argument(
+        "--dir",
+        default=str(Path(tempfile.gettempdir()) / "shardwise-bench-scale"),
+        help="inputs (and caches) live here (default: shardwise-bench-scale in the temporary folder)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 3e5 samples, Bucket Packed ClassBalanced Weighted TwoStream, no node totals",
+    )
     parser.add_argument("--no-node", action="store_true", help="skip the 8-process node totals")
     parser.add_argument("--node-sizes", nargs="*", default=["1e8"], help="sizes that get the node totals")
     parser.add_argument(
@@ -286,8 +295,16 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("SAMPLER", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=RANK, help=argparse.SUPPRESS)
     parser.add_argument("--sync", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     directory = Path(args.dir)
+    if args.quick:
+        args.sizes, args.no_node = ["3e5"], True
+        args.samplers = ["Bucket", "Packed", "ClassBalanced", "Weighted", "TwoStream"]
     if args.one:
         result = one(args.one[0], int(args.one[1]), directory, args.rank, Path(args.sync) if args.sync else None)
         print(json.dumps(result))
