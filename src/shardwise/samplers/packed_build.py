@@ -193,8 +193,15 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
             sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
                                  layout.carried)  # fmt: skip
             bar.update(1)
-    for name, values in (("batch_of_row", rows), ("batch_keys", costs)):
-        np.save(directory / f"{name}.npy", np.concatenate(values))
+    for name, values in (("batch_of_row", rows), ("batch_keys", costs)):  # stratum by stratum: no second copy
+        out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=values[0].dtype,
+                                        shape=(sum(part.size for part in values),))  # fmt: skip
+        at = 0
+        for part in values:
+            out[at : at + part.size] = part
+            at += part.size
+        out.flush()
+        del out
     for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
         np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
     np.save(directory / "carried.npy", sizes[3])
