@@ -123,12 +123,12 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
 
 
 def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, launch: Any,
-               ranks: tuple[int, ...] = (1, 2, 4)) -> list[tuple[str, str, str]]:
+               ranks: tuple[int, ...] = (1, 2, 4), kept_shards: int | None = None) -> list[tuple[str, str, str]]:
     """Bytes one node fetches in an epoch over the dataset's, ``ranks`` ranks a node (2 workers each), one cache.
 
-    The cache's ``budget_bytes`` is the documented minimum: the ``window + 2`` largest shards as the
-    cache keeps them (decoded). Bytes are counted by the S3 server (``gauge.sent``: every GET body,
-    the ranks' and their workers'), after the index is built.
+    The cache's ``budget_bytes`` is the documented minimum: the ``window + 6`` largest shards as the
+    cache keeps them (decoded), or the ``kept_shards`` largest. Bytes are counted by the S3 server
+    (``gauge.sent``: every GET body, the ranks' and their workers'), after the index is built.
     """
     from shardwise import ShardCache, ShardedSource
     from shardwise.samplers.locality import WINDOW
@@ -144,7 +144,8 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
         probe[int(first)]  # every shard decoded once: the sizes the cache keeps
     kept = sorted(p.stat().st_size for p in (root / "probe-bytes").iterdir() if p.suffix == ".arrow")
     window = spec.get("window") or WINDOW
-    budget = int(sum(kept[-(window + 2):]))
+    count_kept = kept_shards or window + 6
+    budget = int(sum(kept[-count_kept:]))
     total = int(probe.file_sizes.sum())
     rows = []
     for count in ranks:
@@ -152,6 +153,6 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
         launch(count, {**spec, "loader": "shardwise", "urls": urls, "cache": f"cache-bytes-{count}", "budget": budget,
                        "warm": False, "memory_epoch": False})
         rows.append((f"bytes one node fetches in an epoch / the dataset, {count} rank(s) a node, 2 workers each, "
-                     f"budget = the {window + 2} largest kept shards ({budget / total:.0%} of the data as Parquet)",
+                     f"budget = the {count_kept} largest kept shards ({budget / total:.0%} of the Parquet)",
                      "shardwise", f"{(gauge.sent - before) / total:.3f}"))
     return rows

@@ -72,8 +72,7 @@ class _Following:
         if i >= len(self._ids):
             raise StopIteration
         if i % self._step == 0:
-            # from a step back: the DataLoader workers read a few batches behind the sampler
-            self._follow(self._positions[max(0, i - self._step) : i + 8 * self._step])  # about two windows ahead
+            self._follow(self._positions[i : i + 8 * self._step])  # about two windows ahead
         self._next = i + 1
         return self._ids[i]
 
@@ -122,7 +121,7 @@ class LocalitySampler(SizedPlanSampler):
 
     Args:
         dataset: a source with ``shard_sizes`` (``ShardedSource``) or the samples per shard.
-        window: shards mixed together (the node cache should hold ``window + 2`` shards, two windows
+        window: shards mixed together (the node cache should hold ``window + 6`` shards, two windows
             with ``mixing="windows"``); ``>=`` the number of shards is a uniform shuffle.
         mixing: ``"streams"`` (default: each of ``window`` streams reads one shard at a time) or
             ``"windows"`` (one window of shards, then the next: the default of plan 1). Part of the

@@ -289,7 +289,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
                     raise ShardError(
                         f"shard {url} (needed for sample {sample}) was evicted by another process before it could be "
                         f"opened, {_OPEN_ATTEMPTS} times: give ShardCache(budget_bytes=...) room for the shards the "
-                        f"node's ranks read at once (two windows each)") from error
+                        f"node's ranks read at once (the window + 6 largest shards)") from error
             except (OSError, ValueError) as error:
                 raise ShardError(f"shard {url} (needed for sample {sample}) is not a readable "
                                  f"{self.format.value} file: {error}") from error
