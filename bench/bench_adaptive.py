@@ -187,7 +187,7 @@ def make_sampler(arm: str, sizes: list[int], steps: int) -> MixtureSampler:
     num_samples = steps * GLOBAL_BATCH
     if arm == "fixed":
         return MixtureSampler(sizes, [1, 1, 1], num_samples=num_samples, block=GLOBAL_BATCH, seed=0)
-    policy = Exp3(smoothing=0.5, floor=0.05) if arm == "exp3" else ExponentiatedGradient(rate=0.05, smoothing=0.0,
+    policy = Exp3(smoothing=0.5, floor=0.05) if arm == "exp3" else ExponentiatedGradient(rate=0.05, smoothing=0.1,
                                                                                           floor=0.05)  # fmt: skip
     adaptive = AdaptiveWeights(policy, interval=INTERVAL)
     return MixtureSampler(sizes, adaptive, num_samples=num_samples, block=GLOBAL_BATCH, seed=0)
@@ -372,6 +372,12 @@ def demonstration(options: argparse.Namespace, steps: int) -> None:
         weights = ", ".join(f"{w:.2f}" for w in results[arm]["ledger"][-1])
         print(f"| {label} | {held[0]:.3f} | {held[1]:.3f} | {held[2]:.3f} | {mean:.3f} | {mean / fixed_mean:.3f} | "
               f"{weights} | {results[arm]['seconds']:.1f} |")  # fmt: skip
+    curve_points = [step for step, _ in results["fixed"]["curve"]]
+    print("\nheld-out loss, mean of wikitext and stdlib, as training goes (millions of bytes trained):")
+    print("| arm | " + " | ".join(f"{step * GLOBAL_BATCH * 64 / 1e6:.2f}" for step in curve_points) + " |")
+    print("|---|" + "---|" * len(curve_points))
+    for arm in ("fixed", "exp3", "eg"):
+        print(f"| {arm} | " + " | ".join(f"{np.mean(v[:2]):.3f}" for _, v in results[arm]["curve"]) + " |")
     print(write_trajectories(options.plot, results))
 
     half = (steps // 2) // STEPS_PER_UPDATE * STEPS_PER_UPDATE
