@@ -238,3 +238,19 @@ def test_lag_zero_takes_an_update_at_once_without_workers() -> None:
     assert len(train(sampler, range(1))) == 40 and sampler.ledger.updates == 5
     assert sampler.weights_at(0, 127) != sampler.weights_at(0, 128)
     assert sampler.weights_at(0, 128) == pytest.approx(sampler.ledger.weights[1].tolist(), abs=1e-9)
+
+
+def test_a_checkpoint_between_updates_warns_that_it_misses_the_recorded_losses() -> None:
+    """pending counts what this rank recorded since the last update; the integrations warn when they save then."""
+    from shardwise.integrations.lightning import AdaptiveMixtureCallback
+
+    sampler = _sampler()
+    train(sampler, range(1), stop=8)  # an update at 128: nothing pending
+    assert sampler.pending == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AdaptiveMixtureCallback(sampler).on_save_checkpoint(None, None, {})
+    sampler.record([1.0, 2.0], [0, 2])
+    assert sampler.pending == 2
+    with pytest.warns(RuntimeWarning, match=r"misses the 2 losses this rank recorded towards update 2"):
+        AdaptiveMixtureCallback(sampler).on_save_checkpoint(None, None, {})

@@ -101,6 +101,12 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
                 sampler.update(position=trained)
         return loss
 
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        sampler = self._adaptive_sampler(model)
+        if sampler is not None:
+            sampler.warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses
+        super()._save_checkpoint(model, trial)
+
 
 class AdaptiveMixtureTrainer(AdaptiveMixtureMixin, _Trainer):  # type: ignore[misc]
     """``ShardwiseTrainer`` with adaptive mixture weights (``train_sampler=`` an adaptive ``MixtureSampler``).

@@ -130,3 +130,6 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
         self.sampler.record(outputs[self.losses].detach(), sources)
         if self.sampler.update_due():
             self.sampler.update()
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self.sampler.warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses

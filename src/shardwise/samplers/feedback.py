@@ -267,6 +267,30 @@ class AdaptiveMixin:
             position = int(self.uncompacted(epoch, np.asarray([consumed], dtype=np.int64))[0])
         return self._plan.epoch_start(epoch) + position
 
+    @property
+    def pending(self) -> int:
+        """Samples this rank recorded since the last update: a checkpoint now does not carry them.
+
+        NOTE [ Resuming an adaptive mixture ] (docs/mixture.md): a resume from such a checkpoint
+        computes the next update from what is recorded after it, so its weights can differ from the
+        uninterrupted run's; checkpoint right after an update for an identical trajectory.
+        """
+        return int(self._need_feedback("pending").counts.sum())
+
+    def warn_if_pending(self) -> None:
+        """Warn that a checkpoint taken now misses this rank's statistics since the last update."""
+        pending = self.pending
+        if pending:
+            ledger = self._need_feedback("pending").ledger
+            warnings.warn(
+                f"a checkpoint taken now misses the {pending} losses this rank recorded towards update "
+                f"{ledger.updates + 1} (due at run position {ledger.due_at}): a resume from it computes that update "
+                "from what is recorded after the resume, so the weights can differ from this run's. Checkpoint "
+                "right after an update (every interval) for an identical trajectory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
     def update_due(self, position: int | None = None) -> bool:
         """Whether the loop has trained through the end of the interval the next update reports.
 
