@@ -241,16 +241,14 @@ def test_lag_zero_takes_an_update_at_once_without_workers() -> None:
 
 
 def test_a_checkpoint_between_updates_warns_that_it_misses_the_recorded_losses() -> None:
-    """pending counts what this rank recorded since the last update; the integrations warn when they save then."""
-    from shardwise.integrations.lightning import AdaptiveMixtureCallback
-
+    """pending counts what this rank recorded since the last update; warn_if_pending (the integrations' save hooks)."""
     sampler = _sampler()
     train(sampler, range(1), stop=8)  # an update at 128: nothing pending
     assert sampler.pending == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        AdaptiveMixtureCallback(sampler).on_save_checkpoint(None, None, {})
+        sampler.warn_if_pending()
     sampler.record([1.0, 2.0], [0, 2])
     assert sampler.pending == 2
     with pytest.warns(RuntimeWarning, match=r"misses the 2 losses this rank recorded towards update 2"):
-        AdaptiveMixtureCallback(sampler).on_save_checkpoint(None, None, {})
+        sampler.warn_if_pending()
