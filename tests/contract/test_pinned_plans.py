@@ -52,8 +52,8 @@ def digest(case: Case) -> str:
 
 
 PINNED: dict[str, str] = {
-    "LocalitySampler": "a6b7b32df24b55c9",
-    "LocalitySampler-partitions": "110e60dff117cc22",
+    "LocalitySampler-windows": "6db9af52b6e191af",
+    "LocalitySampler-windows-partitions": "b10a60c1a5131ee2",
     "LocalitySampler-streams": "13f231ea82f2ef68",
     "LocalitySampler-streams-partitions": "110e60dff117cc22",
     "ShardedSampler": "64d76a5d097740b7",

@@ -60,10 +60,11 @@ def test_upcoming_shards_start_with_what_the_positions_read(sizes: list[int], k:
     assert read <= set(upcoming.tolist())
     assert len(set(upcoming.tolist())) == len(upcoming)
     following = np.arange(positions[-1] + 1, n)
-    if following.size:  # the next shard to start after these positions is prefetched too
+    if following.size:  # a shard read after these positions is prefetched too: each stream's next
+        # (the first read may be another: shards smaller than a block are shuffled within it, plan 2)
         nxt = [s for s in perm.shard_of(perm(following)).tolist() if s not in read]
         if nxt:
-            assert nxt[0] in set(upcoming.tolist())
+            assert set(nxt) & set(upcoming.tolist())
 
 
 def test_epochs_and_keys_differ_and_streams_beyond_the_shards_clamp() -> None:
@@ -77,7 +78,7 @@ def test_memory_is_independent_of_the_number_of_samples() -> None:
     """1e9 samples in 1e5 shards: the plan's arrays are O(shards), a few MB."""
     sizes = np.full(100_000, 10_000, dtype=np.int64)
     perm = StreamPermutation(sizes, streams=16, key=5)
-    held = sum(getattr(perm, name).nbytes for name in ("_order", "_shard_starts", "_sm_slot", "_sm_starts"))
+    held = sum(getattr(perm, name).nbytes for name in ("_order", "_shard_starts", "_sm_starts"))
     assert held < 4 * 2**20
     positions = np.array([0, 123_456_789, 10**9 - 1])
     np.testing.assert_array_equal(perm.positions_of(perm(positions)), positions)

@@ -32,8 +32,8 @@ class RecordingSource:
 
 def test_one_partition_is_the_plain_plan_and_state() -> None:
     """partitions=1 (any ranks_per_partition) yields today's plan, and the state carries no partition keys."""
-    plain = LocalitySampler(SIZES, window=3, num_replicas=1, rank=0, seed=2)
-    grouped = LocalitySampler(SIZES, window=3, ranks_per_partition=4, num_replicas=1, rank=0, seed=2)
+    plain = LocalitySampler(SIZES, window=3, mixing="windows", num_replicas=1, rank=0, seed=2)
+    grouped = LocalitySampler(SIZES, window=3, mixing="windows", ranks_per_partition=4, num_replicas=1, rank=0, seed=2)
     expected = LocalityPermutation(SIZES, window=3, key=derive_seed(2, 0, "locality-shuffle"))(np.arange(SIZES.sum()))
     assert list(plain) == list(grouped) == expected.tolist()
     assert "partitions" not in plain.state_dict()["fingerprint"]
@@ -73,8 +73,8 @@ def test_when_inverts_the_partitioned_plan() -> None:
 
 def test_mixing_is_part_of_the_plan_and_the_state() -> None:
     """mixing="streams" changes the plan; a state resumes only with the same mixing, and says which to use."""
-    windows = LocalitySampler(SIZES, window=3, num_replicas=2, rank=0, seed=2)
-    streams = LocalitySampler(SIZES, window=3, mixing="streams", num_replicas=2, rank=0, seed=2)
+    windows = LocalitySampler(SIZES, window=3, mixing="windows", num_replicas=2, rank=0, seed=2)
+    streams = LocalitySampler(SIZES, window=3, num_replicas=2, rank=0, seed=2)  # the default
     assert list(windows) != list(streams)
     assert "mixing" not in windows.state_dict()["fingerprint"]  # states saved before mixing existed still load
     with pytest.raises(ValueError, match="mixing"):
