@@ -3,7 +3,7 @@
 Run (alone on the machine)::
 
     python bench/bench_adaptive.py --plot adaptive_weights.png      # about 10 minutes on 2 CPU cores
-    python bench/bench_adaptive.py --quick --plot /tmp/weights.png  # under 2 minutes
+    python bench/bench_adaptive.py --quick --plot weights.png  # under 2 minutes
 
 **Overhead.** 8 gloo ranks on this machine (CPU), side by side in one run: the update's collective
 (one ``all_reduce`` of ``4 + 2 x 3`` int64 numbers with its checks) against the baseline, a bare

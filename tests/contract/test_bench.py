@@ -39,16 +39,11 @@ MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|home|root|tmp|Users|mnt|scratc
 # Files another engineer owns, whose fix lands there: run, and expected to fail until it does
 # (not strict, as tests/contract/test_docs.py's NOT_YET: the fixes land while this runs; remove
 # an entry once its file passes).
-SHARDED = "owned by the sharded-benchmarks engineer of issue 32 (helpers renamed there)"
 SCALE = "owned by the cold-start engineer (issue 33)"
 DOCS = "a docs page outside issue 32's benchmark pages: the edit is in the issue-32 report"
-NO_QUICK_YET: dict[str, str] = {"bench_download.py": SHARDED, "bench_partitions.py": SHARDED,
-                                "bench_sharded_sources.py": SHARDED, "bench_scale.py": SCALE}  # fmt: skip
+NO_QUICK_YET: dict[str, str] = {"bench_scale.py": SCALE}
 PATHS_YET: dict[str, str] = {
-    "bench/_scratch_venvs.py": SHARDED, "bench/_streaming_venv.py": SHARDED, "bench/bench_download.py": SHARDED,
-    "bench/bench_partitions.py": SHARDED, "bench/bench_sharded.py": SHARDED, "bench/bench_sharded_sources.py": SHARDED,
-    "bench/bench_scale.py": SCALE, "docs/fabric.md": DOCS, "docs/ragged-store.md": DOCS, "docs/torchrun.md": DOCS,
-    "docs/transformers.md": DOCS, "docs/verify.md": DOCS,
+    "bench/bench_scale.py": SCALE, "docs/transformers.md": DOCS,
 }  # fmt: skip
 
 HELP_ALL = """

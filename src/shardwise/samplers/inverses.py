@@ -15,7 +15,7 @@ global plan whose unit holds sample ``index``, ascending, one per occurrence.
   with replacement, the epoch's draws recomputed (draws are independent: any position may hold any
   index). O(n) per epoch, chunk by chunk.
 
-The costs at 1e7 samples are in BENCHMARKS.md ("Provenance, part 2").
+The costs at 1e7 samples are in docs/benchmarks/provenance.md ("Provenance, part 2").
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def download(fs: Any, url: str, final: Path, size: int, version: str | None, sam
     for attempt in range(retries + 1):
         try:
             # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
-            # from S3 (no HEAD, no block cache; measured in BENCHMARKS.md, "the download").
+            # from S3 (no HEAD, no block cache; measured in docs/benchmarks/sharded-sources.md).
             fs.get_file(url, str(part))
             with open(part, "rb+") as target:
                 copied = os.fstat(target.fileno()).st_size

@@ -162,7 +162,7 @@ def _parquet_table(path: str, columns: list[str] | None) -> Any:
 
     Read through ``ParquetFile``, not ``parquet.read_table``: the latter goes through
     ``pyarrow.dataset``, whose import pulls in pandas: seconds and tens of MiB in every fresh
-    DataLoader worker, each epoch (BENCHMARKS.md, "the worker path"). ``ParquetFile.read``
+    DataLoader worker, each epoch (docs/benchmarks/sharded-sources.md, "the worker path"). ``ParquetFile.read``
     returns empty columns for names the file lacks, so they are refused here, as ``read_table``
     refuses them (a ``ValueError``).
     """
