@@ -189,7 +189,7 @@ def test_warm_sampler_holds_no_per_sample_array(tmp_path: Path) -> None:
         for name, value in vars(sampler).items()
         if isinstance(value, np.ndarray) and not np.shares_memory(value, lengths) and value.nbytes > 1 << 16
     ]
-    assert private == [] and isinstance(sampler._source, np.memmap)
+    assert private == [] and isinstance(sampler.lengths, np.memmap)
     assert isinstance(sampler._grouped().order, np.memmap)
 
 
@@ -203,7 +203,7 @@ def test_pickled_sampler_carries_the_file_location_not_the_lengths(tmp_path: Pat
     data = pickle.dumps(sampler)
     assert len(data) < 100_000
     copy = pickle.loads(data)
-    assert isinstance(copy._source, np.memmap) and list(copy) == list(sampler)
+    assert isinstance(copy.lengths, np.memmap) and list(copy) == list(sampler)
 
 
 def test_bad_cache_arguments_name_the_parameter(tmp_path: Path) -> None:

@@ -278,12 +278,6 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _length_of(self, i: int) -> int:
         return self._input.length_of(i)
 
-    @property
-    def _source(self) -> Any:
-        # The lengths as read (the array given, or a store's offsets reader), for
-        # tests/index/test_scale.py until it reads sampler.lengths (named in issue 32's report).
-        return self._input.values
-
     # -- what frameworks and users read --------------------------------------------------------
     @property
     def batch_size(self) -> int | None:

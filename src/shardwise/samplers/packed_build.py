@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core.arrays import check_non_negative_integers, one_dimensional
+from .._core.arrays import check_non_negative_integers
 from .._core.packing import (
     Balance,
     PieceIndex,
@@ -35,13 +35,11 @@ from .._core.packing import (
     stratum_layouts,
 )
 from ..index import GroupedIndex, build_or_open, length_index, read_checked
-from ..index.arrow import resolve
 from ..index.builders import index_dtype
 from ..index.cache import CacheDir
-from ..index.lengths import LENGTH_KIND
+from ..index.lengths import LENGTH_KIND, LengthsInput
 from ..index.progress import Progress
 from ..index.workers import build_workers, map_tasks
-from .inputs import as_lengths
 
 SHARED_FROM = 1 << 18
 """From this many samples on, the item index and the batch counts live in the node's shared index
@@ -54,10 +52,10 @@ PIECES_KIND, LAYOUTS_KIND, RANGE_KIND = "pack-pieces", "pack-layouts", "lengths-
 def lengths_array(values: Any) -> np.ndarray:
     """Lengths: a large numpy array (or memory map) as is (its values are checked by :func:`lengths_range`),
     anything else as a validated compact copy."""
-    values = resolve("lengths", values)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
-    if isinstance(values, np.ndarray) and values.size >= SHARED_FROM:
-        return one_dimensional("lengths", values, sequence_of="integers", one="length")
-    return as_lengths(values)
+    lengths = LengthsInput.of(values)  # any form a user passes, resolved and shape-checked in one step
+    if isinstance(lengths.values, np.ndarray) and lengths.size >= SHARED_FROM:
+        return lengths.values
+    return lengths.compact()
 
 
 def lengths_range(lengths: np.ndarray, key: str, cache_dir: CacheDir, timeout: float) -> tuple[int, int]:
