@@ -36,15 +36,6 @@ PAGES = sorted(
 MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|home|root|tmp|Users|mnt|scratch)/[\w.-]*")
 """An absolute path into a machine's own folders (not a URL's path, not ``bench/data/``, not ``~/``)."""
 
-# Files another engineer owns, whose fix lands there: run, and expected to fail until it does
-# (not strict, as tests/contract/test_docs.py's NOT_YET: the fixes land while this runs; remove
-# an entry once its file passes).
-SCALE = "owned by the cold-start engineer (issue 33)"
-NO_QUICK_YET: dict[str, str] = {"bench_scale.py": SCALE}
-PATHS_YET: dict[str, str] = {
-    "bench/bench_scale.py": SCALE,
-}  # fmt: skip
-
 HELP_ALL = """
 import contextlib, io, json, runpy, sys
 bench, names = sys.argv[1], sys.argv[2:]
@@ -65,11 +56,6 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def _case(name: str, not_yet: dict[str, str]) -> object:
-    marks = [pytest.mark.xfail(reason=not_yet[name], strict=False)] if name in not_yet else []
-    return pytest.param(name, marks=marks, id=name)
-
-
 @pytest.fixture(scope="module")
 def helps() -> dict[str, dict[str, object]]:
     """Every benchmark's ``--help`` exit code and output, from one fresh interpreter at the repository root."""
@@ -86,7 +72,7 @@ def test_there_are_benchmarks() -> None:
     assert len(BENCHES) >= 10, BENCHES
 
 
-@pytest.mark.parametrize("name", [_case(name, NO_QUICK_YET) for name in BENCHES])
+@pytest.mark.parametrize("name", BENCHES)
 def test_help_and_quick(name: str, helps: dict[str, dict[str, object]]) -> None:
     """``python bench/<name>.py --help`` exits 0 with a usage text that offers ``--quick``."""
     result = helps[name]
@@ -103,7 +89,7 @@ def test_help_as_its_own_process() -> None:
     assert "--quick" in done.stdout and "--data DIR" in done.stdout, done.stdout
 
 
-@pytest.mark.parametrize("page", [_case(str(page.relative_to(ROOT)), PATHS_YET) for page in PAGES])
+@pytest.mark.parametrize("page", [str(page.relative_to(ROOT)) for page in PAGES])
 def test_no_machine_path(page: str) -> None:
     """The file names no absolute path of one machine (home, scratch, temporary folder)."""
     text = (ROOT / page).read_text(encoding="utf-8")
