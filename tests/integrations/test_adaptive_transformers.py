@@ -89,3 +89,24 @@ def test_the_trainer_moves_weights_from_its_loss_and_a_resume_continues_the_ledg
     assert saved["sampler"]["adaptive"]["updates"] == 2 and saved["sampler"]["consumed"] == 32
     resumed, _ = _train(tmp_path, resume=str(tmp_path / "checkpoint-8"))
     assert (resumed.ledger.shares == ledger.shares).all()
+
+
+def test_packed_batches_are_refused_not_recorded_row_by_row(tmp_path: Path) -> None:
+    """A packed row holds several documents: the Trainer's one loss a row cannot be a sample's; it says so."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from shardwise import PackCollate, PackedDataset
+    from shardwise.integrations.adaptive_mixture import AdaptiveMixtureTrainer
+
+    data = Mixture({"repeat": Source("repeat", 30), "noise": Source("noise", 30)})
+    adaptive = AdaptiveWeights(ExponentiatedGradient(rate=1.0, smoothing=0.5, floor=0.1), interval=INTERVAL)
+    sampler = MixtureSampler(data, adaptive, num_samples=NUM_SAMPLES, block=10, seed=1, num_replicas=1, rank=0)
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=BATCH, max_steps=2, use_cpu=True,
+                             remove_unused_columns=False, report_to="none", disable_tqdm=True)  # fmt: skip
+    config = GPT2Config(vocab_size=VOCAB, n_positions=4 * LENGTH, n_embd=16, n_layer=1, n_head=2)
+    trainer = AdaptiveMixtureTrainer(model=GPT2LMHeadModel(config), args=args,
+                                     train_dataset=PackedDataset(data, field="input_ids"),
+                                     data_collator=PackCollate(max_len=2 * LENGTH), train_sampler=sampler)  # fmt: skip
+    with pytest.raises(ValueError, match="got packed batches"):
+        trainer.train()
+    assert sampler.ledger.updates == 0 and sampler.pending == 0

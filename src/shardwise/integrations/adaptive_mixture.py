@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._core.plan import rank_positions
+from ..data.packed_batch import PackedBatch
 from ..samplers.mixture import MixtureSampler
 from . import require
 from .transformers import ShardwiseTrainerMixin
@@ -92,8 +93,16 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
         return sampler.sources_at(position.epoch, sampler.uncompacted(position.epoch, positions))
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        loss = super().training_step(model, inputs, *args, **kwargs)  # counts the batch as trained
         sampler = self._adaptive_sampler(model)
+        if sampler is not None and isinstance(inputs, PackedBatch):
+            # Rows are not samples: a loss per row, tagged with the first rows' sources, would be wrong silently.
+            raise ValueError(
+                "AdaptiveMixtureTrainer reads one loss per sample from the model's outputs, but got packed "
+                "batches (PackCollate): several documents share a row. Train packed mixture batches with the "
+                "loop of docs/mixture.md ('Sharded sources and packed rows'), which records each document's "
+                "loss from document_ids and sample_ids, or collate without packing"
+            )
+        loss = super().training_step(model, inputs, *args, **kwargs)  # counts the batch as trained
         position = self._shardwise_position
         if sampler is not None and position is not None:
             trained = sampler.trained_position(position.epoch, position.consumed())
