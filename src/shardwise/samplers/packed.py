@@ -99,6 +99,8 @@ class PackedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     private memory is one stratum (about 100 bytes an item of ``window``); another rank's start
     reads two numbers and maps the files (tens of ms), the first batch of an epoch costs one
     stratum (~20 ms), a rank's whole epoch about 1 ms of packing per stratum spread over the epoch.
+    With the ``fast`` extra (numba) the packing of each stratum is compiled, with the same rows
+    (``SHARDWISE_NUMBA=0`` forces the pure-Python step).
 
     Args:
         lengths: the length of every sample, a 1-D sequence of non-negative integers.

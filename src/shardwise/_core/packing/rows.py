@@ -13,6 +13,7 @@ from bisect import bisect_left, insort
 import numpy as np
 
 from ..offsets import span_positions
+from .compiled import placements
 
 
 class _Rooms:
@@ -60,7 +61,10 @@ class _Rooms:
         self.queues[room].extend(reversed(runs))
 
 
-def _item_rows(firsts: list[int], sizes: list[int], repeats: list[int], starts: list[int]) -> np.ndarray:
+_Ints = list[int] | np.ndarray  # the placements, as lists (plain Python) or arrays (compiled)
+
+
+def _item_rows(firsts: _Ints, sizes: _Ints, repeats: _Ints, starts: _Ints) -> np.ndarray:
     """The row of every item, lengths ascending, from the placements ``pack_histogram`` made longest first.
 
     Placement ``i`` put ``repeats[i]`` items in each of rows ``firsts[i] .. firsts[i] + sizes[i] - 1``;
@@ -75,28 +79,8 @@ def _item_rows(firsts: list[int], sizes: list[int], repeats: list[int], starts: 
     return item_rows
 
 
-def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
-    """Best-fit decreasing into rows of ``max_len`` tokens, on a histogram of item lengths.
-
-    Items are placed longest first, each into the fullest row it still fits (a new row if none):
-    exactly what best-fit decreasing does item by item, computed per (length, row-room) pair:
-    a row that is the best fit for an item of length ``l`` stays the best fit for the next ones
-    until it has no room, so a whole run of equal items is placed in one step. Items of length 0
-    go round the rows. A step is plain Python on runs of row ids (no numpy call); the rows of
-    every item are expanded from those runs by numpy at the end.
-
-    Rows of equal room are served newest block first (a block: the rows one step filled or
-    opened), in row order within a block: the order the plan of version 2 was made with.
-
-    Args:
-        histogram: ``(max_len + 1,)`` items of each length.
-        max_len: row capacity.
-
-    Returns:
-        ``item_rows`` ``(histogram.sum(),)`` int64, the row of each item, items ordered by length
-        ascending (class by class, as :func:`stratum_slots` lists them), and the number of rows.
-    """
-    histogram = np.asarray(histogram, dtype=np.int64)
+def _placements(histogram: np.ndarray, max_len: int) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """The placements ``(firsts, sizes, repeats, starts)`` and the number of rows, in plain Python (:class:`_Rooms`)."""
     needs = histogram.tolist()
     rooms = _Rooms(max_len)
     num_rows = 0
@@ -141,7 +125,39 @@ def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int
                 rooms.put(room - need * length, row, 1)
                 need = 0
     starts[0] = len(firsts)
-    flat = _item_rows(firsts, sizes, repeats, starts)
+    return firsts, sizes, repeats, starts, num_rows
+
+
+def pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing into rows of ``max_len`` tokens, on a histogram of item lengths.
+
+    Items are placed longest first, each into the fullest row it still fits (a new row if none):
+    exactly what best-fit decreasing does item by item, computed per (length, row-room) pair:
+    a row that is the best fit for an item of length ``l`` stays the best fit for the next ones
+    until it has no room, so a whole run of equal items is placed in one step. Items of length 0
+    go round the rows. A step works on runs of row ids: compiled by numba where it is installed
+    (:mod:`.compiled`, ``SHARDWISE_NUMBA``), else plain Python (:class:`_Rooms`), the same
+    placements either way; the rows of every item are expanded from those runs by numpy at the end.
+
+    Rows of equal room are served newest block first (a block: the rows one step filled or
+    opened), in row order within a block: the order the plan of version 2 was made with.
+
+    Args:
+        histogram: ``(max_len + 1,)`` items of each length.
+        max_len: row capacity.
+
+    Returns:
+        ``item_rows`` ``(histogram.sum(),)`` int64, the row of each item, items ordered by length
+        ascending (class by class, as :func:`stratum_slots` lists them), and the number of rows.
+    """
+    histogram = np.asarray(histogram, dtype=np.int64)
+    compiled = placements(histogram, max_len)
+    if compiled is None:
+        firsts, sizes, repeats, starts, num_rows = _placements(histogram, max_len)
+        flat = _item_rows(firsts, sizes, repeats, starts)
+    else:
+        flat = _item_rows(*compiled[:4])
+        num_rows = compiled[4]
     zeros = int(histogram[0])
     if zeros:
         num_rows = max(num_rows, 1)
