@@ -126,6 +126,7 @@ def test_the_variable_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_numba_missing_falls_back_or_fails_when_required(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without numba: ``auto`` packs in plain Python (the same rows), ``1`` is an ImportError naming the extra."""
     monkeypatch.setattr(compiled_module, "_compiled", lambda: None)
+    monkeypatch.setattr(compiled_module, "_python_items", [compiled_module.AUTO_FROM])  # past the small builds
     histogram = np.array([1, 2, 3, 0, 4], dtype=np.int64)
     monkeypatch.setenv(ENV_NUMBA, "auto")
     assert placements(histogram, 4) is None
@@ -144,3 +145,15 @@ def test_importing_the_packing_core_does_not_import_numba() -> None:
     code = "import sys, shardwise._core.packing; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.usefixtures("needs_numba")
+def test_auto_packs_small_builds_in_python_then_turns_to_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto``: plain Python until the process has packed AUTO_FROM items (a small build never imports numba)."""
+    monkeypatch.setenv(ENV_NUMBA, "auto")
+    monkeypatch.setattr(compiled_module, "_python_items", [0])
+    histogram = np.zeros(65, dtype=np.int64)
+    histogram[[3, 64]] = compiled_module.AUTO_FROM // 4  # half of AUTO_FROM items a call
+    assert placements(histogram, 64) is None  # the first half: Python
+    assert placements(histogram, 64) is None  # reaches AUTO_FROM
+    assert placements(histogram, 64) is not None  # from here on, compiled

@@ -1,7 +1,8 @@
 """The placements of :func:`~.rows.pack_histogram` compiled with numba (the optional ``fast`` extra).
 
 numba is imported here only, lazily, on the first call that wants it; ``SHARDWISE_NUMBA`` chooses:
-unset, empty or ``auto`` (numba if installed, else plain Python), ``1`` (numba, an ImportError if
+unset, empty or ``auto`` (numba if installed, once the process has packed :data:`AUTO_FROM` items
+in plain Python, else plain Python), ``1`` (numba, an ImportError if
 it is missing), ``0`` (plain Python always). :func:`placements` returns ``None`` when the plain
 Python steps of :mod:`.rows` are to be used.
 
@@ -24,6 +25,11 @@ import numpy as np
 
 ENV_NUMBA = "SHARDWISE_NUMBA"
 _MODES = {"": "auto", "auto": "auto", "1": "on", "0": "off"}
+AUTO_FROM = 1 << 22
+"""Items a process packs in plain Python before ``auto`` turns to numba: about 1.2 s of packing, what
+importing numba costs a process (and ~35 MB of private memory), so a small build never pays it
+and a large one (1e8 items) loses about a second. The rows are the same either way."""
+_python_items = [0]  # items this process packed in plain Python under ``auto``
 
 
 def numba_mode() -> str:
@@ -62,6 +68,9 @@ def placements(
     """
     mode = numba_mode()
     if mode == "off":
+        return None
+    if mode == "auto" and _python_items[0] < AUTO_FROM:  # not worth numba's import yet
+        _python_items[0] += int(np.asarray(histogram).sum())
         return None
     kernel = _compiled()
     if kernel is None:
