@@ -7,6 +7,7 @@ changes, counted in the byte budget.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import time
 from collections.abc import Iterator
@@ -54,8 +55,16 @@ def _source(s3: dict[str, Any], cache_dir: Path, prefix: str = "train", **kwargs
 
 
 def _files(directory: Path) -> dict[str, Any]:
-    """``{name: stat}`` of the cache's whole files (no locks, no temporary files)."""
-    return {p.name: p.stat() for p in directory.iterdir() if p.suffix != ".lock" and ".part" not in p.name}
+    """``{name: stat}`` of the cache's whole files (no locks, temporary files or ``.plan-<pid>`` orders).
+
+    The prefetch thread evicts while this looks: a file listed may be gone when its size is read.
+    """
+    files = {}
+    for path in directory.iterdir():
+        if path.suffix != ".lock" and ".part" not in path.name and not path.name.startswith("."):
+            with contextlib.suppress(FileNotFoundError):
+                files[path.name] = path.stat()
+    return files
 
 
 def _read_all(rank: int, world_size: int, endpoint: str, cache_dir: str, workers: int) -> dict[str, Any]:
