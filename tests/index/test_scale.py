@@ -54,9 +54,9 @@ print(batches, samples, len(sampler))
     assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 1
 
 
-def test_packed_over_2e6_mapped_lengths_builds_its_index_under_a_data_cap(tmp_path: Path) -> None:
-    """2e6 mapped lengths, some split: the piece index and the layouts build with 48 MB of private memory to spare."""
-    n = 2_000_000
+def test_packed_over_3e6_mapped_lengths_builds_its_index_under_a_data_cap(tmp_path: Path) -> None:
+    """3e6 mapped lengths, some split: the piece index and the layouts build with 64 MB of private memory to spare."""
+    n = 3_000_000
     out = np.lib.format.open_memmap(tmp_path / "lengths.npy", mode="w+", dtype=np.int32, shape=(n,))
     out[:] = np.clip(np.random.default_rng(2).lognormal(5.5, 1.0, n), 1, 8192).astype(np.int32)
     out.flush()
@@ -65,7 +65,7 @@ def test_packed_over_2e6_mapped_lengths_builds_its_index_under_a_data_cap(tmp_pa
         f"""
 import itertools
 lengths = np.load({str(tmp_path / "lengths.npy")!r}, mmap_mode="r")
-cap(48)  # MiB to spare: the in-memory piece index it replaced took about 40 bytes a sample (80 MB)
+cap(64)  # MiB to spare (chunks of 2**20 and their temporaries); the in-memory piece index it replaced: ~40 bytes a sample, 120 MB
 sampler = shardwise.PackedBatchSampler(lengths, max_len=4096, rows_per_batch=8, num_replicas=8, rank=3, seed=1,
                                        cache_dir={str(tmp_path / "cache")!r})
 longest = max(sum(i.stop - i.start for i in b if i.row == r) for b in itertools.islice(sampler, 10) for r in range(8))
