@@ -111,17 +111,20 @@ def reference_pack_histogram(histogram: np.ndarray, max_len: int) -> tuple[np.nd
     return flat.astype(np.int64, copy=False), num_rows
 
 
-def _histograms(rng: np.random.Generator, max_len: int, count: int) -> np.ndarray:
-    """``count`` items of lengths 0..max_len drawn four ways: uniform, long-tailed, a few values, mostly long."""
-    kind = int(rng.integers(4))
+def random_histogram(rng: np.random.Generator, max_len: int, count: int, kinds: int = 4) -> np.ndarray:
+    """``count`` items of lengths 0..max_len drawn one of ``kinds`` ways: uniform, long-tailed, a few values,
+    mostly long, (with ``kinds=5``) one length. Also the draws of ``test_packing_compiled``."""
+    kind = int(rng.integers(kinds))
     if kind == 0:
         lengths = rng.integers(0, max_len + 1, count)
     elif kind == 1:
         lengths = np.clip(rng.lognormal(np.log(max(max_len / 8, 1)), 1.2, count), 0, max_len).astype(np.int64)
     elif kind == 2:
         lengths = rng.choice([0, 1, max(max_len // 3, 1) + 1, max_len // 2, max_len], count)
-    else:
+    elif kind == 3:
         lengths = max_len - rng.integers(0, max(max_len // 3, 1), count)
+    else:
+        lengths = np.full(count, int(rng.integers(0, max_len + 1)))
     return np.bincount(lengths, minlength=max_len + 1)
 
 
@@ -131,7 +134,7 @@ def test_pack_histogram_equals_the_reference_on_random_histograms(seed: int) -> 
     rng = np.random.default_rng(seed)
     for _ in range(150):
         max_len = int(rng.integers(1, 200))
-        histogram = _histograms(rng, max_len, int(rng.integers(0, 400)))
+        histogram = random_histogram(rng, max_len, int(rng.integers(0, 400)))
         rows, num_rows = pack_histogram(histogram, max_len)
         expected_rows, expected_num = reference_pack_histogram(histogram, max_len)
         assert num_rows == expected_num

@@ -12,6 +12,7 @@ from shardwise._core.packing import class_phases, stratum_histogram
 from shardwise._core.packing import compiled as compiled_module
 from shardwise._core.packing.compiled import ENV_NUMBA, numba_mode, placements
 from shardwise._core.packing.rows import _placements, pack_histogram
+from tests.core.test_packing_build import random_histogram
 
 
 def _both(histogram: np.ndarray, max_len: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,22 +33,6 @@ def _both(histogram: np.ndarray, max_len: int, monkeypatch: pytest.MonkeyPatch) 
     np.testing.assert_array_equal(fast_rows, slow_rows)
 
 
-def _histogram(rng: np.random.Generator, max_len: int, count: int) -> np.ndarray:
-    """``count`` items of lengths 0..max_len drawn five ways: uniform, long-tailed, a few values, mostly long, one length."""
-    kind = int(rng.integers(5))
-    if kind == 0:
-        lengths = rng.integers(0, max_len + 1, count)
-    elif kind == 1:
-        lengths = np.clip(rng.lognormal(np.log(max(max_len / 8, 1)), 1.2, count), 0, max_len).astype(np.int64)
-    elif kind == 2:
-        lengths = rng.choice([0, 1, max(max_len // 3, 1) + 1, max_len // 2, max_len], count)
-    elif kind == 3:
-        lengths = max_len - rng.integers(0, max(max_len // 3, 1), count)
-    else:
-        lengths = np.full(count, int(rng.integers(0, max_len + 1)))
-    return np.bincount(lengths, minlength=max_len + 1)
-
-
 @pytest.fixture
 def needs_numba() -> None:
     """Skip (with the reason) where numba, the ``fast`` extra, is not installed."""
@@ -61,7 +46,7 @@ def test_compiled_equals_python_on_random_histograms(seed: int, monkeypatch: pyt
     rng = np.random.default_rng(seed)
     for trial in range(200):
         max_len = int(rng.integers(1, 8)) if trial % 5 == 0 else int(rng.integers(1, 300 if trial % 7 else 5000))
-        _both(_histogram(rng, max_len, int(rng.integers(0, 3000))), max_len, monkeypatch)
+        _both(random_histogram(rng, max_len, int(rng.integers(0, 3000)), kinds=5), max_len, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +88,7 @@ def test_a_capacity_too_small_is_grown_and_gives_the_same_placements(monkeypatch
     """The kernel runs again with a larger capacity when the first is too small; the placements do not change."""
     monkeypatch.setenv(ENV_NUMBA, "1")
     rng = np.random.default_rng(5)
-    histogram = _histogram(rng, 512, 5000).astype(np.int64)
+    histogram = random_histogram(rng, 512, 5000, kinds=5).astype(np.int64)
     small = placements(histogram, 512, capacity=1)
     default = placements(histogram, 512)
     assert small is not None and default is not None
