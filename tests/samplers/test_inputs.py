@@ -15,7 +15,7 @@ from shardwise import BucketBatchSampler, RaggedArray
 from shardwise.index import key_of, length_index
 from shardwise.index.builders import OffsetLengths
 from shardwise.index.lengths import LengthsInput
-from shardwise.samplers.inputs import as_lengths, lengths_array
+from shardwise.samplers.inputs import as_lengths
 
 N = 400
 
@@ -111,9 +111,9 @@ def test_a_lengths_input_is_returned_as_is_and_its_range_computed_once() -> None
 
 
 def test_the_old_entry_points_answer_as_before(tmp_path: Path) -> None:
-    """lengths_array, as_lengths and length_index (what packed/weighted samplers call) agree with LengthsInput."""
+    """as_lengths and length_index (what verify and the packed sampler call) agree with LengthsInput."""
     lengths = _lengths()
-    assert lengths_array(lengths) is lengths
+    assert LengthsInput.of(lengths).values is lengths
     compact = as_lengths(lengths.tolist())
     assert compact.dtype == np.uint16 and compact.tolist() == lengths.tolist()
     by_array = length_index(lengths, cache_dir=tmp_path)

@@ -20,18 +20,6 @@ def dataset_size(dataset: object, name: str = "dataset") -> int:
     return check_int(name, dataset, minimum=0, maximum=MAX_SIZE)
 
 
-def lengths_array(values: object) -> np.ndarray:
-    """``values`` as a 1-D integer numpy array, used as is (arrays and memory maps are not copied).
-
-    Checks the shape and dtype (O(1)); the values are checked where they are read in full (the
-    index build, or :func:`as_lengths`), so a warm start never scans an input of 1e9 lengths.
-    The array of :meth:`LengthsInput.of(values) <shardwise.index.lengths.LengthsInput.of>`, which
-    samplers take directly.
-    """
-    array: np.ndarray = LengthsInput.of(values).values
-    return array  # a numpy.memmap stays one: its key is then O(1) (shardwise.index.key_of)
-
-
 def as_lengths(values: object) -> np.ndarray:
     """``values`` as a compact private copy of non-negative lengths (the ``sort_window`` path), or raise.
 
