@@ -27,6 +27,7 @@ from .._core.packing import (
     StratumLayout,
     TooLong,
     class_phases,
+    fast_build,
     fill_pieces,
     pack_histogram,
     piece_counts,
@@ -34,6 +35,7 @@ from .._core.packing import (
     stratum_histogram,
     stratum_layouts,
 )
+from .._core.packing.compiled import kernels
 from ..index import GroupedIndex, build_or_open, length_index, read_checked
 from ..index.builders import index_dtype
 from ..index.cache import CacheDir
@@ -85,18 +87,31 @@ def _missing(directory: Path) -> None:
 
 
 def _write_pieces(lengths: np.ndarray, max_len: int, directory: Path) -> None:
-    """The piece index as files: ``sample``, ``start`` (narrow dtypes, written in place) and ``offsets``."""
+    """The piece index as files: ``sample``, ``start`` (narrow dtypes, written in place) and ``offsets``.
+
+    Compiled (:mod:`~shardwise._core.packing.fast_build`, on threads) where numba is installed,
+    else numpy a chunk at a time; the same bytes either way. Nothing is flushed here: the cache's
+    manifest fsyncs every file once.
+    """
     n = int(lengths.size)
+    jit = kernels(n)
     with Progress(2 * n, f"indexing lengths into pieces of max_len={max_len} ({n:,} samples, 2 passes)") as progress:
-        counts = piece_counts(lengths, max_len, on_chunk=progress.update)
+        if jit is not None:
+            threads = build_workers() + 1
+            chunk_counts = fast_build.piece_counts(jit, lengths, max_len, threads, on_chunk=progress.update)
+            counts = chunk_counts.sum(axis=0)
+        else:
+            counts = piece_counts(lengths, max_len, on_chunk=progress.update)
         items = int(counts.sum())
         longest = int(max(lengths.max(initial=0), 0))  # starts are below the longest sample
         sample = np.lib.format.open_memmap(directory / "sample.npy", mode="w+", dtype=index_dtype(n), shape=(items,))
         start = np.lib.format.open_memmap(directory / "start.npy", mode="w+", dtype=index_dtype(longest),
                                           shape=(items,))  # fmt: skip
-        fill_pieces(lengths, max_len, counts, sample, start, on_chunk=progress.update)
-        sample.flush()
-        start.flush()
+        if jit is not None:
+            fast_build.fill_pieces(jit, lengths, max_len, chunk_counts, sample, start, threads,
+                                   on_chunk=progress.update)  # fmt: skip
+        else:
+            fill_pieces(lengths, max_len, counts, sample, start, on_chunk=progress.update)
         del sample, start
     np.save(directory / "offsets.npy", np.concatenate([[0], np.cumsum(counts.sum(axis=0))]).astype(np.int64))
 
@@ -150,8 +165,7 @@ def pack_strata(task: tuple[str, np.ndarray, int, int, int, np.ndarray]) -> list
         item_rows, num_rows = pack_histogram(histogram, max_len)
         slot_rows[starts[i] : starts[i + 1]] = item_rows
         rows.append(num_rows)
-    slot_rows.flush()
-    return rows
+    return rows  # no flush: the pages are the file's (a shared map); the manifest fsyncs the file once
 
 
 def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len: int, *,
@@ -165,10 +179,19 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
     build; spread over :func:`~shardwise.index.workers.build_workers` more processes from
     :data:`PARALLEL_FROM` strata on), then the chain of strata dealing their rows into batches.
     """
+    firsts = strata_starts(counts, num_strata, class_phases(counts.size))
+    jit = kernels(int(counts.sum()))
+    if jit is not None and int(counts.max(initial=0)) * (num_strata + 1) < 2**62:  # the kernels' int64 bounds
+        what = f"packing {num_strata:,} strata into rows of max_len={max_len} and dealing them into batches"
+        threads = build_workers() + 1 if num_strata >= PARALLEL_FROM else 1
+        with Progress(num_strata, f"{what} ({threads} threads)", unit="strata") as bar:
+            fast_build.write_layouts(jit, directory, counts, num_strata, max_len, firsts=firsts,
+                                     phases=class_phases(counts.size), rows_per_batch=rows_per_batch,
+                                     tokens_per_batch=tokens_per_batch, attention=balance is Balance.ATTENTION,
+                                     drop_short=drop_short, threads=threads, on_strata=bar.update)  # fmt: skip
+        return
     path = directory / "slot_rows.npy"
     slot_rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(int(counts.sum()),))
-    slot_rows.flush()
-    firsts = strata_starts(counts, num_strata, class_phases(counts.size))
     workers = build_workers() if num_strata >= PARALLEL_FROM else 0
     what = f"packing {num_strata:,} strata into rows of max_len={max_len}"
     file = str(path)
@@ -198,7 +221,6 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
         for part in values:
             out[at : at + part.size] = part
             at += part.size
-        out.flush()
         del out
     for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
         np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))

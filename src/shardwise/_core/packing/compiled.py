@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from functools import lru_cache
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -47,11 +48,32 @@ def numba_mode() -> str:
 def _compiled() -> Callable[..., Any] | None:
     """The numba-compiled :func:`_place` (cached on disk), or None when numba is not installed."""
     try:
-        import numba  # optional: the ``fast`` extra
+        import numba  # noqa: F401  (optional: the ``fast`` extra; :mod:`.jit` compiles with it)
     except ImportError:
         return None
-    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(_place)
+    from . import jit  # the compiled kernels: loaded here only, once numba is known to import
+
+    compiled: Callable[..., Any] = jit.place
     return compiled
+
+
+def kernels(items: int) -> ModuleType | None:
+    """The compiled kernels of an index build (:mod:`.jit`) for ``items`` items, or None (the numpy steps).
+
+    ``SHARDWISE_NUMBA``: ``0`` None; ``1`` the kernels (ImportError without numba); ``auto`` the
+    kernels from :data:`AUTO_FROM` items on (or once the process turned to numba), if installed.
+    A build knows its size up front, so a large one is compiled from its first step.
+    """
+    mode = numba_mode()
+    if mode == "off" or (mode == "auto" and items < AUTO_FROM and _python_items[0] < AUTO_FROM):
+        return None
+    if _compiled() is None:
+        if mode == "on":
+            raise ImportError(f"{ENV_NUMBA}=1 but numba is not installed: pip install 'shardwise[fast]'")
+        return None
+    from . import jit
+
+    return jit
 
 
 def numba_available() -> bool:

@@ -1,0 +1,163 @@
+"""The compiled build of a packing index (the ``fast`` extra): the piece index and the strata layouts, on threads.
+
+What ``samplers/packed_build.py`` writes with numpy steps (and worker processes), written here by
+the kernels of :mod:`.jit`, file for file and byte for byte the same. The kernels release the
+GIL, so the build spreads them over threads of the building process (no process to start, no
+second import of numba):
+
+- :func:`write_pieces`: the piece index in two passes over the lengths, ``CHUNK`` samples a
+  task: every chunk counted (in parallel), then every chunk written at its own cursors (the
+  counts of the chunks before it), in parallel as well;
+- :func:`write_layouts`: the strata packed in tasks of :data:`TASK` strata on the threads, and
+  the chain of strata dealing their rows into batches in this thread, a range at a time as soon
+  as its strata are packed. Files are written once (no page written twice, no flush between:
+  the cache's manifest fsyncs every file once).
+
+Private memory: O(chunk) and O(strata) (the per-stratum sizes), whatever the number of samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..offsets import offsets_from_counts
+
+CHUNK = 1 << 22
+"""Samples per task of :func:`write_pieces` (16 MB of int32 lengths)."""
+TASK = 16
+"""Strata per packing task of :func:`write_layouts`."""
+DEAL = 512
+"""Strata per call of the chain kernel (its batch keys are buffered: O(DEAL * window / 8))."""
+
+
+@contextlib.contextmanager
+def _pool(threads: int) -> Iterator[ThreadPoolExecutor | None]:
+    if threads <= 1:
+        yield None
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardwise-build") as pool:
+        yield pool
+
+
+def _run(pool: ThreadPoolExecutor | None, function: Callable[..., Any], *args: Any) -> Future[Any]:
+    if pool is not None:
+        return pool.submit(function, *args)
+    done: Future[Any] = Future()
+    done.set_result(function(*args))
+    return done
+
+
+def piece_counts(jit: ModuleType, lengths: np.ndarray, max_len: int, threads: int,
+                 on_chunk: Callable[[int], None] | None = None) -> np.ndarray:  # fmt: skip
+    """``(chunks, 2, max_len + 1)`` int64: :func:`~.pieces.piece_counts` of every ``CHUNK`` of ``lengths``."""
+    chunks = max(1, -(-lengths.size // CHUNK))
+    counts = np.zeros((chunks, 2, max_len + 1), dtype=np.int64)
+    with _pool(threads) as pool:
+        tasks = [_run(pool, jit.count_pieces, np.asarray(lengths[c * CHUNK : (c + 1) * CHUNK]), max_len, counts[c])
+                 for c in range(chunks)]  # fmt: skip
+        for c, task in enumerate(tasks):
+            task.result()
+            if on_chunk is not None:
+                on_chunk(min(CHUNK, lengths.size - c * CHUNK))
+    return counts
+
+
+def fill_pieces(jit: ModuleType, lengths: np.ndarray, max_len: int, counts: np.ndarray, sample: np.ndarray,
+                start: np.ndarray, threads: int, on_chunk: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    """:func:`~.pieces.fill_pieces` with the per-chunk ``counts`` of :func:`piece_counts`: chunks in parallel."""
+    total = counts.sum(axis=0)
+    offsets = offsets_from_counts(total.sum(axis=0))
+    before = np.cumsum(counts, axis=0) - counts  # each chunk's items of every class in the chunks before it
+    sample, start = np.asarray(sample), np.asarray(start)  # plain views of the maps (what the kernels take)
+    with _pool(threads) as pool:
+        tasks = []
+        for c in range(counts.shape[0]):
+            short = offsets[:-1] + before[c, 0]
+            pieces = offsets[:-1] + total[0] + before[c, 1]
+            part = np.asarray(lengths[c * CHUNK : (c + 1) * CHUNK])
+            tasks.append(_run(pool, jit.fill_pieces, part, c * CHUNK, max_len, sample, start, short, pieces))
+        for c, task in enumerate(tasks):
+            task.result()
+            if on_chunk is not None:
+                on_chunk(min(CHUNK, lengths.size - c * CHUNK))
+
+
+class _NpyWriter:
+    """A 1-D ``.npy`` file written front to back, its length set at the end (numpy's header has room for it)."""
+
+    def __init__(self, path: Path, dtype: Any) -> None:
+        self.dtype = np.dtype(dtype)
+        self.file = open(path, "wb")  # noqa: SIM115  (closed by close())
+        self.size = 0
+        self.header = self._header()
+
+    def _header(self) -> int:
+        self.file.seek(0)
+        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                         "fortran_order": False, "shape": (self.size,)})  # fmt: skip
+        return self.file.tell()
+
+    def write(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).data)
+        self.size += values.size
+
+    def close(self) -> None:
+        end = self.file.tell()
+        if self._header() != self.header:  # pragma: no cover - numpy keeps 21 digits of room for the length
+            raise RuntimeError(f"the .npy header of {self.file.name} changed size")
+        self.file.seek(end)
+        self.file.close()
+
+
+def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_strata: int, max_len: int, *,
+                  firsts: np.ndarray, phases: np.ndarray, rows_per_batch: int | None, tokens_per_batch: int | None,
+                  attention: bool, drop_short: bool, threads: int,
+                  on_strata: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    """The files of ``samplers.packed_build.write_layouts``, by the compiled kernels.
+
+    Args:
+        firsts: :func:`~.strata.strata_starts` (every stratum's first slot).
+        phases: :func:`~.strata.class_phases` of the classes.
+        threads: threads that pack strata (this one deals them into batches meanwhile).
+        on_strata: told of every range of strata dealt.
+    """
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    phase = (phases % np.uint64(num_strata)).astype(np.int64)
+    slot_file = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
+                                          shape=(int(counts.sum()),))  # fmt: skip
+    slot_rows = np.asarray(slot_file)
+    num_rows = np.zeros(num_strata, dtype=np.int64)
+    rows = _NpyWriter(directory / "batch_of_row.npy", np.int32)
+    keys = _NpyWriter(directory / "batch_keys.npy", np.int64)
+    sizes = np.zeros((4, num_strata), dtype=np.int64)
+    carry = np.zeros((2, max(rows_per_batch or 1, 1)), dtype=np.int64)
+    handed = 0
+    with _pool(threads) as pool, contextlib.closing(rows), contextlib.closing(keys):
+        packed = [_run(pool, jit.pack_strata, counts, phase, num_strata, max_len, s, firsts[s : s + TASK], slot_rows,
+                       num_rows[s : s + TASK]) for s in range(0, num_strata, TASK)]  # fmt: skip
+        for first in range(0, num_strata, DEAL):  # the chain, a range at a time as soon as its strata are packed
+            last = min(first + DEAL, num_strata)
+            for task in packed[first // TASK : -(-last // TASK)]:
+                task.result()
+            row_buffer = np.empty(int(num_rows[first:last].sum()) + (last - first) * (rows_per_batch or 0),
+                                  dtype=np.int32)  # fmt: skip
+            key_buffer = np.empty(row_buffer.size, dtype=np.int64)  # a stratum has fewer batches than rows
+            handed, written = jit.deal_strata(counts, phase, num_strata, max_len, first, last, slot_rows, firsts,
+                                              num_rows, rows_per_batch or 0, tokens_per_batch or 0, attention,
+                                              drop_short, carry, handed, row_buffer, 0, key_buffer,
+                                              sizes[:, first:last])  # fmt: skip
+            rows.write(row_buffer[: int(sizes[1, first:last].sum())])
+            keys.write(key_buffer[:written])
+            if on_strata is not None:
+                on_strata(last - first)
+    del slot_file, slot_rows
+    for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
+        np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
+    np.save(directory / "carried.npy", sizes[3])

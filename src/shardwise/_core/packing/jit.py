@@ -1,0 +1,260 @@
+"""The compiled steps of a packing index build (numba, the ``fast`` extra): imported by :mod:`.compiled` only.
+
+This module imports numba at its top: :func:`.compiled.kernels` imports it lazily, once a build
+has chosen the compiled path (``SHARDWISE_NUMBA``), so ``import shardwise`` never loads numba.
+Every function here makes exactly what the numpy steps it replaces make, value for value (the
+tests compare them on random inputs):
+
+- :func:`count_pieces`, :func:`fill_pieces`: :func:`~.pieces.piece_counts` and
+  :func:`~.pieces.fill_pieces` on a range of samples, one pass each, no temporary arrays;
+- :func:`pack_strata`: for a range of strata, each stratum's histogram
+  (:func:`~.strata.stratum_histogram`), its best-fit placements (:func:`.compiled._place`) and the
+  row of every slot (:func:`~.rows.pack_histogram`), written into the layouts' ``slot_rows``;
+- :func:`deal_strata`: the chain of :func:`~.layout.stratum_layouts` over a range of strata (row
+  loads, the rows handed on, :func:`~.rows.deal_rows`, the batch keys), float sums made in the
+  same order as numpy's ``bincount`` so that every comparison sees the same numbers.
+
+Every kernel releases the GIL (``nogil``): a build runs them on threads, one range each.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .compiled import _place
+
+_jit = numba.njit(cache=True, nogil=True)
+place = _jit(_place)
+
+
+@_jit
+def count_pieces(lengths: np.ndarray, max_len: int, counts: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Add ``lengths``' :func:`~.pieces.piece_counts` (``(2, max_len + 1)`` int64) into ``counts``."""
+    for i in range(lengths.size):
+        length = np.int64(lengths[i])
+        if length <= max_len:
+            counts[0, length] += 1
+        else:
+            counts[1, max_len] += length // max_len
+            rest = length % max_len
+            if rest > 0:
+                counts[1, rest] += 1
+
+
+@_jit
+def fill_pieces(  # pragma: no cover - compiled
+    lengths: np.ndarray, first: int, max_len: int, sample: np.ndarray, start: np.ndarray,
+    short_cursor: np.ndarray, piece_cursor: np.ndarray,
+) -> None:  # fmt: skip
+    """Write samples ``first + i`` of ``lengths`` (and their pieces) at their cursors, advancing them.
+
+    A sample of length ``l <= max_len`` takes ``short_cursor[l]``; a longer one's pieces, in
+    order, take ``piece_cursor`` of their lengths (their first token into ``start``).
+    """
+    for i in range(lengths.size):
+        length = np.int64(lengths[i])
+        if length <= max_len:
+            at = short_cursor[length]
+            sample[at] = first + i
+            short_cursor[length] = at + 1
+        else:
+            begin = 0
+            while begin < length:
+                piece = min(length - begin, max_len)
+                at = piece_cursor[piece]
+                sample[at] = first + i
+                start[at] = begin
+                piece_cursor[piece] = at + 1
+                begin += max_len
+
+
+@_jit
+def _histogram(counts: np.ndarray, phase: np.ndarray, num_strata: int, stratum: int,
+               out: np.ndarray) -> None:  # fmt: skip  # pragma: no cover - compiled
+    """:func:`~.strata.stratum_histogram` into ``out`` (``phase``: the class phases modulo ``num_strata``)."""
+    for c in range(counts.size):
+        offset = phase[c] // num_strata
+        lo = (counts[c] * stratum + phase[c]) // num_strata - offset
+        hi = (counts[c] * (stratum + 1) + phase[c]) // num_strata - offset
+        out[c] = hi - lo
+
+
+@_jit
+def _stratum_rows(histogram: np.ndarray, max_len: int, out: np.ndarray, at: int) -> int:  # pragma: no cover
+    """:func:`~.rows.pack_histogram` of ``histogram``: every slot's row written from ``out[at]`` on; the rows."""
+    capacity = 4 * (max_len + 1) + 1024
+    while True:
+        firsts, sizes, repeats, starts, count, num_rows = place(histogram, max_len, capacity)
+        if count >= 0:
+            break
+        capacity *= 4
+    zeros = histogram[0]
+    if zeros > 0:
+        num_rows = max(num_rows, 1)
+        for k in range(zeros):
+            out[at] = k % num_rows
+            at += 1
+    for length in range(1, max_len + 1):  # lengths ascending, each length's placements in the order made
+        for i in range(starts[length], starts[length - 1]):
+            for row in range(firsts[i], firsts[i] + sizes[i]):
+                for _ in range(repeats[i]):
+                    out[at] = row
+                    at += 1
+    return num_rows
+
+
+@_jit
+def pack_strata(  # pragma: no cover - compiled
+    counts: np.ndarray, phase: np.ndarray, num_strata: int, max_len: int, first: int, slot_starts: np.ndarray,
+    slot_rows: np.ndarray, num_rows: np.ndarray,
+) -> None:  # fmt: skip
+    """Pack strata ``first .. first + num_rows.size - 1`` into ``slot_rows`` (at ``slot_starts``); their rows."""
+    histogram = np.empty(counts.size, dtype=np.int64)
+    for i in range(num_rows.size):
+        _histogram(counts, phase, num_strata, first + i, histogram)
+        num_rows[i] = _stratum_rows(histogram, max_len, slot_rows, slot_starts[i])
+
+
+@_jit
+def _deal(costs_sorted: np.ndarray, num_batches: int, batch: np.ndarray) -> None:  # pragma: no cover - compiled
+    """:func:`~.rows._deal` into ``batch``: round by round, the costliest rows to the lightest batches so far."""
+    loads = np.zeros(num_batches, dtype=np.float64)
+    rows = costs_sorted.size
+    for first in range(0, rows, num_batches):
+        size = min(num_batches, rows - first)
+        lightest = np.argsort(loads, kind="mergesort")[:size]
+        for k in range(size):
+            batch[first + k] = lightest[k]
+            loads[lightest[k]] += costs_sorted[first + k]
+
+
+@_jit
+def _deal_rows(  # pragma: no cover - compiled
+    tokens: np.ndarray, costs: np.ndarray, rows_per_batch: int, tokens_per_batch: int, drop_short: bool,
+    batch_of_row: np.ndarray,
+) -> int:  # fmt: skip
+    """:func:`~.rows.deal_rows` into ``batch_of_row`` (``rows_per_batch`` 0: by ``tokens_per_batch``); the batches."""
+    rows = tokens.size
+    batch_of_row[:] = -1
+    if rows == 0:
+        return 0
+    if rows_per_batch > 0:
+        keep = np.arange(rows)
+        if drop_short:
+            extra = rows % rows_per_batch
+            if extra:
+                kept = np.ones(rows, dtype=np.bool_)
+                kept[np.argsort(tokens, kind="mergesort")[:extra]] = False
+                keep = np.flatnonzero(kept)
+            if keep.size == 0:
+                return 0
+        num_batches = (keep.size + rows_per_batch - 1) // rows_per_batch
+        by_cost = keep[np.argsort(-costs[keep], kind="mergesort")]
+        dealt = np.empty(by_cost.size, dtype=np.int64)
+        _deal(costs[by_cost].astype(np.float64), num_batches, dealt)
+        batch_of_row[by_cost] = dealt
+        return num_batches
+    by_cost = np.argsort(-costs, kind="mergesort")
+    sorted_costs = costs[by_cost].astype(np.float64)
+    num_batches = max(1, (tokens.sum() + tokens_per_batch - 1) // tokens_per_batch)
+    dealt = np.empty(rows, dtype=np.int64)
+    while True:
+        _deal(sorted_costs, num_batches, dealt)
+        loads = np.zeros(num_batches, dtype=np.float64)
+        for k in range(rows):
+            loads[dealt[k]] += tokens[by_cost[k]]
+        if loads.max() <= tokens_per_batch or num_batches >= rows:
+            break
+        num_batches += 1
+    batch_of_row[by_cost] = dealt
+    return int(num_batches)
+
+
+@_jit
+def deal_strata(  # noqa: PLR0915  # pragma: no cover - compiled
+    counts: np.ndarray, phase: np.ndarray, num_strata: int, max_len: int, first: int, last: int,
+    slot_rows: np.ndarray, slot_starts: np.ndarray, num_rows: np.ndarray, rows_per_batch: int,
+    tokens_per_batch: int, attention: bool, drop_short: bool, carry: np.ndarray, carried: int,
+    batch_of_row: np.ndarray, row_at: int, batch_keys: np.ndarray, sizes: np.ndarray,
+) -> tuple[int, int]:  # fmt: skip
+    """The chain of :func:`~.layout.stratum_layouts` over strata ``first .. last - 1`` (of ``num_strata``).
+
+    Reads each stratum's packed rows from ``slot_rows`` (from ``slot_starts[s]``, ``num_rows[s]``
+    rows, both indexed by stratum); writes its ``batch_of_row`` from ``batch_of_row[row_at]`` on
+    and its batch keys into ``batch_keys`` (from 0), and ``(slots, rows, batches, carried)``
+    into ``sizes[:, s - first]``. ``carry[:2, :carried]``: tokens and squares of the rows the
+    stratum before ``first`` handed on; updated for the next call.
+
+    Returns:
+        ``(carried, batch keys written)``.
+    """
+    histogram = np.empty(counts.size, dtype=np.int64)
+    keys_at = 0
+    for stratum in range(first, last):
+        _histogram(counts, phase, num_strata, stratum, histogram)
+        own = num_rows[stratum]
+        slots = histogram.sum()
+        base = slot_starts[stratum]
+        token_sums = np.zeros(own, dtype=np.float64)  # np.bincount's sums, item by item in slot order
+        square_sums = np.zeros(own, dtype=np.float64)
+        at = base
+        for length in range(histogram.size):
+            for _ in range(histogram[length]):
+                row = slot_rows[at]
+                token_sums[row] += length
+                square_sums[row] += length * length
+                at += 1
+        total = own + carried
+        tokens = np.empty(total, dtype=np.int64)
+        squares = np.empty(total, dtype=np.int64)
+        for r in range(own):
+            tokens[r] = np.int64(token_sums[r])
+            squares[r] = np.int64(np.rint(square_sums[r]))
+        for r in range(carried):
+            tokens[own + r] = carry[0, r]
+            squares[own + r] = carry[1, r]
+        costs = squares if attention else tokens
+        extra = 0
+        if stratum != num_strata - 1 and rows_per_batch > 0:
+            extra = min(total % rows_per_batch, own)
+        handed = np.sort(np.argsort(tokens[:own], kind="mergesort")[:extra])
+        not_handed = np.ones(total, dtype=np.bool_)
+        not_handed[handed] = False
+        dealt = np.flatnonzero(not_handed)
+        dealt_batches = np.empty(dealt.size, dtype=np.int64)
+        num_batches = _deal_rows(tokens[dealt], costs[dealt], rows_per_batch, tokens_per_batch, drop_short,
+                                 dealt_batches)  # fmt: skip
+        rows = np.full(total, -2, dtype=np.int64)  # CARRIED
+        rows[dealt] = dealt_batches
+        batch_costs = np.zeros(num_batches, dtype=np.float64)
+        batch_token_sums = np.zeros(num_batches, dtype=np.float64)
+        for r in range(total):
+            if rows[r] >= 0:
+                batch_costs[rows[r]] += costs[r]
+                batch_token_sums[rows[r]] += tokens[r]
+        capacity = rows_per_batch * max_len if rows_per_batch > 0 else tokens_per_batch
+        half = max(1, max_len // 2)
+        minus_short = np.empty(num_batches, dtype=np.int64)
+        rounded = np.empty(num_batches, dtype=np.float64)
+        for b in range(num_batches):
+            minus_short[b] = -((capacity - np.int64(batch_token_sums[b])) // half)
+            rounded[b] = np.rint(batch_costs[b])
+        by_cost = np.argsort(rounded, kind="mergesort")  # np.lexsort((rounded, minus_short)): two stable sorts
+        order = by_cost[np.argsort(minus_short[by_cost], kind="mergesort")]
+        for k in range(num_batches):
+            batch_keys[keys_at + order[k]] = k
+        keys_at += num_batches
+        for r in range(total):
+            batch_of_row[row_at + r] = rows[r]
+        row_at += total
+        column = stratum - first
+        sizes[0, column] = slots
+        sizes[1, column] = total
+        sizes[2, column] = num_batches
+        sizes[3, column] = carried
+        for k in range(handed.size):
+            carry[0, k] = tokens[handed[k]]
+            carry[1, k] = squares[handed[k]]
+        carried = handed.size
+    return carried, keys_at
