@@ -17,8 +17,8 @@ import copy
 import itertools
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from .._core.errors import check_int
 from .._core.plan import Even, rank_count, rank_positions
@@ -32,6 +32,9 @@ from .keywords import Keywords, read_keywords
 from .passes import LivePass, UnitSource
 from .queries import PlanQueries
 from .world import current_world
+
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 
@@ -77,6 +80,14 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
 
     def _on_epoch(self, epoch: int) -> None:
         """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
+
+    def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """For one pass: the leading positions of a chunk whose units can be computed yet (``None``: all).
+
+        A sampler whose plan is written at run time (adaptive mixture weights) cuts each chunk there, and
+        raises when not even the first position is known.
+        """
+        return None
 
     def _wrap_period(self) -> int | None:
         """The period padding wraps within (NOTE [ Padding wrap ] in ``_core.plan``); ``None``: ``p % total``."""
@@ -314,9 +325,13 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         # function of the positions), so small first chunks just make the first units cheaper.
         first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
         period = self._wrap_period()
+        known = self._known_positions()
         while first < live.count:
             stop = min(first + size, live.count)
             positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total, period)
+            if known is not None:  # computed when the chunk is pulled, after the loop's last update
+                positions = known(positions)
+                stop = first + len(positions)
             units = source(positions)
             if len(units) != stop - first:
                 raise RuntimeError(f"{type(self).__name__} produced {len(units)} units for {stop - first} positions")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,11 +39,9 @@ from .._core.adaptive import (
 from .._core.adaptive_policies import AdaptiveWeights, initial_state, run_policy
 from .._core.errors import check_int
 from .._core.mixture import MixturePlan
-from .._core.plan import rank_positions
 from .._core.state import Fingerprint, Progress
 from .._core.weights import Weights
 from .._core.world import World
-from .passes import LivePass, UnitSource
 
 TAG_BITS = 20
 
@@ -177,29 +175,6 @@ class Feedback:
 def as_weights(shares: np.ndarray) -> Weights:
     """A ledger row as the plan's exact weights."""
     return Weights(tuple(int(x) for x in shares), SHARE_DENOMINATOR)
-
-
-def known_chunks(plan: MixturePlan, epoch: int, live: LivePass, world: World, source: UnitSource, first_size: int,
-                 chunk: int, uncompacted: Callable[[np.ndarray], np.ndarray]) -> Iterator[Iterator[int]]:  # fmt: skip
-    """The shell's chunks of a pass (``PlanSampler._chunks``), each cut where the ledger's weights end.
-
-    ``uncompacted`` maps the pass's positions to plan positions (the skip ledger's skipped ones left in).
-
-    The next chunk is computed when it is pulled, after the loop's update: a pass waits for the
-    weights instead of drawing with stale ones (:class:`~shardwise._core.mixture.PendingWeightsError`
-    when they are still missing).
-    """
-    first, size = 0, first_size
-    while first < live.count:
-        stop = min(first + size, live.count)
-        positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total)
-        positions = positions[: len(plan.known_prefix(epoch, uncompacted(positions)))]
-        stop = first + len(positions)
-        units = source(positions)
-        live.done_chunks += live.current_len
-        live.current, live.current_len = iter(units), len(units)
-        yield live.current
-        first, size = stop, min(2 * size, chunk)
 
 
 class AdaptiveMixin:

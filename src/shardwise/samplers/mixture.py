@@ -6,8 +6,7 @@ The arithmetic (blocks, exact counts, keyed orders, stop rules) lives in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from functools import partial
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,10 +22,10 @@ from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler
-from .feedback import AdaptiveMixin, Feedback, known_chunks
+from .feedback import AdaptiveMixin, Feedback
 from .identity import with_sources
 from .keywords import MixtureKeywords
-from .passes import LivePass, UnitSource
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -227,13 +226,17 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         found: np.ndarray = np.searchsorted(self._plan.offsets, checked, side="right") - 1
         return found
 
-    def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[int]]:
+    def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
         if self._feedback is None:
-            return super()._chunks(live, world, source)
-        first = min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
-        epoch = self._progress.epoch  # the live pass's
-        uncompacted = partial(self.uncompacted, epoch)
-        return known_chunks(self._plan, epoch, live, world, source, first, self._CHUNK, uncompacted)
+            return None
+        # The pass waits for the ledger's weights instead of drawing with stale ones
+        # (PendingWeightsError when not even the first position is known yet).
+        plan, epoch = self._plan, self._progress.epoch  # the live pass's
+
+        def known(positions: np.ndarray) -> np.ndarray:
+            return positions[: len(plan.known_prefix(epoch, self.uncompacted(epoch, positions)))]
+
+        return known
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
