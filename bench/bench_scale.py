@@ -18,7 +18,8 @@ index cache in ``SHARDWISE_CACHE_DIR``:
 
 - cold: an empty index cache (the first rank or run builds the shared index);
 - warm: the next process on the same cache (what the 7 other ranks and every later run see);
-- first batch: seconds from the constructor to the first unit of the first epoch;
+- first batch: seconds from the constructor to the first unit of the first epoch (the sampler's module
+  imported before: its import time is shown beside the warm figure);
 - private growth: the highest RssAnon (private anonymous memory, /proc/PID/status, sampled every
   5 ms by the parent process, so a busy child cannot skip a sample) minus RssAnon just before the
   constructor, over construction and iteration;
@@ -145,13 +146,28 @@ def build_sampler(name: str, n: int, directory: Path, rank: int) -> Any:  # noqa
     raise ValueError(f"unknown sampler {name!r}")
 
 
+CLASSES_OF = {"Sharded": "ShardedSampler", "Bucket": "BucketBatchSampler", "Packed": "PackedBatchSampler",
+              "ClassBalanced": "ClassBalancedBatchSampler", "Weighted": "WeightedSampler",
+              "Weighted-distinct": "WeightedSampler", "TwoStream": "TwoStreamBatchSampler",
+              "Scheduled": "ScheduledBatchSampler"}  # fmt: skip
+"""The class each sampler's row constructs (``shardwise`` imports its module on first access)."""
+
+
 def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dict[str, Any]:
-    """Construct, take the first unit, iterate ~2 s; the parent samples RssAnon meanwhile."""
+    """Construct, take the first unit, iterate ~2 s; the parent samples RssAnon meanwhile.
+
+    The sampler's module is imported before the clock starts (as ``from shardwise import X`` at the
+    top of a training script does); its import time is reported apart (``import_s``).
+    """
     import torch  # noqa: F401  (imported before the baseline, as in a training script)
 
     import shardwise
 
     np.random.PCG64  # noqa: B018  (numpy.random loads lazily)
+    began_import = time.perf_counter()
+    for attribute in ["BatchSizeSchedule", CLASSES_OF[name]] if name in CLASSES_OF else []:
+        getattr(shardwise, attribute)
+    import_s = time.perf_counter() - began_import
     ready_anon = status_bytes("RssAnon", "self")
     ready = time.time()
     start = time.perf_counter()
@@ -169,7 +185,8 @@ def one(name: str, n: int, directory: Path, rank: int, sync: Path | None) -> dic
             break
     seconds = time.perf_counter() - began
     result = {"name": name, "n": n, "rank": rank, "ready": ready, "ready_anon": ready_anon,
-              "construct_s": constructed, "first_batch_s": first_batch, "units_per_s": (units - 1) / seconds,
+              "construct_s": constructed, "first_batch_s": first_batch, "import_s": import_s,
+              "units_per_s": (units - 1) / seconds,
               "samples_per_s": samples / (seconds + 1e-9), "end_anon": status_bytes("RssAnon", "self"),
               "module": shardwise.__file__}  # fmt: skip
     if sync is not None:  # node measurement: read PSS while all 8 processes still map what they use
@@ -261,7 +278,8 @@ def mb(value: float) -> str:
 
 def row(n: int, label: str, cold: dict[str, Any], warm: dict[str, Any], floor: float | None, node: str = "") -> str:
     ratio = f"{cold['first_batch_s'] / floor:.1f}x" if floor else ""
-    return (f"| {n:.0e} | {label} | {cold['first_batch_s']:.3f} s | {ratio} | {warm['first_batch_s']:.3f} s "
+    imported = f" (import {warm['import_s'] * 1e3:.0f} ms)" if "import_s" in warm else ""
+    return (f"| {n:.0e} | {label} | {cold['first_batch_s']:.3f} s | {ratio} | {warm['first_batch_s']:.3f} s{imported} "
             f"| {mb(cold['peak_growth'])} / {mb(warm['peak_growth'])} | {mb(warm['shared_bytes'])} "
             f"| {warm['units_per_s']:,.0f} | {node} |")  # fmt: skip
 
