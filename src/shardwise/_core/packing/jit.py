@@ -130,6 +130,41 @@ def _deal(costs_sorted: np.ndarray, num_batches: int, batch: np.ndarray) -> None
 
 
 @_jit
+def _descending(values: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``np.argsort(-values, kind="stable")`` of non-negative integers: a counting sort when their range is small."""
+    size = values.size
+    if size == 0:
+        return np.empty(0, dtype=np.int64)
+    high = values.max()
+    if high > 4 * size + 8192:
+        return np.argsort(-values, kind="mergesort")
+    starts = np.zeros(high + 2, dtype=np.int64)  # value v's first position: after every larger value
+    for i in range(size):
+        starts[high - values[i] + 1] += 1
+    for v in range(1, high + 2):
+        starts[v] += starts[v - 1]
+    order = np.empty(size, dtype=np.int64)
+    for i in range(size):
+        at = high - values[i]
+        order[starts[at]] = i
+        starts[at] += 1
+    return order
+
+
+@_jit
+def _fewest(values: np.ndarray, count: int) -> np.ndarray:  # pragma: no cover - compiled
+    """``np.sort(np.argsort(values, kind="stable")[:count])``: the ``count`` least values (ties: first), by position."""
+    chosen = np.zeros(values.size, dtype=np.bool_)
+    for _ in range(count):
+        best = -1
+        for i in range(values.size):
+            if not chosen[i] and (best < 0 or values[i] < values[best]):
+                best = i
+        chosen[best] = True
+    return np.flatnonzero(chosen)
+
+
+@_jit
 def _deal_rows(  # pragma: no cover - compiled
     tokens: np.ndarray, costs: np.ndarray, rows_per_batch: int, tokens_per_batch: int, drop_short: bool,
     batch_of_row: np.ndarray,
@@ -150,12 +185,12 @@ def _deal_rows(  # pragma: no cover - compiled
             if keep.size == 0:
                 return 0
         num_batches = (keep.size + rows_per_batch - 1) // rows_per_batch
-        by_cost = keep[np.argsort(-costs[keep], kind="mergesort")]
+        by_cost = keep[_descending(costs[keep])]
         dealt = np.empty(by_cost.size, dtype=np.int64)
         _deal(costs[by_cost].astype(np.float64), num_batches, dealt)
         batch_of_row[by_cost] = dealt
         return num_batches
-    by_cost = np.argsort(-costs, kind="mergesort")
+    by_cost = _descending(costs)
     sorted_costs = costs[by_cost].astype(np.float64)
     num_batches = max(1, (tokens.sum() + tokens_per_batch - 1) // tokens_per_batch)
     dealt = np.empty(rows, dtype=np.int64)
@@ -218,7 +253,7 @@ def deal_strata(  # noqa: PLR0915  # pragma: no cover - compiled
         extra = 0
         if stratum != num_strata - 1 and rows_per_batch > 0:
             extra = min(total % rows_per_batch, own)
-        handed = np.sort(np.argsort(tokens[:own], kind="mergesort")[:extra])
+        handed = _fewest(tokens[:own], extra)
         not_handed = np.ones(total, dtype=np.bool_)
         not_handed[handed] = False
         dealt = np.flatnonzero(not_handed)
