@@ -30,7 +30,7 @@ def test_compiled_piece_index_equals_the_numpy_one(chunk: int, threads: int, mon
     jit = kernels(compiled_module.AUTO_FROM)
     assert jit is not None
     rng = np.random.default_rng(chunk)
-    for max_len, dtype in ((1, np.int64), (5, np.int32), (64, np.int32)):  # the samples uint32, starts uint16
+    for max_len, dtype in ((1, np.int64), (5, np.int32), (64, np.int32), (64, ">i4")):  # samples uint32, starts uint16
         lengths = rng.integers(0, 4 * max_len + 2, size=int(rng.integers(1, 3000))).astype(dtype)
         expected_counts = piece_counts(lengths, max_len)
         expected = np.zeros(int(expected_counts.sum()), dtype=np.uint32), np.zeros(int(expected_counts.sum()), np.uint16)

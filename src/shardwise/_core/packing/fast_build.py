@@ -39,11 +39,23 @@ DEAL = 512
 
 @contextlib.contextmanager
 def _pool(threads: int) -> Iterator[ThreadPoolExecutor | None]:
+    """``threads`` threads (None: this one alone); on an error or an interrupt, the tasks not started are dropped."""
     if threads <= 1:
         yield None
         return
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardwise-build") as pool:
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardwise-build")
+    try:
         yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _chunk(lengths: np.ndarray, c: int) -> np.ndarray:
+    """Chunk ``c`` of ``lengths``: a view of the map, or a native-order copy (the kernels read native integers)."""
+    part = np.asarray(lengths[c * CHUNK : (c + 1) * CHUNK])
+    return part if part.dtype.isnative else part.astype(part.dtype.newbyteorder("="))
 
 
 def _run(pool: ThreadPoolExecutor | None, function: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -60,8 +72,7 @@ def piece_counts(jit: ModuleType, lengths: np.ndarray, max_len: int, threads: in
     chunks = max(1, -(-lengths.size // CHUNK))
     counts = np.zeros((chunks, 2, max_len + 1), dtype=np.int64)
     with _pool(threads) as pool:
-        tasks = [_run(pool, jit.count_pieces, np.asarray(lengths[c * CHUNK : (c + 1) * CHUNK]), max_len, counts[c])
-                 for c in range(chunks)]  # fmt: skip
+        tasks = [_run(pool, jit.count_pieces, _chunk(lengths, c), max_len, counts[c]) for c in range(chunks)]
         for c, task in enumerate(tasks):
             task.result()
             if on_chunk is not None:
@@ -81,7 +92,7 @@ def fill_pieces(jit: ModuleType, lengths: np.ndarray, max_len: int, counts: np.n
         for c in range(counts.shape[0]):
             short = offsets[:-1] + before[c, 0]
             pieces = offsets[:-1] + total[0] + before[c, 1]
-            part = np.asarray(lengths[c * CHUNK : (c + 1) * CHUNK])
+            part = _chunk(lengths, c)
             tasks.append(_run(pool, jit.fill_pieces, part, c * CHUNK, max_len, sample, start, short, pieces))
         for c, task in enumerate(tasks):
             task.result()
