@@ -235,10 +235,11 @@ def test_lock_timeout_is_a_clear_error(tmp_path: Path) -> None:
         build_or_open("kind", "key", _builder(np.arange(3)), cache_dir=tmp_path, timeout=0.2)
 
 
-def test_order_by_key_is_a_stable_counting_sort(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("n", "chunk"), [(10_001, 1000), (150_001, 1 << 16)])  # 32- and 64-bit sort keys
+def test_order_by_key_is_a_stable_counting_sort(tmp_path: Path, n: int, chunk: int) -> None:
     """order_by_key equals a stable argsort, in chunks smaller than the input, with per-key offsets."""
-    keys = np.random.default_rng(1).integers(0, 70_000, 10_001).astype(np.uint32)
-    order_by_key(keys, tmp_path, chunk=1000)
+    keys = np.random.default_rng(1).integers(0, 70_000, n).astype(np.uint32)
+    order_by_key(keys, tmp_path, chunk=chunk)
     order, offsets = np.load(tmp_path / "order.npy"), np.load(tmp_path / "order_offsets.npy")
     assert order.dtype == np.uint32
     np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
@@ -411,3 +412,34 @@ def test_a_builder_that_reports_nothing_still_shows_it_runs(
     with caplog.at_level(logging.INFO, logger="shardwise"):
         build_or_open("slow", "k2", slow, cache_dir=tmp_path)
     assert not caplog.records
+
+
+def test_background_digest_equals_digest(tmp_path: Path) -> None:
+    """Whole arrays (a memmap, a strided view, an empty one) or pieces fed in order: digest()'s values, one after
+    the other; a wrong piece is refused naming what was expected; leaving the block on an error stops the thread."""
+    from shardwise._core.arrays import digest
+    from shardwise.index.keys import BackgroundDigest
+
+    values = np.random.default_rng(2).integers(0, 1 << 40, 3_000_001)
+    np.save(tmp_path / "v.npy", values)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    BackgroundDigest._PIECE = 1 << 16  # several updates per array
+    try:
+        strided, empty = values[::3], np.empty(0, dtype=np.float32)
+        with BackgroundDigest(mapped, strided, empty) as hashing:
+            assert hashing.result() == digest(values) + digest(strided) + digest(empty)
+        with BackgroundDigest(dtype=np.int64, length=len(values)) as hashing:
+            for first in range(0, len(values), 1_000_000):
+                hashing.feed(values[first : first + 1_000_000])
+            assert hashing.result() == digest(values)
+        with BackgroundDigest(dtype=np.int64, length=10) as hashing:
+            with pytest.raises(ValueError, match="next 1-D int64 elements of 10"):
+                hashing.feed(np.arange(11))
+            hashing.feed(np.arange(4))
+            with pytest.raises(ValueError, match="fed 4 of them"):
+                hashing.result()
+        with pytest.raises(KeyError), BackgroundDigest(mapped) as hashing:
+            raise KeyError("stop")
+        assert not hashing._thread.is_alive()
+    finally:
+        BackgroundDigest._PIECE = 1 << 24

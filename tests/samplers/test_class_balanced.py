@@ -236,9 +236,19 @@ def test_class_index_groups_samples_in_chunks() -> None:
     import shardwise._core.classes as core
 
     rng = np.random.default_rng(5)
-    for labels in (rng.integers(0, 30, 5_000), rng.integers(0, 40, 5_000) * 2**33, rng.choice(["x", "yy", "z"], 999)):
+    cases = [  # (labels, chunk): consecutive classes, a sparse table, a search, strings; 32- and 64-bit sort keys,
+        # per-class starts from a table (classes <= chunk) and from the runs (more classes than a chunk)
+        (rng.integers(0, 30, 5_000), 1 << 10),
+        (rng.choice([3, 7, 100, 5_000, 77_777], 5_000), 1 << 10),
+        (rng.integers(0, 40, 5_000) * 2**33, 1 << 10),
+        (rng.choice(["x", "yy", "z"], 999), 1 << 10),
+        (rng.integers(0, 3_000, 5_000), 1 << 10),
+        (rng.integers(0, 100_000, 150_000), 1 << 16),
+        (rng.integers(0, 1 << 15, 150_000), 1 << 20),
+    ]
+    for labels, chunk in cases:
         old = core.CHUNK
-        core.CHUNK = 1 << 10  # several chunks
+        core.CHUNK = chunk  # several chunks
         try:
             classes, counts = count_classes(labels)
             members = np.empty(len(labels), dtype=np.int64)

@@ -29,6 +29,8 @@ domain and key, vectorised over a whole chunk of batches at once (no per-class t
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .permutation import GOLDEN, Permutation, feistel_rounds, mix64
@@ -50,7 +52,6 @@ LINK = "class-balanced-link"
 MEMBERS = "class-balanced-members"
 
 _ROUNDS = 6
-_LOCAL_BITS = 22  # CHUNK == 1 << _LOCAL_BITS: a chunk-local position fits below this bit
 
 
 # -- the class index ---------------------------------------------------------------------------
@@ -109,6 +110,21 @@ def index_dtype(size: int) -> np.dtype:
     return np.dtype(np.uint32) if size <= 2**32 else np.dtype(np.int64)
 
 
+def _id_function(classes: np.ndarray) -> Any:
+    """``chunk -> class ids (int64)`` for labels drawn from ``classes`` (sorted): a subtraction for
+    consecutive integer classes, a table look-up for integers spanning at most ``DENSE_SPAN`` values,
+    else :func:`class_ids`' search."""
+    if classes.dtype.kind in "iu" and len(classes):
+        low, span = int(classes[0]), int(classes[-1]) - int(classes[0]) + 1
+        if span == len(classes):
+            return lambda chunk: np.subtract(chunk, low, dtype=np.int64)
+        if span <= DENSE_SPAN:
+            table = np.zeros(span, dtype=np.int64)
+            table[np.subtract(classes, low, dtype=np.int64)] = np.arange(len(classes), dtype=np.int64)
+            return lambda chunk: table[np.subtract(chunk, low, dtype=np.intp)]
+    return lambda chunk: class_ids(chunk, classes)
+
+
 def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
     """Write every sample index into ``out``, grouped by class in ``classes`` order, dataset order within.
 
@@ -121,25 +137,42 @@ def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, 
         classes, counts: from :func:`count_classes`.
         out: ``(n,)`` integer output, e.g. a writable memmap.
     """
+    count, size = len(counts), len(labels)
     cursor = np.cumsum(counts) - counts
-    for start in range(0, len(labels), CHUNK):
-        keys = class_ids(np.asarray(labels[start : start + CHUNK]), classes)
-        length = len(keys)
-        keys <<= _LOCAL_BITS
-        keys |= np.arange(length, dtype=np.int64)
+    ids_of = _id_function(classes)
+    class_bits = max(1, (count - 1).bit_length())
+    local_bits = max(1, (min(CHUNK, size) - 1).bit_length())
+    # keys: class << local_bits | chunk position, unsigned, 32 bits when they fit (a faster sort)
+    composite = np.dtype(np.uint32) if class_bits + local_bits <= 32 else np.dtype(np.uint64)
+    mask = (1 << local_bits) - 1
+    by_table = count <= CHUNK  # each chunk's per-class starts as one O(classes) table, else from its runs
+    for start in range(0, size, CHUNK):
+        ids = ids_of(np.asarray(labels[start : start + CHUNK]))
+        length = len(ids)
+        keys = ids.astype(composite, copy=False) if composite == np.uint32 else ids.view(np.uint64)
+        keys <<= local_bits
+        keys |= np.arange(length, dtype=composite)
         keys.sort()
-        sorted_ids = keys >> _LOCAL_BITS
-        firsts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
-        runs = np.diff(np.append(firsts, length))
-        present = sorted_ids[firsts]
+        sorted_ids = keys >> local_bits
+        if composite == np.uint64:
+            sorted_ids = sorted_ids.view(np.int64)  # below 2**63: bincount takes it
+        if by_table:
+            here = np.bincount(sorted_ids, minlength=count)
+            # destination of the j-th sorted label: j + (its class's cursor - the class's first j in the chunk)
+            destination = (cursor - (np.cumsum(here) - here))[sorted_ids]
+            cursor += here
+        else:
+            firsts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
+            runs = np.diff(np.append(firsts, length))
+            present = sorted_ids[firsts]
+            destination = np.repeat(cursor[present] - firsts, runs)
+            cursor[present] += runs
         del sorted_ids
-        # destination of the j-th sorted label: its class's cursor + its rank within the chunk's run
-        destination = np.repeat(cursor[present] - firsts, runs)
         destination += np.arange(length, dtype=np.int64)
-        keys &= (1 << _LOCAL_BITS) - 1
-        keys += start
-        out[destination] = keys
-        cursor[present] += runs
+        keys &= mask
+        local = keys.astype(out.dtype, copy=False)
+        local += start
+        out[destination] = local
 
 
 # -- quotas ------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
+from ..index.keys import BackgroundDigest
 from .base import PlanSampler
 from .indexed import Allocate, by_reference, input_key, shared_arrays
 from .keywords import CachedKeywords
@@ -174,11 +175,12 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         labels_ = self.labels
 
         def build(allocate: Allocate) -> None:
-            found, counts = count_classes(labels_)
-            allocate("classes", len(found), found.dtype)[:] = found
-            allocate("counts", len(counts), np.int64)[:] = counts
-            group_by_class(labels_, found, counts, allocate("members", len(labels_), index_dtype(len(labels_))))
-            allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(labels_)), dtype=np.uint8)
+            with BackgroundDigest(labels_) as hashing:  # the labels' digest, on another core meanwhile
+                found, counts = count_classes(labels_)
+                allocate("classes", len(found), found.dtype)[:] = found
+                allocate("counts", len(counts), np.int64)[:] = counts
+                group_by_class(labels_, found, counts, allocate("members", len(labels_), index_dtype(len(labels_))))
+                allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 
         # The class index: built once per labels and node (a chunked counting sort), then mapped.
         index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=keywords.cache_dir,

@@ -38,6 +38,7 @@ from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
+from ..index.keys import BackgroundDigest
 from .base import PlanSampler
 from .indexed import Allocate, by_reference, input_key, shared_arrays
 from .keywords import CachedKeywords
@@ -136,6 +137,33 @@ def _indices(name: str, values: object, *, allow_empty: bool = False) -> IndexLi
 
 def _list_key(values: IndexList) -> str:
     return repr(values) if isinstance(values, Arange) else input_key(values)
+
+
+class _Digests:
+    """``_digest(primary) + _digest(secondary)``, the arrays hashed by a background thread (BackgroundDigest)."""
+
+    def __init__(self, *lists: IndexList) -> None:
+        self._lists = lists
+        hashed = [v for v in lists if isinstance(v, np.ndarray) and len(v)]
+        self._hashing = BackgroundDigest(*hashed) if hashed else None
+
+    def result(self) -> str:
+        found = self._hashing.result() if self._hashing is not None else ""
+        parts, at = [], 0
+        for values in self._lists:
+            if isinstance(values, np.ndarray) and len(values):
+                parts.append(found[at : at + 16])
+                at += 16
+            else:
+                parts.append(_digest(values))
+        return "".join(parts)
+
+    def __enter__(self) -> _Digests:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._hashing is not None:
+            self._hashing.__exit__(*exc)
 
 
 def _digest(values: IndexList) -> str:
@@ -256,8 +284,9 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         primary_, secondary_ = self.primary_indices, self.secondary_indices
 
         def build(allocate: Allocate) -> None:
-            allocate("overlap", 2, np.int64)[:] = stream_overlap(primary_, secondary_)
-            both = bytes.fromhex(_digest(primary_) + _digest(secondary_))
+            with _Digests(primary_, secondary_) as hashing:  # hashed on another core while the lists are checked
+                allocate("overlap", 2, np.int64)[:] = stream_overlap(primary_, secondary_)
+                both = bytes.fromhex(hashing.result())
             allocate("digests", len(both), np.uint8)[:] = np.frombuffer(both, dtype=np.uint8)
 
         # The O(n) checks (values in range, overlap) and digests run once per pair of lists and node.

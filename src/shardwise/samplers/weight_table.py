@@ -9,6 +9,7 @@ memory maps of the node's index cache: every read is checked (``read_checked``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,24 +23,33 @@ from .indexed import mapped_source, reopen
 WITHOUT_REPLACEMENT = "weighted-distinct"
 """The plan kind without replacement (its seeds derive from it)."""
 
-_BLOCK = 1 << 20  # weights converted / summed per step while building: bounds temporary memory
+_BLOCK = 1 << 16  # weights converted / summed per step while building: temporaries stay in a core's cache
 _BITS = 62
 
 
 def _checked_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
     """``weights[start:stop]`` in its own dtype, after checking it is finite and non-negative."""
     block = weights[start:stop]
-    if (block.dtype.kind == "f" and not np.isfinite(block).all()) or block.min() < 0:
+    low, high = block.min(), block.max()  # a NaN makes both NaN, an infinity shows in one of them
+    if not (low >= 0 and high < np.inf):
         at = start + int(np.flatnonzero(~np.isfinite(block) | (block < 0))[0])
         raise ValueError(f"weights should be finite and non-negative, but got weights[{at}]={weights[at].item()!r}")
     return block
 
 
-def quantise(weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def quantise(
+    weights: np.ndarray,
+    out: np.ndarray | None = None,
+    *,
+    on_block: Callable[[np.ndarray], None] | None = None,
+    positive: list[int] | None = None,
+) -> np.ndarray:
     """Validated ``weights`` as the int64 inclusive cumulative sum of their quantised values.
 
     Two streaming passes in blocks of ``_BLOCK`` weights (the largest weight, then the sums):
-    private memory O(block) besides ``out``, which may be a writable memmap.
+    private memory O(block) besides ``out``, which may be a writable memmap. ``on_block`` is
+    given every block of the result once written (a view, in order); ``positive``, if given,
+    gets the number of positive weights appended (what :func:`count_positive` of the result says).
 
     Raises:
         ValueError: a NaN, infinite or negative weight, or all weights zero.
@@ -52,17 +62,28 @@ def quantise(weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError(f"weights should have at least one positive weight, but all {size} weights are zero")
     # scale: largest * 2**scale < 2**(62 - bits(n)), so the n quantised weights sum below 2**62.
     scale = (_BITS - size.bit_length()) - int(np.frexp(largest)[1])
+    # x * 2.0**scale is x scaled exactly (as ldexp) while 2.0**scale is a normal double
+    factor = 2.0**scale if -1022 <= scale <= 1023 else None
     cdf = np.empty(size, dtype=np.int64) if out is None else out
-    offset = 0
+    offset, count = 0, 0
     for start in range(0, size, _BLOCK):
         block = weights[start : start + _BLOCK]
-        scaled = np.ldexp(block.astype(np.float64), scale)  # exact: a power-of-two scaling
-        units = np.floor(scaled, out=scaled).astype(np.int64)
+        scaled = block.astype(np.float64)
+        if factor is not None:
+            scaled *= factor
+        else:
+            np.ldexp(scaled, scale, out=scaled)
+        units = scaled.astype(np.int64)  # the floor: the values are finite, non-negative and below 2**62
         np.maximum(units, block > 0, out=units)  # a positive weight stays drawable
-        part = np.cumsum(units)
-        part += offset
-        cdf[start : start + len(units)] = part
+        count += int(np.count_nonzero(units))
+        units[0] += offset
+        part = cdf[start : start + len(units)]
+        np.cumsum(units, out=part)
         offset = int(part[-1])
+        if on_block is not None:
+            on_block(part)
+    if positive is not None:
+        positive.append(count)
     return cdf
 
 

@@ -52,20 +52,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.arrays import digest, one_dimensional
+from .._core.arrays import one_dimensional
 from .._core.errors import check_bool, check_int
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
+from ..index.keys import BackgroundDigest
 from .base import PlanSampler
 from .indexed import Allocate, input_key, shared_arrays
 from .keywords import CachedKeywords
 from .passes import UnitSource
 from .weight_table import (
     WeightTable,
-    count_positive,
     distinct_draws,
     fill_guide,
     guide_dtype,
@@ -171,12 +171,14 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
 
         def build(allocate: Allocate) -> None:
-            size = len(weights)
-            cdf = quantise(weights, allocate("cdf", size, np.int64))
-            fill_guide(cdf, allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size)))
-            allocate("positive", 1, np.int64)[0] = count_positive(cdf)
-            # the quantised weights: exactly what the plan depends on
-            allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(digest(cdf)), dtype=np.uint8)
+            size, positive = len(weights), list[int]()
+            # the digest of the quantised weights (exactly what the plan depends on), hashed on
+            # another core as their cumulative sums are written
+            with BackgroundDigest(dtype=np.int64, length=size) as hashing:
+                cdf = quantise(weights, allocate("cdf", size, np.int64), on_block=hashing.feed, positive=positive)
+                fill_guide(cdf, allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size)))
+                allocate("positive", 1, np.int64)[0] = positive[0]
+                allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 
         # The table (cumulative weights + guide) is built once per weights and node, then mapped.
         table = shared_arrays(
