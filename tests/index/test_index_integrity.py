@@ -287,3 +287,19 @@ def test_verify_before_use_rebuilds_a_damaged_entry_before_any_batch(
         again, error = _outcome(_bucket, tmp_path)
     assert error is None and again == plan
     assert "fails its full CRC-32" in caplog.text and "rebuilding" in caplog.text
+
+
+@pytest.mark.parametrize("values", [np.arange(3_000_000, dtype=np.int64) - 7, np.array([np.nan, -2.5, 4.0] * 900_000)])
+def test_describe_file_with_the_checksum_in_a_thread_gives_the_same_record(tmp_path: Path, monkeypatch, values) -> None:
+    """A large file's CRC-32 computed beside its value range (a second thread): the record of one pass, and
+    the CRC-32 of every byte."""
+    import zlib
+
+    np.save(tmp_path / "a.npy", values)
+    dtype, _, header = npy_layout(tmp_path / "a.npy")
+    monkeypatch.setattr(integrity, "PARALLEL_BYTES", 1 << 40)
+    one_pass = integrity.describe_file(tmp_path / "a.npy", header, dtype)
+    monkeypatch.setattr(integrity, "PARALLEL_BYTES", 0)
+    assert integrity.describe_file(tmp_path / "a.npy", header, dtype) == one_pass
+    assert one_pass["crc32"] == zlib.crc32((tmp_path / "a.npy").read_bytes())
+    assert (one_pass["min"], one_pass["max"]) == (float(np.nanmin(values)), float(np.nanmax(values)))

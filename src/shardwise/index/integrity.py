@@ -109,21 +109,27 @@ def full_crc(path: Path, stop: Callable[[], bool] | None = None) -> int | None:
     return crc[0] if _scan(path, 0, visit, stop) else None
 
 
+PARALLEL_BYTES = 1 << 26
+"""Files from this size (64 MiB) are checksummed by a second thread while the first reads their value range."""
+
+
 def describe_file(path: Path, header: int, dtype: np.dtype[Any]) -> dict[str, Any]:
-    """The full CRC-32 of a ``.npy`` file and the range of the values it holds (one pass, chunked).
+    """The full CRC-32 of a ``.npy`` file and the range of the values it holds (chunked passes over the mapping).
 
     Returns ``{"crc32": int}`` plus ``"min"``, ``"max"`` for integer and floating dtypes (and
-    ``"nan"``: whether a float array holds a NaN). Private memory: O(1) (the file is mapped).
+    ``"nan"``: whether a float array holds a NaN). Private memory: O(1) (the file is mapped). The
+    CRC-32 and the range are two passes that both release the GIL: from ``PARALLEL_BYTES`` on, the
+    CRC-32 runs in a thread beside the range (two cores: the time of one pass).
     """
     with open(path, "rb") as file:
         crc = zlib.crc32(file.read(header))
     numeric = dtype.kind in "iuf" and dtype.isnative and dtype.itemsize > 0 and CHUNK_BYTES % dtype.itemsize == 0
     state: dict[str, Any] = {"crc": crc, "min": None, "max": None, "nan": False}
 
-    def visit(piece: memoryview) -> None:
+    def checksum(piece: memoryview) -> None:
         state["crc"] = zlib.crc32(piece, state["crc"])
-        if not numeric:
-            return
+
+    def value_range(piece: memoryview) -> None:
         values = np.frombuffer(piece, dtype=dtype, count=len(piece) // dtype.itemsize)
         if dtype.kind == "f":
             finite = ~np.isnan(values)
@@ -135,7 +141,31 @@ def describe_file(path: Path, header: int, dtype: np.dtype[Any]) -> dict[str, An
             state["max"] = high if state["max"] is None else max(state["max"], high)
         del values
 
-    _scan(path, header, visit)
+    if not numeric:
+        _scan(path, header, checksum)
+    elif path.stat().st_size < PARALLEL_BYTES:
+
+        def both(piece: memoryview) -> None:
+            checksum(piece)
+            value_range(piece)
+
+        _scan(path, header, both)
+    else:
+        failed: list[BaseException] = []
+
+        def crc_pass() -> None:
+            try:
+                _scan(path, header, checksum)
+            except BaseException as error:  # given back below
+                failed.append(error)
+
+        thread = threads.start(crc_pass, name="shardwise-describe")
+        try:
+            _scan(path, header, value_range)
+        finally:
+            thread.join()
+        if failed:
+            raise failed[0]
     info: dict[str, Any] = {"crc32": state["crc"]}
     if numeric:
         info.update(min=state["min"], max=state["max"], nan=state["nan"])
