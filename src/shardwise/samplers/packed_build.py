@@ -175,9 +175,12 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
 
     Files: ``slot_rows`` (int32, stratum after stratum), ``batch_of_row`` (int32), ``batch_keys``,
     their ``slot_offsets``, ``row_offsets`` and ``batch_offsets`` per stratum, and ``carried``.
-    Two steps: every stratum packed into rows (:func:`pack_strata`: pure Python, the cost of the
-    build; spread over :func:`~shardwise.index.workers.build_workers` more processes from
-    :data:`PARALLEL_FROM` strata on), then the chain of strata dealing their rows into batches.
+    Two steps: every stratum packed into rows, then the chain of strata dealing their rows into
+    batches. Compiled where numba is installed (:func:`~shardwise._core.packing.compiled.kernels`:
+    :func:`~shardwise._core.packing.fast_build.write_layouts`, the packing on threads, the chain
+    alongside), else :func:`pack_strata` in pure Python, spread over
+    :func:`~shardwise.index.workers.build_workers` more processes from :data:`PARALLEL_FROM`
+    strata on, then the numpy chain. The same bytes either way.
     """
     firsts = strata_starts(counts, num_strata, class_phases(counts.size))
     jit = kernels(int(counts.sum()))

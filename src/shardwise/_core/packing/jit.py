@@ -1,18 +1,22 @@
 """The compiled steps of a packing index build (numba, the ``fast`` extra): imported by :mod:`.compiled` only.
 
-This module imports numba at its top: :func:`.compiled.kernels` imports it lazily, once a build
-has chosen the compiled path (``SHARDWISE_NUMBA``), so ``import shardwise`` never loads numba.
+This module (and :mod:`.jit_deal`, the chain's kernel, re-exported here) imports numba at its
+top: :mod:`.compiled` imports it lazily, once a build or a packing has chosen the compiled path
+(``SHARDWISE_NUMBA``), so ``import shardwise`` never loads numba. Every kernel calls only kernels
+of its own file: numba's on-disk cache of a function is keyed by its file alone and would not
+notice a change in a callee of another file.
 Every function here makes exactly what the numpy steps it replaces make, value for value (the
 tests compare them on random inputs):
 
 - :func:`count_pieces`, :func:`fill_pieces`: :func:`~.pieces.piece_counts` and
   :func:`~.pieces.fill_pieces` on a range of samples, one pass each, no temporary arrays;
 - :func:`pack_strata`: for a range of strata, each stratum's histogram
-  (:func:`~.strata.stratum_histogram`), its best-fit placements (:func:`.compiled._place`) and the
+  (:func:`~.strata.stratum_histogram`), its best-fit placements (:func:`place`) and the
   row of every slot (:func:`~.rows.pack_histogram`), written into the layouts' ``slot_rows``;
-- :func:`deal_strata`: the chain of :func:`~.layout.stratum_layouts` over a range of strata (row
-  loads, the rows handed on, :func:`~.rows.deal_rows`, the batch keys), float sums made in the
-  same order as numpy's ``bincount`` so that every comparison sees the same numbers.
+- :func:`place`: best-fit decreasing on a histogram, placement for placement what
+  :class:`~.rows._Rooms`' loop makes (below);
+- :func:`~.jit_deal.deal_strata`: the chain of :func:`~.layout.stratum_layouts` over a range of
+  strata (row loads, the rows handed on, :func:`~.rows.deal_rows`, the batch keys).
 
 Every kernel releases the GIL (``nogil``): a build runs them on threads, one range each.
 """
@@ -22,10 +26,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .compiled import _place
+from .jit_deal import deal_strata
+
+__all__ = ["count_pieces", "deal_strata", "fill_pieces", "pack_strata", "place"]
 
 _jit = numba.njit(cache=True, nogil=True)
-place = _jit(_place)
 
 
 @_jit
@@ -117,179 +122,141 @@ def pack_strata(  # pragma: no cover - compiled
 
 
 @_jit
-def _deal(costs_sorted: np.ndarray, num_batches: int, batch: np.ndarray) -> None:  # pragma: no cover - compiled
-    """:func:`~.rows._deal` into ``batch``: round by round, the costliest rows to the lightest batches so far."""
-    loads = np.zeros(num_batches, dtype=np.float64)
-    rows = costs_sorted.size
-    for first in range(0, rows, num_batches):
-        size = min(num_batches, rows - first)
-        lightest = np.argsort(loads, kind="mergesort")[:size]
-        for k in range(size):
-            batch[first + k] = lightest[k]
-            loads[lightest[k]] += costs_sorted[first + k]
-
-
-@_jit
-def _descending(values: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """``np.argsort(-values, kind="stable")`` of non-negative integers: a counting sort when their range is small."""
-    size = values.size
-    if size == 0:
-        return np.empty(0, dtype=np.int64)
-    high = values.max()
-    if high > 4 * size + 8192:
-        return np.argsort(-values, kind="mergesort")
-    starts = np.zeros(high + 2, dtype=np.int64)  # value v's first position: after every larger value
-    for i in range(size):
-        starts[high - values[i] + 1] += 1
-    for v in range(1, high + 2):
-        starts[v] += starts[v - 1]
-    order = np.empty(size, dtype=np.int64)
-    for i in range(size):
-        at = high - values[i]
-        order[starts[at]] = i
-        starts[at] += 1
-    return order
-
-
-@_jit
-def _fewest(values: np.ndarray, count: int) -> np.ndarray:  # pragma: no cover - compiled
-    """``np.sort(np.argsort(values, kind="stable")[:count])``: the ``count`` least values (ties: first), by position."""
-    chosen = np.zeros(values.size, dtype=np.bool_)
-    for _ in range(count):
-        best = -1
-        for i in range(values.size):
-            if not chosen[i] and (best < 0 or values[i] < values[best]):
-                best = i
-        chosen[best] = True
-    return np.flatnonzero(chosen)
-
-
-@_jit
-def _deal_rows(  # pragma: no cover - compiled
-    tokens: np.ndarray, costs: np.ndarray, rows_per_batch: int, tokens_per_batch: int, drop_short: bool,
-    batch_of_row: np.ndarray,
-) -> int:  # fmt: skip
-    """:func:`~.rows.deal_rows` into ``batch_of_row`` (``rows_per_batch`` 0: by ``tokens_per_batch``); the batches."""
-    rows = tokens.size
-    batch_of_row[:] = -1
-    if rows == 0:
-        return 0
-    if rows_per_batch > 0:
-        keep = np.arange(rows)
-        if drop_short:
-            extra = rows % rows_per_batch
-            if extra:
-                kept = np.ones(rows, dtype=np.bool_)
-                kept[np.argsort(tokens, kind="mergesort")[:extra]] = False
-                keep = np.flatnonzero(kept)
-            if keep.size == 0:
-                return 0
-        num_batches = (keep.size + rows_per_batch - 1) // rows_per_batch
-        by_cost = keep[_descending(costs[keep])]
-        dealt = np.empty(by_cost.size, dtype=np.int64)
-        _deal(costs[by_cost].astype(np.float64), num_batches, dealt)
-        batch_of_row[by_cost] = dealt
-        return num_batches
-    by_cost = _descending(costs)
-    sorted_costs = costs[by_cost].astype(np.float64)
-    num_batches = max(1, (tokens.sum() + tokens_per_batch - 1) // tokens_per_batch)
-    dealt = np.empty(rows, dtype=np.int64)
-    while True:
-        _deal(sorted_costs, num_batches, dealt)
-        loads = np.zeros(num_batches, dtype=np.float64)
-        for k in range(rows):
-            loads[dealt[k]] += tokens[by_cost[k]]
-        if loads.max() <= tokens_per_batch or num_batches >= rows:
-            break
-        num_batches += 1
-    batch_of_row[by_cost] = dealt
-    return int(num_batches)
-
-
-@_jit
-def deal_strata(  # noqa: PLR0915  # pragma: no cover - compiled
-    counts: np.ndarray, phase: np.ndarray, num_strata: int, max_len: int, first: int, last: int,
-    slot_rows: np.ndarray, slot_starts: np.ndarray, num_rows: np.ndarray, rows_per_batch: int,
-    tokens_per_batch: int, attention: bool, drop_short: bool, carry: np.ndarray, carried: int,
-    batch_of_row: np.ndarray, row_at: int, batch_keys: np.ndarray, sizes: np.ndarray,
-) -> tuple[int, int]:  # fmt: skip
-    """The chain of :func:`~.layout.stratum_layouts` over strata ``first .. last - 1`` (of ``num_strata``).
-
-    Reads each stratum's packed rows from ``slot_rows`` (from ``slot_starts[s]``, ``num_rows[s]``
-    rows, both indexed by stratum); writes its ``batch_of_row`` from ``batch_of_row[row_at]`` on
-    and its batch keys into ``batch_keys`` (from 0), and ``(slots, rows, batches, carried)``
-    into ``sizes[:, s - first]``. ``carry[:2, :carried]``: tokens and squares of the rows the
-    stratum before ``first`` handed on; updated for the next call.
-
-    Returns:
-        ``(carried, batch keys written)``.
-    """
-    histogram = np.empty(counts.size, dtype=np.int64)
-    keys_at = 0
-    for stratum in range(first, last):
-        _histogram(counts, phase, num_strata, stratum, histogram)
-        own = num_rows[stratum]
-        slots = histogram.sum()
-        base = slot_starts[stratum]
-        token_sums = np.zeros(own, dtype=np.float64)  # np.bincount's sums, item by item in slot order
-        square_sums = np.zeros(own, dtype=np.float64)
-        at = base
-        for length in range(histogram.size):
-            for _ in range(histogram[length]):
-                row = slot_rows[at]
-                token_sums[row] += length
-                square_sums[row] += length * length
-                at += 1
-        total = own + carried
-        tokens = np.empty(total, dtype=np.int64)
-        squares = np.empty(total, dtype=np.int64)
-        for r in range(own):
-            tokens[r] = np.int64(token_sums[r])
-            squares[r] = np.int64(np.rint(square_sums[r]))
-        for r in range(carried):
-            tokens[own + r] = carry[0, r]
-            squares[own + r] = carry[1, r]
-        costs = squares if attention else tokens
-        extra = 0
-        if stratum != num_strata - 1 and rows_per_batch > 0:
-            extra = min(total % rows_per_batch, own)
-        handed = _fewest(tokens[:own], extra)
-        not_handed = np.ones(total, dtype=np.bool_)
-        not_handed[handed] = False
-        dealt = np.flatnonzero(not_handed)
-        dealt_batches = np.empty(dealt.size, dtype=np.int64)
-        num_batches = _deal_rows(tokens[dealt], costs[dealt], rows_per_batch, tokens_per_batch, drop_short,
-                                 dealt_batches)  # fmt: skip
-        rows = np.full(total, -2, dtype=np.int64)  # CARRIED
-        rows[dealt] = dealt_batches
-        batch_costs = np.zeros(num_batches, dtype=np.float64)
-        batch_token_sums = np.zeros(num_batches, dtype=np.float64)
-        for r in range(total):
-            if rows[r] >= 0:
-                batch_costs[rows[r]] += costs[r]
-                batch_token_sums[rows[r]] += tokens[r]
-        capacity = rows_per_batch * max_len if rows_per_batch > 0 else tokens_per_batch
-        half = max(1, max_len // 2)
-        minus_short = np.empty(num_batches, dtype=np.int64)
-        rounded = np.empty(num_batches, dtype=np.float64)
-        for b in range(num_batches):
-            minus_short[b] = -((capacity - np.int64(batch_token_sums[b])) // half)
-            rounded[b] = np.rint(batch_costs[b])
-        by_cost = np.argsort(rounded, kind="mergesort")  # np.lexsort((rounded, minus_short)): two stable sorts
-        order = by_cost[np.argsort(minus_short[by_cost], kind="mergesort")]
-        for k in range(num_batches):
-            batch_keys[keys_at + order[k]] = k
-        keys_at += num_batches
-        for r in range(total):
-            batch_of_row[row_at + r] = rows[r]
-        row_at += total
-        column = stratum - first
-        sizes[0, column] = slots
-        sizes[1, column] = total
-        sizes[2, column] = num_batches
-        sizes[3, column] = carried
-        for k in range(handed.size):
-            carry[0, k] = tokens[handed[k]]
-            carry[1, k] = squares[handed[k]]
-        carried = handed.size
-    return carried, keys_at
+def place(  # noqa: PLR0912, PLR0915  # pragma: no cover - compiled (one loop, no helper calls)
+    needs: np.ndarray, max_len: int, capacity: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """The placements of best-fit decreasing on ``needs``; ``count`` -1: ``capacity`` was too small."""
+    firsts = np.empty(capacity, dtype=np.int64)  # placement i: rows firsts[i] .. + sizes[i] - 1, repeats[i] items each
+    sizes = np.empty(capacity, dtype=np.int64)
+    repeats = np.empty(capacity, dtype=np.int64)
+    starts = np.zeros(max_len + 2, dtype=np.int64)
+    node_first = np.empty(capacity, dtype=np.int64)  # the runs of the rooms' stacks
+    node_size = np.empty(capacity, dtype=np.int64)
+    node_next = np.empty(capacity, dtype=np.int64)
+    nodes = 0
+    head = np.full(max_len + 1, -1, dtype=np.int64)  # room -> its front run (-1: none)
+    count = np.zeros(max_len + 1, dtype=np.int64)  # room -> rows with that room
+    words = (max_len >> 6) + 1
+    open_rooms = np.zeros(words, dtype=np.uint64)  # bit r & 63 of word r >> 6: room r holds rows
+    open_words = np.zeros((words >> 6) + 1, dtype=np.uint64)  # bit w & 63 of word w >> 6: open_rooms[w] != 0
+    one, every, shift = np.uint64(1), np.uint64(0xFFFFFFFFFFFFFFFF), np.uint64(58)
+    debruijn = np.uint64(0x03F79D71B4CB0A89)
+    lowest = np.zeros(64, dtype=np.int64)  # the lowest set bit of x is lowest[(x & -x) * debruijn >> 58]
+    for bit in range(64):
+        lowest[(debruijn << np.uint64(bit)) >> shift] = bit
+    got_first = np.empty(capacity, dtype=np.int64)  # the runs one step took, in queue order
+    got_size = np.empty(capacity, dtype=np.int64)
+    placed = 0
+    num_rows = 0
+    for length in range(max_len, 0, -1):
+        starts[length] = placed
+        need = needs[length]
+        while need > 0:
+            # the smallest room >= length that holds rows: its bit in open_rooms, words skipped by open_words
+            room = -1
+            word_at = length >> 6
+            word = open_rooms[word_at] & (every << np.uint64(length & 63))
+            if word != 0:
+                room = (word_at << 6) + lowest[((word & (~word + one)) * debruijn) >> shift]
+            else:
+                word_at += 1
+                top_at = word_at >> 6
+                mask = every << np.uint64(word_at & 63)
+                while top_at < open_words.size:
+                    top = open_words[top_at] & mask
+                    if top != 0:
+                        word_at = (top_at << 6) + lowest[((top & (~top + one)) * debruijn) >> shift]
+                        word = open_rooms[word_at]
+                        room = (word_at << 6) + lowest[((word & (~word + one)) * debruijn) >> shift]
+                        break
+                    top_at += 1
+                    mask = every
+            if room < 0:  # no row has room: open rows, each filled with as many as fit
+                per_row = max_len // length
+                opened = (need + per_row - 1) // per_row
+                rest = need - (opened - 1) * per_row
+                if placed + 2 > capacity:
+                    return firsts, sizes, repeats, starts, -1, num_rows
+                for part in range(2):
+                    if part == 0:
+                        if opened <= 1:
+                            continue
+                        first, size, per, into = num_rows, opened - 1, per_row, max_len - per_row * length
+                    else:
+                        first, size, per, into = num_rows + opened - 1, 1, rest, max_len - rest * length
+                    firsts[placed] = first
+                    sizes[placed] = size
+                    repeats[placed] = per
+                    placed += 1
+                    if count[into] == 0:  # room `into` opens
+                        if open_rooms[into >> 6] == 0:
+                            open_words[into >> 12] |= one << np.uint64((into >> 6) & 63)
+                        open_rooms[into >> 6] |= one << np.uint64(into & 63)
+                    count[into] += size
+                    node_first[nodes] = first
+                    node_size[nodes] = size
+                    node_next[nodes] = head[into]
+                    head[into] = nodes
+                    nodes += 1
+                num_rows += opened
+                break
+            per_row = room // length
+            full = min(count[room], need // per_row)
+            for part in range(2):
+                if part == 0:
+                    take = full  # rows of this room that the run fills to the brim, one after another
+                    per = per_row
+                else:
+                    if need == 0 or count[room] == 0:
+                        break
+                    take = 1  # the rest of the run: fewer than fill one row
+                    per = need
+                if take == 0:
+                    continue
+                # take: the first `take` rows of `room`, as runs in queue order
+                count[room] -= take
+                if count[room] == 0:  # room `room` closes
+                    open_rooms[room >> 6] &= ~(one << np.uint64(room & 63))
+                    if open_rooms[room >> 6] == 0:
+                        open_words[room >> 12] &= ~(one << np.uint64((room >> 6) & 63))
+                got = 0
+                left = take
+                while left > 0:
+                    node = head[room]
+                    first = node_first[node]
+                    size = node_size[node]
+                    if size > left:
+                        node_first[node] = first + left
+                        node_size[node] = size - left
+                        got_first[got] = first
+                        got_size[got] = left
+                        got += 1
+                        break
+                    head[room] = node_next[node]
+                    got_first[got] = first
+                    got_size[got] = size
+                    got += 1
+                    left -= size
+                if placed + got > capacity:
+                    return firsts, sizes, repeats, starts, -1, num_rows
+                for i in range(got):
+                    firsts[placed] = got_first[i]
+                    sizes[placed] = got_size[i]
+                    repeats[placed] = per
+                    placed += 1
+                # put: the runs in front of the new room's queue, their order kept
+                into = room - per * length
+                if count[into] == 0:  # room `into` opens
+                    if open_rooms[into >> 6] == 0:
+                        open_words[into >> 12] |= one << np.uint64((into >> 6) & 63)
+                    open_rooms[into >> 6] |= one << np.uint64(into & 63)
+                count[into] += take
+                for i in range(got - 1, -1, -1):
+                    node_first[nodes] = got_first[i]
+                    node_size[nodes] = got_size[i]
+                    node_next[nodes] = head[into]
+                    head[into] = nodes
+                    nodes += 1
+                need -= take * per
+    starts[0] = placed
+    return firsts, sizes, repeats, starts, placed, num_rows
