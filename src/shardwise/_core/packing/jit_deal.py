@@ -3,9 +3,11 @@
 :func:`deal_strata` makes what :func:`~.layout.stratum_layouts` makes after the packing (the row
 loads, the rows handed on, :func:`~.rows.deal_rows`, the batch keys), value for value: float
 sums are made in the order of numpy's ``bincount`` so that every comparison sees the same
-numbers, and every sort is stable as numpy's. Like :mod:`.jit` (which re-exports it), this module
-imports numba at its top and is loaded only by :mod:`.compiled`; it calls no kernel of another
-file (numba's on-disk cache of a function does not notice a change in another file's callee).
+numbers, and every sort is stable as numpy's (:func:`_stable_order`, a merge sort written out,
+and plain loops instead of numpy's sorts and fancy indexing: ~8 s of first compilation instead
+of ~15). Like :mod:`.jit` (which re-exports it), this module imports numba at its top and is
+loaded only by :mod:`.compiled`; it calls no kernel of another file (numba's on-disk cache of a
+function does not notice a change in another file's callee).
 """
 
 from __future__ import annotations
@@ -17,14 +19,57 @@ _jit = numba.njit(cache=True, nogil=True)
 
 
 @_jit
+def _stable_order(keys: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``np.argsort(keys, kind="stable")``: runs of 16 by insertion, then merged bottom up (ties keep their order)."""
+    size = keys.size
+    order = np.arange(size)
+    run = 16
+    for lo in range(0, size, run):
+        for i in range(lo + 1, min(lo + run, size)):
+            item = order[i]
+            j = i - 1
+            while j >= lo and keys[order[j]] > keys[item]:
+                order[j + 1] = order[j]
+                j -= 1
+            order[j + 1] = item
+    other = np.empty(size, dtype=np.int64)
+    width = run
+    while width < size:
+        for lo in range(0, size, 2 * width):
+            mid, hi = min(lo + width, size), min(lo + 2 * width, size)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if j < hi and (i >= mid or keys[order[j]] < keys[order[i]]):
+                    other[k] = order[j]
+                    j += 1
+                else:
+                    other[k] = order[i]
+                    i += 1
+        order, other = other, order
+        width *= 2
+    return order
+
+
+@_jit
 def _deal(costs_sorted: np.ndarray, num_batches: int, batch: np.ndarray) -> None:  # pragma: no cover - compiled
-    """:func:`~.rows._deal` into ``batch``: round by round, the costliest rows to the lightest batches so far."""
+    """:func:`~.rows._deal` into ``batch``: round by round, the costliest rows to the lightest batches so far.
+
+    The batches by ``(load, batch)`` (numpy's stable sort of the loads) are kept from round to
+    round and sorted again by insertion: a round changes the order little.
+    """
     loads = np.zeros(num_batches, dtype=np.float64)
+    lightest = np.arange(num_batches)
     rows = costs_sorted.size
     for first in range(0, rows, num_batches):
-        size = min(num_batches, rows - first)
-        lightest = np.argsort(loads, kind="mergesort")[:size]
-        for k in range(size):
+        for i in range(1, num_batches):
+            item = lightest[i]
+            j = i - 1
+            while j >= 0 and (loads[lightest[j]] > loads[item] or (loads[lightest[j]] == loads[item]
+                                                                    and lightest[j] > item)):  # fmt: skip
+                lightest[j + 1] = lightest[j]
+                j -= 1
+            lightest[j + 1] = item
+        for k in range(min(num_batches, rows - first)):
             batch[first + k] = lightest[k]
             loads[lightest[k]] += costs_sorted[first + k]
 
@@ -37,7 +82,7 @@ def _descending(values: np.ndarray) -> np.ndarray:  # pragma: no cover - compile
         return np.empty(0, dtype=np.int64)
     high = values.max()
     if high > 4 * size + 8192:
-        return np.argsort(-values, kind="mergesort")
+        return _stable_order(-values)
     starts = np.zeros(high + 2, dtype=np.int64)  # value v's first position: after every larger value
     for i in range(size):
         starts[high - values[i] + 1] += 1
@@ -61,7 +106,43 @@ def _fewest(values: np.ndarray, count: int) -> np.ndarray:  # pragma: no cover -
             if not chosen[i] and (best < 0 or values[i] < values[best]):
                 best = i
         chosen[best] = True
-    return np.flatnonzero(chosen)
+    out = np.empty(count, dtype=np.int64)
+    at = 0
+    for i in range(values.size):
+        if chosen[i]:
+            out[at] = i
+            at += 1
+    return out
+
+
+@_jit
+def _deal_sorted(tokens: np.ndarray, costs: np.ndarray, rows: np.ndarray, num_batches: int, tokens_per_batch: int,
+                 batch_of_row: np.ndarray) -> int:  # fmt: skip  # pragma: no cover - compiled
+    """Deal ``rows`` (by cost, descending) into ``num_batches`` batches, or (``tokens_per_batch``) the fewest
+    from there on that keep every batch within the budget; the batches."""
+    order = np.empty(rows.size, dtype=np.int64)
+    kept_costs = np.empty(rows.size, dtype=np.int64)
+    for k in range(rows.size):
+        kept_costs[k] = costs[rows[k]]
+    by_cost = _descending(kept_costs)
+    sorted_costs = np.empty(rows.size, dtype=np.float64)
+    for k in range(rows.size):
+        order[k] = rows[by_cost[k]]
+        sorted_costs[k] = costs[order[k]]
+    dealt = np.empty(rows.size, dtype=np.int64)
+    while True:
+        _deal(sorted_costs, num_batches, dealt)
+        if tokens_per_batch <= 0:
+            break
+        loads = np.zeros(num_batches, dtype=np.float64)
+        for k in range(rows.size):
+            loads[dealt[k]] += tokens[order[k]]
+        if loads.max() <= tokens_per_batch or num_batches >= rows.size:
+            break
+        num_batches += 1
+    for k in range(rows.size):
+        batch_of_row[order[k]] = dealt[k]
+    return num_batches
 
 
 @_jit
@@ -75,35 +156,24 @@ def _deal_rows(  # pragma: no cover - compiled
     if rows == 0:
         return 0
     if rows_per_batch > 0:
-        keep = np.arange(rows)
-        if drop_short:
-            extra = rows % rows_per_batch
-            if extra:
-                kept = np.ones(rows, dtype=np.bool_)
-                kept[np.argsort(tokens, kind="mergesort")[:extra]] = False
-                keep = np.flatnonzero(kept)
-            if keep.size == 0:
+        kept = np.ones(rows, dtype=np.bool_)
+        size = rows
+        if drop_short and rows % rows_per_batch:
+            dropped = _fewest(tokens, rows % rows_per_batch)  # the fewest tokens
+            for k in range(dropped.size):
+                kept[dropped[k]] = False
+            size -= dropped.size
+            if size == 0:
                 return 0
-        num_batches = (keep.size + rows_per_batch - 1) // rows_per_batch
-        by_cost = keep[_descending(costs[keep])]
-        dealt = np.empty(by_cost.size, dtype=np.int64)
-        _deal(costs[by_cost].astype(np.float64), num_batches, dealt)
-        batch_of_row[by_cost] = dealt
-        return num_batches
-    by_cost = _descending(costs)
-    sorted_costs = costs[by_cost].astype(np.float64)
-    num_batches = max(1, (tokens.sum() + tokens_per_batch - 1) // tokens_per_batch)
-    dealt = np.empty(rows, dtype=np.int64)
-    while True:
-        _deal(sorted_costs, num_batches, dealt)
-        loads = np.zeros(num_batches, dtype=np.float64)
-        for k in range(rows):
-            loads[dealt[k]] += tokens[by_cost[k]]
-        if loads.max() <= tokens_per_batch or num_batches >= rows:
-            break
-        num_batches += 1
-    batch_of_row[by_cost] = dealt
-    return int(num_batches)
+        keep = np.empty(size, dtype=np.int64)
+        at = 0
+        for r in range(rows):
+            if kept[r]:
+                keep[at] = r
+                at += 1
+        return _deal_sorted(tokens, costs, keep, (size + rows_per_batch - 1) // rows_per_batch, 0, batch_of_row)
+    first = max(1, (tokens.sum() + tokens_per_batch - 1) // tokens_per_batch)
+    return _deal_sorted(tokens, costs, np.arange(rows), first, tokens_per_batch, batch_of_row)
 
 
 @_jit
@@ -157,14 +227,26 @@ def deal_strata(  # noqa: PLR0912, PLR0915  # pragma: no cover - compiled
         if stratum != num_strata - 1 and rows_per_batch > 0:
             extra = min(total % rows_per_batch, own)
         handed = _fewest(tokens[:own], extra)
-        not_handed = np.ones(total, dtype=np.bool_)
-        not_handed[handed] = False
-        dealt = np.flatnonzero(not_handed)
+        is_handed = np.zeros(total, dtype=np.bool_)
+        for k in range(handed.size):
+            is_handed[handed[k]] = True
+        dealt = np.empty(total - handed.size, dtype=np.int64)  # the rows not handed on, and their loads
+        dealt_tokens = np.empty(dealt.size, dtype=np.int64)
+        dealt_costs = np.empty(dealt.size, dtype=np.int64)
+        at = 0
+        for r in range(total):
+            if not is_handed[r]:
+                dealt[at] = r
+                dealt_tokens[at] = tokens[r]
+                dealt_costs[at] = costs[r]
+                at += 1
         dealt_batches = np.empty(dealt.size, dtype=np.int64)
-        num_batches = _deal_rows(tokens[dealt], costs[dealt], rows_per_batch, tokens_per_batch, drop_short,
+        num_batches = _deal_rows(dealt_tokens, dealt_costs, rows_per_batch, tokens_per_batch, drop_short,
                                  dealt_batches)  # fmt: skip
-        rows = np.full(total, -2, dtype=np.int64)  # CARRIED
-        rows[dealt] = dealt_batches
+        rows = np.empty(total, dtype=np.int64)
+        rows[:] = -2  # CARRIED
+        for k in range(dealt.size):
+            rows[dealt[k]] = dealt_batches[k]
         batch_costs = np.zeros(num_batches, dtype=np.float64)
         batch_token_sums = np.zeros(num_batches, dtype=np.float64)
         for r in range(total):
@@ -178,10 +260,13 @@ def deal_strata(  # noqa: PLR0912, PLR0915  # pragma: no cover - compiled
         for b in range(num_batches):
             minus_short[b] = -((capacity - np.int64(batch_token_sums[b])) // half)
             rounded[b] = np.rint(batch_costs[b])
-        by_cost = np.argsort(rounded, kind="mergesort")  # np.lexsort((rounded, minus_short)): two stable sorts
-        order = by_cost[np.argsort(minus_short[by_cost], kind="mergesort")]
+        by_cost = _stable_order(rounded)  # np.lexsort((rounded, minus_short)): two stable sorts
+        shorts = np.empty(num_batches, dtype=np.int64)
         for k in range(num_batches):
-            batch_keys[keys_at + order[k]] = k
+            shorts[k] = minus_short[by_cost[k]]
+        by_short = _stable_order(shorts)
+        for k in range(num_batches):
+            batch_keys[keys_at + by_cost[by_short[k]]] = k
         keys_at += num_batches
         for r in range(total):
             batch_of_row[row_at + r] = rows[r]
