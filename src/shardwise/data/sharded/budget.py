@@ -101,7 +101,11 @@ def node_upcoming(directory: Path, own: Mapping[str, int]) -> dict[str, int]:
         if not entry.name.startswith(PLAN) or ".part" in entry.name:
             continue
         pid = int(entry.name[len(PLAN):]) if entry.name[len(PLAN):].isdigit() else -1
-        if pid == os.getpid() or not _alive(pid):
+        if pid == os.getpid():
+            continue
+        if not alive(pid):  # its process is gone: its order is removed (a process of the node writes only its own)
+            if pid > 0:
+                Path(entry.path).unlink(missing_ok=True)
             continue
         with contextlib.suppress(FileNotFoundError):
             for rank, key in enumerate(Path(entry.path).read_text().split()):
@@ -110,7 +114,7 @@ def node_upcoming(directory: Path, own: Mapping[str, int]) -> dict[str, int]:
     return merged
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether process ``pid`` of this node runs (a plan file of an exited process is ignored)."""
     if pid <= 0:
         return False

@@ -41,6 +41,7 @@ from filelock import FileLock, Timeout
 from ..._core import threads
 from ..._core.errors import check_int, check_path, check_seconds
 from . import budget as budgeting
+from . import head as heads
 from .fetch import (
     PART,
     check_unchanged,
@@ -59,6 +60,7 @@ __all__ = ["PART", "Derived", "ShardCache", "default_cache_dir", "is_local", "lo
 
 _RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
 _Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
+Head = tuple[str, int, "str | None", "Sequence[int]"]  # a shard the plan reads first: url, size, version, its rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +131,7 @@ class ShardCache:
                             f"storage_options={storage_options!r} ({type(storage_options).__name__})")
         self.storage_options = dict(storage_options or {})
         self.fetched_bytes = 0  # bytes this process downloaded (the benchmark's bytes per node)
+        self.errors: dict[str, str] = {}  # url -> the last error a prefetch thread met on it (the reader refetches)
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
         self._inflight: dict[str, int] = {}  # shard key -> bytes the prefetch threads are downloading now
@@ -138,6 +141,7 @@ class ShardCache:
         self._queue: queue.Queue[_Item | None] | None = None
         self._generation = 0  # of the plan followed: queued items of an older one are dropped
         self._threads: list[threading.Thread] = []
+        self._heads: dict[str, threading.Event] = {}  # url -> set once its first pieces are fetched (or failed)
         self._fs: dict[str, Any] = {}
         self._fs_pid = os.getpid()  # fsspec's async filesystems (s3, http) refuse use in a forked process
         threads.reset_in_child(self, type(self)._forked)
@@ -146,7 +150,7 @@ class ShardCache:
         # DataLoader workers get a copy without the thread, the queue or open filesystems.
         state = self.__dict__.copy()
         del state["_mutex"], state["_serial"]
-        state.update(_queue=None, _threads=[], _fs={}, _upcoming={}, _pinned={}, _inflight={}, _fs_pid=None,
+        state.update(_queue=None, _threads=[], _heads={}, _fs={}, _upcoming={}, _pinned={}, _inflight={}, _fs_pid=None,
                      _derived=None)
         return state
 
@@ -160,7 +164,7 @@ class ShardCache:
         # lock or queue one of them held at the fork would stay held here (the worker's first download
         # hung on _mutex). This process starts its own threads, with its own locks, when it follows a plan.
         self._mutex, self._serial = threading.Lock(), threading.Lock()
-        self._queue, self._threads, self._inflight = None, [], {}
+        self._queue, self._threads, self._inflight, self._heads = None, [], {}, {}
 
     def filesystem(self, url: str) -> Any:
         """The fsspec filesystem for ``url``'s protocol (one per protocol and process)."""
@@ -277,16 +281,21 @@ class ShardCache:
 
     def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None) -> None:
         copied = download(self.filesystem(url), url, final, size, version, sample, retries=self.retries,
-                          backoff=self.backoff)
+                          backoff=self.backoff, timeout=self.timeout)
         with self._mutex:
             self.fetched_bytes += copied
 
     # -- the plan ------------------------------------------------------------------------------
-    def follow(self, shards: Sequence[tuple[str, int, str | None]], derived: Derived | None = None) -> None:
+    def follow(self, shards: Sequence[tuple[str, int, str | None]], derived: Derived | None = None,
+               head: Sequence[Head] = ()) -> None:
         """The remote shards ``(url, size, version)`` the plan reads next, in order: prefetch them, keep them.
 
         Replaces the previous list: shards not in it are the first evicted. ``derived``: the file
         to keep in each shard's place (:class:`Derived`), made when the shard is prefetched.
+        ``head``: Parquet shards ``(url, size, version, rows)`` whose ``rows`` the plan reads first
+        (a pass's first batch): their footers and those rows' row groups are fetched before any
+        whole shard, and readers of those rows wait for them, not for the whole shard (NOTE [ Head
+        first ] in ``head.py``). Promised now, before this returns; ignored without prefetch threads.
         """
         remote = [shard for shard in shards if not is_local(shard[0])]
         self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
@@ -295,6 +304,10 @@ class ShardCache:
         self._derived = derived
         if not remote or not self.prefetch_threads:
             return
+        firsts = [item for item in head
+                  if item[1] > heads.SMALL and not is_local(item[0]) and not self._whole(item[0], item[2])]
+        for url, _, version, rows in firsts:  # before any reader can ask: a reader of these rows waits for them
+            heads.promise(self.directory / self.name(url, None, version), rows)
         pending = self._queue
         if pending is None or not all(thread.is_alive() for thread in self._threads):
             self.close()  # threads of a parent process do not survive a fork: start this process's own
@@ -308,6 +321,9 @@ class ShardCache:
                 pending.get_nowait()
             except queue.Empty:  # pragma: no cover - raced with the thread
                 break
+        for url, size, version, rows in firsts:  # pieces, a small part of each shard: a thread each, at once
+            done = self._heads[url] = threading.Event()
+            threads.start(self._fetch_head, (url, size, version, tuple(rows)), done, name="shardwise-head")
         budget = self.budget_bytes
         planned = 0
         for url, size, version in remote:
@@ -315,6 +331,12 @@ class ShardCache:
             if budget is not None and planned > budget:
                 break  # prefetching beyond the budget would evict what is read sooner
             pending.put((url, size, version, generation))
+
+    def _whole(self, url: str, version: str | None) -> bool:
+        """Whether shard ``url`` is in the cache whole (downloaded, or derived as this process keeps it)."""
+        if (self.directory / self.name(url, None, version)).exists():
+            return True
+        return self._derived is not None and (self.directory / self.name(url, self._derived, version)).exists()
 
     def _prefetch(self, pending: queue.Queue[_Item | None]) -> None:
         # A shard whose lock another process of the node holds (its prefetch or a reader fetching
@@ -331,15 +353,35 @@ class ShardCache:
             # A derived file's size is known only once it is made: under a budget, this process makes
             # one at a time, so that the room each download sees is what is really kept.
             serial = self._derived is not None and self.budget_bytes is not None
-            with self._serial if serial else contextlib.nullcontext():
-                if self._fetch_ahead(item):
-                    put_off.append(item)
+            try:
+                with self._serial if serial else contextlib.nullcontext():
+                    if self._fetch_ahead(item):
+                        put_off.append(item)
+            except Exception as error:  # any error (aiohttp's, botocore's): the thread must go on
+                # Recorded, not raised: the reader fetches the shard itself and raises a ShardError naming it.
+                self.errors[item[0]] = f"{type(error).__name__}: {error}"
+
+    def _fetch_head(self, head: Head, done: threading.Event) -> None:
+        """Fetch a shard's footer and the row groups of the rows the plan reads first (NOTE [ Head first ])."""
+        url, size, version, rows = head
+        final = self.directory / self.name(url, None, version)
+        try:
+            copied = heads.fetch_pieces(self.filesystem(url), url, size, version, rows, final, self.timeout)
+            with self._mutex:
+                self.fetched_bytes += copied
+        except Exception as error:  # recorded; the promise is settled: its readers fetch the shard whole
+            self.errors[url] = f"{type(error).__name__}: {error}"
+        finally:
+            done.set()
 
     def _fetch_ahead(self, item: _Item) -> bool:
         """Prefetch one shard if it fits the budget; True: put it off (another thread or process has it)."""
         url, size, version, generation = item
         if generation != self._generation:
             return False  # the plan moved on: a newer list is queued
+        head = self._heads.pop(url, None)
+        if head is not None:  # its pieces first, then the rest (fetch.download): no byte fetched twice
+            head.wait(self.timeout)
         key = shard_key(self.name(url))
         with self._mutex:
             if key in self._inflight:
@@ -349,10 +391,11 @@ class ShardCache:
             self._inflight[key] = size
         try:
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
-            with contextlib.suppress(ShardError, OSError, ValueError):
-                self._get(url, size, None, self._derived, version, wait=False)
+            self._get(url, size, None, self._derived, version, wait=False)
         except _Busy:  # another process holds its lock
             return True
+        except (ShardError, OSError, ValueError) as error:
+            self.errors[url] = f"{type(error).__name__}: {error}"
         finally:
             with self._mutex:
                 del self._inflight[key]

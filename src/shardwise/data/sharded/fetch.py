@@ -90,7 +90,7 @@ def check_identity(url: str, info: dict[str, Any], version: str, sample: int | N
 
 
 def download(fs: Any, url: str, final: Path, size: int, version: str | None, sample: int | None, *,
-             retries: int, backoff: float) -> int:
+             retries: int, backoff: float, timeout: float = 600.0) -> int:
     """Fetch shard ``url`` into ``final`` (renamed into place whole), checked against its size and ``version``.
 
     Returns the bytes downloaded. The caller holds ``final``'s file lock.
@@ -99,25 +99,36 @@ def download(fs: Any, url: str, final: Path, size: int, version: str | None, sam
         ShardError: the shard is missing or changed (at once), or could not be fetched whole
             after ``retries`` more attempts (``backoff`` seconds before the first, doubled, at most 8 s).
     """
+    from .head import fetch_rest  # here: head imports this module
+
     part = final.with_name(f"{final.name}{PART}{os.getpid()}")
     delay = backoff
     for attempt in range(retries + 1):
         try:
-            # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
-            # from S3 (no HEAD, no block cache; measured in docs/benchmarks/sharded-sources.md).
-            fs.get_file(url, str(part))
-            with open(part, "rb+") as target:
-                copied = os.fstat(target.fileno()).st_size
+            # Pieces fetched first (NOTE [ Head first ] in head.py): only the rest, into their sparse file.
+            rest = fetch_rest(fs, url, final, size, timeout)
+            if rest is None:
+                # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
+                # from S3 (no HEAD, no block cache; measured in docs/benchmarks/sharded-sources.md).
+                fs.get_file(url, str(part))
+                filled = part
+            else:
+                filled = rest[0]
+            with open(filled, "rb+") as target:
+                length = os.fstat(target.fileno()).st_size
                 os.fsync(target.fileno())
+            copied = length if rest is None else rest[1]
             check_unchanged(fs, url, version, sample)  # not retried: a rewritten shard stays rewritten
-            if copied != size:  # the same identity: a truncated transfer
-                raise OSError(f"shard {url} {for_sample(sample)}has {copied} bytes, but its metadata says {size}")
-            os.replace(part, final)  # atomic: readers see the whole shard or nothing
+            if length != size:  # the same identity: a truncated transfer
+                raise OSError(f"shard {url} {for_sample(sample)}has {length} bytes, but its metadata says {size}")
+            os.replace(filled, final)  # atomic: readers see the whole shard or nothing
             remove_leftovers(final)
             return copied
         except FileNotFoundError as error:
             raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)") from error
-        except OSError as error:
+        except ShardError:
+            raise
+        except Exception as error:  # OSError, and a client's own (aiohttp's, botocore's): transient
             if attempt == retries:
                 raise ShardError(
                     f"could not fetch shard {url} {for_sample(sample)}after {attempt + 1} attempts: {error}"

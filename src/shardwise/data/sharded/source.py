@@ -32,8 +32,10 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
+from ..._core.locality import split_wrap
 from ...index.cache import CacheDir
-from .cache import Derived, ShardCache
+from . import head as heads
+from .cache import Derived, Head, ShardCache
 from .fetch import is_local, version_of
 from .formats import Format, ShardError, ShardReader, decode_parquet, format_of, pyarrow
 from .metadata import expand_urls, read_metadata, stat_shards
@@ -144,6 +146,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         self.labels: np.ndarray | None = arrays.get("labels")
         self._check_columns(arrays["names"].tolist())
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._pass: Any = None  # the plan of the pass followed (follow_plan): a new one fetches its first rows first
         self._decoded: Derived | None = None  # what the cache keeps of a remote shard instead of it
         if self.format is Format.PARQUET and self.decode is Decode.NODE:
             # The cache names it by the shard's URL and version; the tag adds how it is made (the columns).
@@ -222,6 +225,10 @@ class ShardedSource(Dataset[dict[str, Any]]):
         tables: list[tuple[int, Any]] = []  # (shard, its rows unconverted), in order of first appearance
         for shard, positions in groups.items():
             sample = wanted[positions[0]]
+            early = self._early(shard, [local[p] for p in positions], sample)
+            if early is not None:  # the rows from the shard's first pieces, before it is whole
+                tables.append((shard, early))
+                continue
             reader = self._reader(shard, sample)
             try:
                 taken = self._take(reader, [local[p] for p in positions])
@@ -237,6 +244,21 @@ class ShardedSource(Dataset[dict[str, Any]]):
             for position, row in zip(order, self._convert(tables, groups, wanted), strict=True):
                 rows[position] = row
         return rows
+
+    def _early(self, shard: int, rows: list[int], sample: int) -> Any:
+        """Rows of a remote Parquet shard not yet whole in the cache, from the pieces fetched first (NOTE [ Head
+        first ] in ``head.py``), as an Arrow table; ``None``: open the shard whole (the usual way)."""
+        if shard in self._readers or self.format is not Format.PARQUET or is_local(self.urls[shard]):
+            return None
+        url, version = self.urls[shard], self._version(shard)
+        directory = self.cache.directory
+        derived = None if self._decoded is None else directory / self.cache.name(url, self._decoded, version)
+        try:
+            return heads.early_rows(directory / self.cache.name(url, None, version), derived, rows, self.columns,
+                                    int(self.shard_sizes[shard]), self.cache.timeout)
+        except (OSError, ValueError) as error:
+            raise ShardError(f"shard {url} (needed for sample {sample}) is not a readable {self.format.value} "
+                             f"file: {error}") from error
 
     def _take(self, reader: ShardReader, indices: list[int]) -> list[dict[str, Any]] | Any:
         """One shard's rows ``indices``: as rows (numpy views of the shard, WebDataset), else an Arrow table."""
@@ -321,8 +343,20 @@ class ShardedSource(Dataset[dict[str, Any]]):
         if positions.size == 0 or is_local(self.urls[0]):
             return
         order = permutation.upcoming_shards(positions, _PREFETCH_AHEAD)
+        head: list[Head] = []
+        if permutation is not self._pass and self.format is Format.PARQUET:  # a pass starts: its first rows first
+            head = self._head(permutation(split_wrap(positions)[0][: heads.HEAD_ROWS]))
+        self._pass = permutation
         self.cache.follow([(self.urls[s], int(self.file_sizes[s]), self._version(s)) for s in order.tolist()],
-                          self._decoded)
+                          self._decoded, head)
+
+    def _head(self, ids: np.ndarray) -> list[Head]:
+        """``(url, size, version, rows)`` of each shard of ``ids`` (a pass's first), in order of first appearance."""
+        shards = np.searchsorted(self._starts, ids, side="right") - 1
+        rows: dict[int, list[int]] = {}
+        for shard, row in zip(shards.tolist(), (ids - self._starts[shards]).tolist(), strict=True):
+            rows.setdefault(shard, []).append(row)
+        return [(self.urls[s], int(self.file_sizes[s]), self._version(s), sorted(r)) for s, r in rows.items()]
 
     def _version(self, shard: int) -> str:
         """Shard ``shard``'s version as the cache names it (a hash of its URL, size and ETag or mtime)."""
@@ -343,6 +377,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # open files stay with their process
+        state["_pass"] = None
         return state
 
     def __repr__(self) -> str:

@@ -1,0 +1,355 @@
+"""The plan's first rows before their whole shards: a Parquet shard's footer and the row groups they lie in.
+
+NOTE [ Head first ]
+The stream plan reads ``window`` shards at once, so the first batch of an epoch holds rows of about
+``window`` shards: fetched whole, it waits for a window's bytes. Instead, when a process starts to
+follow a pass (``ShardCache.follow(head=...)``), it promises the rows of its first ``HEAD_ROWS``
+positions, shard by shard, and its prefetch threads fetch first, for each of those shards, only
+the footer and the row groups holding those rows (ranged GETs), then the rest:
+
+1. ``promise``: a ledger next to the shard's final name (``<final>.partledger``, append-only
+   lines) records ``P <rows>`` before the threads start; a reader that needs promised rows waits
+   for them instead of fetching the whole shard itself.
+2. ``fetch_pieces``: the footer (the file's tail) and the row groups of the promised rows are
+   written at their offsets into a sparse file (``<final>.partsparse``, the shard's size), the
+   shard is checked against its indexed identity (one ``HEAD``, as a download is), and the
+   ranges are recorded (``R start end``), then ``D``. A failure records ``D`` without ranges: the
+   reader falls back to the whole shard, and its errors.
+3. The whole-shard download (``fetch.download``) fetches only the ranges the ledger does not
+   hold, into the same sparse file, checks it, and renames it into place: every byte is
+   fetched once a node (ranks racing on the same row group excepted).
+4. A reader (``ShardedSource``) whose rows of a shard lie in recorded ranges reads those row
+   groups from the sparse file (``read_rows``); other rows wait for the whole shard as before.
+
+So the first batch needs the footers and a few row groups of each of its shards, not whole
+shards: ``tests/data/test_sharded_head.py`` holds every whole-shard GET until the first batch is
+delivered. Only remote Parquet shards; the plan (the order of samples) is unchanged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from filelock import FileLock
+
+from .budget import alive
+from .fetch import PART, check_unchanged
+from .formats import pyarrow
+
+HEAD_ROWS = 32
+"""Positions of a pass whose rows are fetched first (a first batch of up to 32 samples)."""
+SMALL = 1 << 18
+"""Bytes up to which a shard is fetched whole at once, never in pieces (its footer's read would be most of it)."""
+SPARSE = PART + "sparse"
+LEDGER = PART + "ledger"
+_TAIL = 1 << 16  # bytes of a shard's tail read for its footer (more when the footer is longer)
+_POLL = 0.005  # seconds between two looks at a ledger by a reader waiting for promised pieces
+
+Range = tuple[int, int]  # [start, end) in bytes
+
+
+def sparse_path(final: Path) -> Path:
+    """Where the pieces of the shard cached as ``final`` are written, at their offsets."""
+    return final.with_name(final.name + SPARSE)
+
+
+def ledger_path(final: Path) -> Path:
+    """The ledger of the pieces of ``final`` (promised rows, fetched ranges, done marks)."""
+    return final.with_name(final.name + LEDGER)
+
+
+def _append(path: Path, line: str) -> None:
+    """One line appended at once (``O_APPEND``: lines of several processes never interleave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def promise(final: Path, rows: Iterable[int]) -> None:
+    """Record that this process's prefetch will fetch the row groups of ``rows`` (local row numbers) first."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _append(ledger_path(final), f"P {os.getpid()} " + ",".join(str(r) for r in rows) + "\n")
+
+
+def settle(final: Path) -> None:
+    """Record that this process's promise on ``final`` is kept, pieces fetched or not (its readers stop waiting)."""
+    with contextlib.suppress(OSError):
+        _append(ledger_path(final), f"D {os.getpid()}\n")
+
+
+class Ledger:
+    """What a shard's ledger says: the rows promised, the ranges fetched and checked, whether every promise is kept."""
+
+    def __init__(self, text: str) -> None:
+        self.promised: set[int] = set()
+        self.ranges: list[Range] = []
+        self.whole = False  # the rest's download has started: no more pieces
+        promises: dict[int, int] = {}  # pid -> promises made, less those kept
+        for line in text.splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "P":
+                pid, _, rows = rest.partition(" ")
+                promises[int(pid)] = promises.get(int(pid), 0) + 1
+                self.promised.update(int(r) for r in rows.split(",") if r)
+            elif kind == "R":
+                start, end = rest.split()
+                self.ranges.append((int(start), int(end)))
+            elif kind == "D":
+                promises[int(rest)] = promises.get(int(rest), 0) - 1
+            elif kind == "W":
+                self.whole = True
+        # Kept, or made by a process that is gone (killed before keeping it): nothing more will come.
+        self.settled = all(left <= 0 or not alive(pid) for pid, left in promises.items())
+
+    @classmethod
+    def read(cls, final: Path) -> Ledger | None:
+        """The ledger of ``final``, or ``None`` if it has none."""
+        try:
+            return cls(ledger_path(final).read_text())
+        except FileNotFoundError:
+            return None
+
+    def covers(self, start: int, end: int) -> bool:
+        """Whether ``[start, end)`` lies in the recorded ranges."""
+        at = start
+        for first, last in sorted(self.ranges):
+            if first <= at < last:
+                at = last
+            if at >= end:
+                return True
+        return at >= end
+
+
+def gaps(ranges: Sequence[Range], size: int) -> list[Range]:
+    """The parts of ``[0, size)`` outside ``ranges``, in order."""
+    found, at = [], 0
+    for start, end in sorted(ranges):
+        if start > at:
+            found.append((at, start))
+        at = max(at, end)
+    if at < size:
+        found.append((at, size))
+    return found
+
+
+def parse_footer(tail: bytes) -> Any:
+    """The Parquet ``FileMetaData`` of a file whose last bytes are ``tail`` (the footer whole)."""
+    pa = pyarrow()
+    return pa.parquet.read_metadata(pa.BufferReader(tail))
+
+
+def footer_length(tail: bytes) -> int:
+    """Bytes of the footer (metadata, its length, the magic) at the end of a Parquet file's ``tail``."""
+    if len(tail) < 8 or tail[-4:] != b"PAR1":
+        raise ValueError("not a Parquet file (no PAR1 magic at its end)")
+    return int.from_bytes(tail[-8:-4], "little") + 8
+
+
+def row_group_range(metadata: Any, group: int) -> Range:
+    """The bytes of row group ``group``: from its first column chunk's first page to its last chunk's end."""
+    chunk = metadata.row_group(group)
+    starts, ends = [], []
+    for c in range(chunk.num_columns):
+        column = chunk.column(c)
+        first = column.dictionary_page_offset if column.has_dictionary_page else None
+        first = column.data_page_offset if first is None else min(first, column.data_page_offset)
+        starts.append(first)
+        ends.append(first + column.total_compressed_size)
+    return (min(starts), max(ends)) if starts else (0, 0)
+
+
+def groups_of(metadata: Any, rows: Iterable[int]) -> list[int]:
+    """The row groups (sorted, once each) holding local ``rows``."""
+    bounds, at = [], 0
+    for group in range(metadata.num_row_groups):
+        at += metadata.row_group(group).num_rows
+        bounds.append(at)
+    return sorted({bisect.bisect_right(bounds, row) for row in rows if 0 <= row < at})
+
+
+def _merged(ranges: Iterable[Range]) -> list[Range]:
+    """``ranges`` sorted, touching or overlapping ones merged (one GET each)."""
+    merged: list[Range] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def pieces_lock(final: Path, timeout: float) -> FileLock:
+    """The lock of ``final``'s ledger and sparse file: pieces are written, or the rest's download starts, under it."""
+    return FileLock(str(final.with_name(final.name + PART + "pieces.lock")), timeout=timeout)
+
+
+def fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
+                 timeout: float) -> int:
+    """Fetch the footer and the row groups of ``rows`` of shard ``url`` into ``final``'s sparse file (NOTE).
+
+    Records each range in the ledger once the shard is checked against ``version``, then ``D``,
+    always (a failure leaves the reader to fetch the whole shard and raise). Nothing is fetched
+    once the rest's download has started (``W``: its readers wait for the whole shard). Returns
+    the bytes fetched.
+    """
+    fetched = 0
+    try:
+        with pieces_lock(final, timeout):
+            ledger = Ledger.read(final) or Ledger("")
+            if ledger.whole or final.exists():
+                return 0
+            fetched = _fetch_pieces(fs, url, size, version, rows, final, ledger)
+    finally:
+        settle(final)
+    return fetched
+
+
+def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
+                  ledger: Ledger) -> int:
+    fetched = 0
+    held = [start for start, end in ledger.ranges if end == size]  # the tail, fetched by another process
+    if held and sparse_path(final).exists():
+        tail_start = min(held)
+        with open(sparse_path(final), "rb") as sparse:
+            sparse.seek(tail_start)
+            tail = sparse.read(size - tail_start)
+    else:
+        tail_start = max(0, size - _TAIL)
+        tail = bytes(fs.cat_file(url, start=tail_start, end=size))
+        fetched += len(tail)
+    need = footer_length(tail)
+    if need > len(tail) and need <= size:
+        tail_start, held = size - need, []
+        tail = bytes(fs.cat_file(url, start=tail_start, end=size))
+        fetched += len(tail)
+    metadata = parse_footer(tail)
+    pieces: list[tuple[Range, bytes]] = [] if held else [((tail_start, size), tail)]
+    have = [*ledger.ranges, (tail_start, size)]
+    for first, last in _merged(row_group_range(metadata, g) for g in groups_of(metadata, rows)):
+        for gap_start, gap_end in gaps(have, last):  # only what no process fetched yet
+            start, end = max(gap_start, first), min(gap_end, last)
+            if start >= end:
+                continue
+            data = bytes(fs.cat_file(url, start=start, end=end))
+            if len(data) != end - start:
+                raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
+            fetched += len(data)
+            pieces.append(((start, end), data))
+    fd = os.open(sparse_path(final), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        for (start, _), data in pieces:
+            os.pwrite(fd, data, start)
+    finally:
+        os.close(fd)
+    check_unchanged(fs, url, version, None)  # after the GETs: a rewritten shard is never recorded
+    for (start, end), _ in pieces:
+        _append(ledger_path(final), f"R {start} {end}\n")
+    return fetched
+
+
+def fetch_rest(fs: Any, url: str, final: Path, size: int, timeout: float) -> tuple[Path, int] | None:
+    """Fetch the ranges of shard ``url`` that ``final``'s pieces lack, into their sparse file (under its lock).
+
+    Returns ``(sparse file, bytes fetched)``, or ``None`` when no piece is recorded (fetch it whole).
+    """
+    if not ledger_path(final).exists():  # no piece (and no lock file made for nothing)
+        return None
+    with pieces_lock(final, timeout):
+        ledger = Ledger.read(final)
+        if ledger is None or not ledger.ranges:
+            return None
+        _append(ledger_path(final), "W\n")  # from now on, no process fetches pieces: they would be fetched twice
+    try:
+        fd = os.open(sparse_path(final), os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    fetched = 0
+    try:
+        if os.fstat(fd).st_size != size:
+            return None
+        for start, end in gaps(ledger.ranges, size):
+            data = fs.cat_file(url, start=start, end=end)
+            if len(data) != end - start:
+                raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
+            os.pwrite(fd, data, start)
+            fetched += len(data)
+    finally:
+        os.close(fd)
+    return sparse_path(final), fetched
+
+
+def read_rows(final: Path, rows: Sequence[int], columns: list[str] | None, count: int) -> Any:
+    """Rows ``rows`` (local numbers, in that order) of the shard cached as ``final``, from its pieces or its whole file.
+
+    Returns a ``pyarrow.Table``, or ``None`` when the pieces do not hold them (yet). ``count``: the
+    shard's samples as indexed (another count: ``ValueError``).
+    """
+    pa = pyarrow()
+    whole = final.exists()
+    path = final if whole else sparse_path(final)
+    ledger = None if whole else Ledger.read(final)
+    if ledger is None and not whole:
+        return None
+    try:
+        parquet = pa.parquet.ParquetFile(str(path), memory_map=True)
+    except (FileNotFoundError, OSError, ValueError):
+        return None  # renamed into place, or evicted, meanwhile: the whole-shard path takes it from here
+    metadata = parquet.metadata
+    if metadata.num_rows != count:
+        raise ValueError(f"it has {metadata.num_rows} samples, but its metadata says {count}")
+    groups = groups_of(metadata, rows)
+    if ledger is not None and not all(ledger.covers(*row_group_range(metadata, g)) for g in groups):
+        return None
+    table = parquet.read_row_groups(groups, columns=columns, use_threads=False)
+    starts, at = {}, 0
+    for group in range(metadata.num_row_groups):
+        starts[group] = at
+        at += metadata.row_group(group).num_rows
+    # row r of group g is row (offset of g among the groups read) + (r - first row of g)
+    offsets, at = {}, 0
+    for group in groups:
+        offsets[group] = at
+        at += metadata.row_group(group).num_rows
+    bounds = [starts[g] + metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    positions = []
+    for row in rows:
+        group = bisect.bisect_right(bounds, row)
+        positions.append(offsets[group] + row - starts[group])
+    index = np.asarray(positions, dtype=np.int64)
+    return table.take(pa.Array.from_buffers(pa.int64(), len(index), [None, pa.py_buffer(index)]))
+
+
+def early_rows(final: Path, derived: Path | None, rows: Sequence[int], columns: list[str] | None, count: int,
+               timeout: float) -> Any:
+    """Rows ``rows`` of a shard on its way to the cache (``final``: its downloaded name; ``derived``: the file made
+    from it, if any), from its pieces, or from the downloaded file while ``derived`` is being made.
+
+    Waits (at most ``timeout`` seconds) while a promise of this node holds ``rows`` and is not kept
+    yet. Returns a ``pyarrow.Table``, or ``None``: open the shard whole (it is there, or the rows
+    are not promised, or the pieces did not come).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if derived is not None and derived.exists():
+            return None
+        if final.exists():  # whole, not yet derived (or nothing to derive: read it whole)
+            return None if derived is None else read_rows(final, rows, columns, count)
+        ledger = Ledger.read(final)
+        if ledger is None or not ledger.promised.issuperset(rows):
+            return None
+        if ledger.settled:
+            return read_rows(final, rows, columns, count)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(_POLL)
