@@ -54,6 +54,7 @@ SAMPLES = "stream-shard-samples"
 PER_STREAM = 4  # positions a stream holds in a block: the interleave's granularity
 _MAX_BLOCKS = (1 << 31) - 1  # keeps floor(T_i * b / K) exact in int64 (r_i * b < K**2 < 2**62)
 _ROWS = 1 << 20  # position x stream cells computed at once (bounds temporaries to ~8 MB an array)
+_MARGIN = 4  # blocks the floating-point estimate of a position's block may be off by, looked up around it
 
 PLAN_VERSION = 2
 """The version of the stream plan (1: slots dealt to the streams round robin, so on uneven shards a
@@ -146,8 +147,20 @@ class StreamPermutation:
         return found
 
     def _block_of(self, positions: np.ndarray) -> np.ndarray:
-        """The block holding each plan position: the last ``b`` with ``B(b) <= p``."""
+        """The block holding each plan position: the last ``b`` with ``B(b) <= p``.
+
+        Positions of a few blocks (a rank's chunk: ascending, ``W`` apart) look up every block start
+        of their span at once, O(span * k); scattered ones settle block by block (``_settle``).
+        """
         estimate = positions.astype(np.float64) * self._blocks / max(self._n, 1)
+        if positions.size:
+            low = max(0, int(estimate.min()) - _MARGIN)
+            high = min(self._blocks, int(estimate.max()) + _MARGIN + 1)  # the start of the block after the last
+            if high - low <= 2 * positions.size + 64:
+                starts = self._block_start(np.arange(low, high + 1))
+                if starts[0] <= positions.min() and positions.max() < starts[-1]:
+                    found: np.ndarray = low + np.searchsorted(starts, positions, side="right") - 1
+                    return found
         return self._settle(estimate, positions, self._block_start)
 
     def _stream_block_of(self, streams: np.ndarray, elements: np.ndarray) -> np.ndarray:

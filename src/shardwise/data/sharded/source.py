@@ -211,8 +211,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
             ids = np.asarray([-1])
         if ids.ndim == 1 and ids.size == 0:
             return []
-        valid = ids.ndim == 1 and ids.dtype.kind in "iu" and ids.min() >= 0 and ids.max() < len(self)
-        if not valid:  # an invalid index: read one by one, for the very error __getitem__ raises
+        wanted = ids.tolist() if ids.ndim == 1 and ids.dtype.kind in "iu" else [-1]
+        if min(wanted) < 0 or max(wanted) >= len(self):  # read one by one, for the very error __getitem__ raises
             return [self[i] for i in indices]
         ids = ids.astype(np.int64, copy=False)
         shards = np.searchsorted(self._starts, ids, side="right") - 1
@@ -220,30 +220,37 @@ class ShardedSource(Dataset[dict[str, Any]]):
         for position, shard in enumerate(shards.tolist()):
             groups.setdefault(shard, []).append(position)
         local = (ids - self._starts[shards]).tolist()
-        wanted = ids.tolist()
         rows: list[dict[str, Any]] = [{}] * len(wanted)
         tables: list[tuple[int, Any]] = []  # (shard, its rows unconverted), in order of first appearance
         for shard, positions in groups.items():
-            sample = wanted[positions[0]]
-            early = self._early(shard, [local[p] for p in positions], sample)
-            if early is not None:  # the rows from the shard's first pieces, before it is whole
-                tables.append((shard, early))
-                continue
-            reader = self._reader(shard, sample)
-            try:
-                taken = self._take(reader, [local[p] for p in positions])
-            except (OSError, ValueError) as error:
-                raise self._unreadable(shard, sample, error) from error
-            if isinstance(taken, list):
-                for position, row in zip(positions, taken, strict=True):
-                    rows[position] = row
-            else:
+            taken = self._rows_of(shard, positions, [local[p] for p in positions], wanted[positions[0]], rows)
+            if taken is not None:
                 tables.append((shard, taken))
         if tables:
             order = [p for shard, _ in tables for p in groups[shard]]
             for position, row in zip(order, self._convert(tables, groups, wanted), strict=True):
                 rows[position] = row
         return rows
+
+    def _rows_of(self, shard: int, positions: list[int], indices: list[int], sample: int,
+                 rows: list[dict[str, Any]]) -> Any:
+        """Rows ``indices`` of ``shard`` (asked at ``positions``): put in ``rows``, or returned as an Arrow table."""
+        early = self._early(shard, indices, sample)
+        if early is not None:  # the rows from the shard's first pieces, before it is whole
+            return early
+        reader = self._reader(shard, sample)
+        if reader.numeric is not None and self.output_format is OutputFormat.NUMPY:
+            reader.numeric.fill(rows, positions, indices)
+            return None
+        try:
+            taken = self._take(reader, indices)
+        except (OSError, ValueError) as error:
+            raise self._unreadable(shard, sample, error) from error
+        if not isinstance(taken, list):
+            return taken  # converted with the batch's other shards
+        for position, row in zip(positions, taken, strict=True):
+            rows[position] = row
+        return None
 
     def _early(self, shard: int, rows: list[int], sample: int) -> Any:
         """Rows of a remote Parquet shard not yet whole in the cache, from the pieces fetched first (NOTE [ Head
