@@ -105,6 +105,7 @@ def _write_pieces(lengths: np.ndarray, max_len: int, directory: Path) -> None:
         items = int(counts.sum())
         longest = int(max(lengths.max(initial=0), 0))  # starts are below the longest sample
         sample = np.lib.format.open_memmap(directory / "sample.npy", mode="w+", dtype=index_dtype(n), shape=(items,))
+        fast_build.allocate(directory / "sample.npy")  # written in full, scattered: its blocks reserved at once
         start = np.lib.format.open_memmap(directory / "start.npy", mode="w+", dtype=index_dtype(longest),
                                           shape=(items,))  # fmt: skip
         if jit is not None:
@@ -195,6 +196,7 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
         return
     path = directory / "slot_rows.npy"
     slot_rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(int(counts.sum()),))
+    fast_build.allocate(path)
     workers = build_workers() if num_strata >= PARALLEL_FROM else 0
     what = f"packing {num_strata:,} strata into rows of max_len={max_len}"
     file = str(path)

@@ -19,6 +19,9 @@ Private memory: O(chunk) and O(strata) (the per-stratum sizes), whatever the num
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -64,6 +67,30 @@ def _run(pool: ThreadPoolExecutor | None, function: Callable[..., Any], *args: A
     done: Future[Any] = Future()
     done.set_result(function(*args))
     return done
+
+
+def allocate(path: Path) -> None:
+    """Reserve every block of a new (sparse) file at once, before it is written through a map (Linux ``fallocate``).
+
+    A page of a file map first written into a hole allocates its block in the page fault: ~1 s
+    for the 150,000 pages of a 600 MB index. Reserved up front, the faults are cheaper (0.7-1 s
+    less at 1e8 samples on this machine). Where the platform or the file system cannot (no
+    emulation: glibc's ``posix_fallocate`` would write every block), nothing happens.
+    """
+    if not sys.platform.startswith("linux"):  # pragma: no cover - other platforms
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):  # pragma: no cover - no libc symbol
+        return
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fallocate.restype = ctypes.c_int
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        fallocate(descriptor, 0, 0, os.fstat(descriptor).st_size)  # -1 (unsupported): the pages allocate as before
+    finally:
+        os.close(descriptor)
 
 
 def piece_counts(jit: ModuleType, lengths: np.ndarray, max_len: int, threads: int,
@@ -143,6 +170,7 @@ def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_stra
     phase = (phases % np.uint64(num_strata)).astype(np.int64)
     slot_file = np.lib.format.open_memmap(directory / "slot_rows.npy", mode="w+", dtype=np.int32,
                                           shape=(int(counts.sum()),))  # fmt: skip
+    allocate(directory / "slot_rows.npy")
     slot_rows = np.asarray(slot_file)
     num_rows = np.zeros(num_strata, dtype=np.int64)
     rows = _NpyWriter(directory / "batch_of_row.npy", np.int32)
