@@ -14,8 +14,6 @@ from shardwise.index.workers import ENV_WORKERS
 from shardwise.samplers import packed_build
 from tests.core.test_packing_build import random_histogram
 
-pytestmark = pytest.mark.usefixtures("needs_numba")
-
 
 @pytest.fixture
 def needs_numba() -> None:
@@ -24,6 +22,7 @@ def needs_numba() -> None:
 
 
 @pytest.mark.parametrize(("chunk", "threads"), [(7, 1), (1000, 2)])
+@pytest.mark.usefixtures("needs_numba")
 def test_compiled_piece_index_equals_the_numpy_one(chunk: int, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counts per chunk summed, samples and starts: those of ``piece_counts`` and ``fill_pieces``, chunks on threads."""
     monkeypatch.setattr(fast_build, "CHUNK", chunk)
@@ -54,6 +53,7 @@ OPTIONS = [
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: f"{o['rows_per_batch']}-{o['tokens_per_batch']}-"
                                                          f"{o['balance'].value}-{o['drop_short']}")  # fmt: skip
+@pytest.mark.usefixtures("needs_numba")
 def test_compiled_layouts_are_the_numpy_layouts_byte_for_byte(
     options: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,6 +83,7 @@ def test_compiled_layouts_are_the_numpy_layouts_byte_for_byte(
             assert built["1"][name] == data, f"{name} differs (trial {trial}, max_len={max_len}, {strata} strata)"
 
 
+@pytest.mark.usefixtures("needs_numba")
 def test_kernels_follow_the_variable_and_the_build_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """``0``: numpy; ``auto``: compiled from AUTO_FROM items on (a small build never loads numba); ``1``: compiled."""
     monkeypatch.setattr(compiled_module, "_python_items", [0])
@@ -98,3 +99,17 @@ def test_kernels_follow_the_variable_and_the_build_size(monkeypatch: pytest.Monk
         kernels(1)
     monkeypatch.setenv(ENV_NUMBA, "auto")
     assert kernels(compiled_module.AUTO_FROM) is None
+
+
+def test_allocate_keeps_a_new_maps_size_and_values(tmp_path: Path) -> None:
+    """Reserving a sparse map's blocks changes neither its size nor what was written; the map stays writable."""
+    path = tmp_path / "values.npy"
+    values = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint32, shape=(1 << 20,))
+    values[12_345] = 7
+    size = path.stat().st_size
+    fast_build.allocate(path)
+    values[-1] = 9
+    assert path.stat().st_size == size
+    del values
+    back = np.load(path)
+    assert back[12_345] == 7 and back[-1] == 9 and int(back.sum()) == 16
