@@ -194,7 +194,8 @@ def pieces_lock(final: Path, timeout: float) -> FileLock:
 
 def fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
                  timeout: float) -> int:
-    """Fetch the footer and the row groups of ``rows`` of shard ``url`` into ``final``'s sparse file (NOTE).
+    """Fetch the footer and the row groups of ``rows`` of shard ``url``, and of every row a process of the node
+    promised in the ledger, into ``final``'s sparse file (NOTE).
 
     Records each range in the ledger once the shard is checked against ``version``, then ``D``,
     always (a failure leaves the reader to fetch the whole shard and raise). Nothing is fetched
@@ -207,7 +208,10 @@ def fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequen
             ledger = Ledger.read(final) or Ledger("")
             if ledger.whole or final.exists():
                 return 0
-            fetched = _fetch_pieces(fs, url, size, version, rows, final, ledger)
+            # The rows every process of the node promised so far, not only this one's: the node's ranks
+            # start a pass together, and a rank whose pieces came after another's whole download started
+            # would wait for the whole shard (or fetch its pieces twice).
+            fetched = _fetch_pieces(fs, url, size, version, sorted(ledger.promised.union(rows)), final, ledger)
     finally:
         settle(final)
     return fetched
@@ -348,8 +352,12 @@ def early_rows(final: Path, derived: Path | None, rows: Sequence[int], columns: 
         ledger = Ledger.read(final)
         if ledger is None or not ledger.promised.issuperset(rows):
             return None
+        if ledger.ranges:  # the footer is in (recorded first): the rows' row groups may be too
+            table = read_rows(final, rows, columns, count)
+            if table is not None:
+                return table
         if ledger.settled:
-            return read_rows(final, rows, columns, count)
+            return None
         if time.monotonic() > deadline:
             return None
         time.sleep(_POLL)
