@@ -443,3 +443,19 @@ def test_background_digest_equals_digest(tmp_path: Path) -> None:
         assert not hashing._thread.is_alive()
     finally:
         BackgroundDigest._PIECE = 1 << 24
+
+
+def test_populate_maps_a_writable_memmap_and_ignores_other_arrays(tmp_path: Path) -> None:
+    """populate() leaves the values as they are and writes reach the file; an in-memory array is left alone."""
+    from shardwise.index.builders import populate
+
+    mapped = np.lib.format.open_memmap(tmp_path / "a.npy", mode="w+", dtype=np.uint32, shape=(1 << 16,))
+    populate(mapped)
+    assert not mapped.any()
+    mapped[::7] = 3
+    mapped.flush()
+    del mapped
+    assert np.array_equal(np.flatnonzero(np.load(tmp_path / "a.npy")), np.arange(0, 1 << 16, 7))
+    plain = np.arange(5)
+    populate(plain)
+    assert plain.tolist() == [0, 1, 2, 3, 4]

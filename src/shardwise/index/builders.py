@@ -7,6 +7,8 @@ memory map in the build directory that :func:`shardwise.index.build_or_open` han
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,24 @@ class OffsetLengths:
     def __getitem__(self, span: slice) -> np.ndarray:
         first, stop, _ = span.indices(self.size)
         return np.diff(np.asarray(self.offsets[first : stop + 1], dtype=np.int64))
+
+
+MADV_POPULATE_WRITE = 23
+"""Linux's madvise flag (5.14+) that maps every page of a range writable in one call."""
+
+
+def populate(array: Any) -> None:
+    """Map every page of a writable ``np.memmap`` before a build writes it (nothing for other arrays).
+
+    A build writing a fresh file mapping takes a page fault per 4 KiB page (about a million at
+    1e9 four-byte values, a few microseconds each on a busy virtual machine); one
+    ``madvise(MADV_POPULATE_WRITE)`` maps them all at once. Kernels before Linux 5.14 (and other
+    systems) refuse the flag: the pages then fault in one at a time, as before.
+    """
+    raw = getattr(array, "_mmap", None)
+    if isinstance(array, np.memmap) and raw is not None and hasattr(raw, "madvise"):
+        with contextlib.suppress(OSError, ValueError):
+            raw.madvise(getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE))
 
 
 def _as_keys(keys: Any) -> Any:
@@ -151,6 +171,7 @@ def _order_by_key(
     np.save(directory / f"{name}_offsets.npy", offsets)
     n = array.size
     out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=index_dtype(n), shape=(n,))
+    populate(out)
     cursor = offsets[:-1].copy()  # next free slot of each key
     key_bits = max(1, (counts.size - 1).bit_length())
     chunk = min(chunk, 1 << (64 - key_bits))  # a chunk position and a key fit in 64 bits together
@@ -173,7 +194,7 @@ def _order_by_key(
         np.bitwise_and(keys, mask, out=keys)
         local = keys.astype(out.dtype, copy=False)
         local += first
-        out[dest] = local
+        np.put(out, dest, local)  # np.put: several times faster than out[dest] = local on scattered runs
         cursor += here
         progress.update(part.size)
         del keys, dest, local

@@ -57,6 +57,7 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
+from ..index.builders import populate
 from ..index.keys import BackgroundDigest
 from .base import PlanSampler
 from .indexed import Allocate, by_reference, input_key, shared_arrays
@@ -179,7 +180,9 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 found, counts = count_classes(labels_)
                 allocate("classes", len(found), found.dtype)[:] = found
                 allocate("counts", len(counts), np.int64)[:] = counts
-                group_by_class(labels_, found, counts, allocate("members", len(labels_), index_dtype(len(labels_))))
+                members = allocate("members", len(labels_), index_dtype(len(labels_)))
+                populate(members)  # its pages mapped in one call, not a fault each
+                group_by_class(labels_, found, counts, members)
                 allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 
         # The class index: built once per labels and node (a chunked counting sort), then mapped.
