@@ -53,6 +53,8 @@ class OffsetLengths:
 
 MADV_POPULATE_WRITE = 23
 """Linux's madvise flag (5.14+) that maps every page of a range writable in one call."""
+POPULATE_MAX = 1 << 30
+"""Largest output :func:`populate` maps at once (1 GiB: below the kernel's dirty-page thresholds on most nodes)."""
 
 
 def populate(array: Any) -> None:
@@ -61,9 +63,12 @@ def populate(array: Any) -> None:
     A build writing a fresh file mapping takes a page fault per 4 KiB page (about a million at
     1e9 four-byte values, a few microseconds each on a busy virtual machine); one
     ``madvise(MADV_POPULATE_WRITE)`` maps them all at once. Kernels before Linux 5.14 (and other
-    systems) refuse the flag: the pages then fault in one at a time, as before.
+    systems) refuse the flag, and outputs over ``POPULATE_MAX`` are left alone: their pages then
+    fault in one at a time, as before.
     """
     raw = getattr(array, "_mmap", None)
+    if array.nbytes > POPULATE_MAX:
+        return  # all at once, its pages would be dirty (and written back) long before the build writes them
     if isinstance(array, np.memmap) and raw is not None and hasattr(raw, "madvise"):
         with contextlib.suppress(OSError, ValueError):
             raw.madvise(getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE))
