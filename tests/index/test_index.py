@@ -447,10 +447,12 @@ def test_background_digest_equals_digest(tmp_path: Path) -> None:
 
 def test_populate_maps_a_writable_memmap_and_ignores_other_arrays(tmp_path: Path) -> None:
     """populate() leaves the values as they are and writes reach the file; an in-memory array is left alone."""
-    from shardwise.index.builders import populate
+    from shardwise.index.builders import populate, populate_ahead
 
     mapped = np.lib.format.open_memmap(tmp_path / "a.npy", mode="w+", dtype=np.uint32, shape=(1 << 16,))
     populate(mapped)
+    populate(mapped[5:], 1_000, 9_999)  # a range of a view: its pages, from the view's start
+    assert populate_ahead(mapped, 10, 10) > 10 and populate_ahead(mapped, 10, 99) == 99
     assert not mapped.any()
     mapped[::7] = 3
     mapped.flush()

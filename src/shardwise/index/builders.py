@@ -57,21 +57,45 @@ POPULATE_MAX = 1 << 30
 """Largest output :func:`populate` maps at once (1 GiB: below the kernel's dirty-page thresholds on most nodes)."""
 
 
-def populate(array: Any) -> None:
-    """Map every page of a writable ``np.memmap`` before a build writes it (nothing for other arrays).
+def populate(array: Any, first: int = 0, stop: int | None = None) -> None:
+    """Map the pages of ``array[first:stop]`` (a writable 1-D ``np.memmap``) before a build writes them.
 
     A build writing a fresh file mapping takes a page fault per 4 KiB page (about a million at
     1e9 four-byte values, a few microseconds each on a busy virtual machine); one
-    ``madvise(MADV_POPULATE_WRITE)`` maps them all at once. Kernels before Linux 5.14 (and other
-    systems) refuse the flag, and outputs over ``POPULATE_MAX`` are left alone: their pages then
-    fault in one at a time, as before.
+    ``madvise(MADV_POPULATE_WRITE)`` maps them all at once. Nothing for other arrays; kernels
+    before Linux 5.14 (and other systems) refuse the flag, and ranges over ``POPULATE_MAX`` are
+    left alone: their pages then fault in one at a time, as before. A sequential writer populates
+    a window ahead of itself (:func:`populate_ahead`).
     """
     raw = getattr(array, "_mmap", None)
-    if array.nbytes > POPULATE_MAX:
+    if not isinstance(array, np.memmap) or raw is None or not hasattr(raw, "madvise") or array.ndim != 1:
+        return
+    stop = len(array) if stop is None else min(stop, len(array))
+    size = (stop - first) * array.itemsize
+    if size <= 0 or size > POPULATE_MAX:
         return  # all at once, its pages would be dirty (and written back) long before the build writes them
-    if isinstance(array, np.memmap) and raw is not None and hasattr(raw, "madvise"):
-        with contextlib.suppress(OSError, ValueError):
-            raw.madvise(getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE))
+    try:
+        base = np.frombuffer(raw, dtype=np.uint8).ctypes.data
+    except (TypeError, ValueError, BufferError):
+        return
+    begin = array.ctypes.data - base + first * array.itemsize
+    aligned = begin - begin % mmap.PAGESIZE
+    with contextlib.suppress(OSError, ValueError):
+        raw.madvise(getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE), aligned, begin + size - aligned)
+
+
+POPULATE_WINDOW = 1 << 23
+"""Bytes a sequential writer maps ahead of itself (:func:`populate_ahead`)."""
+
+
+def populate_ahead(array: Any, position: int, mapped: int) -> int:
+    """Before writing ``array`` from ``position`` on: populate the next window once ``position`` reaches
+    ``mapped`` (the end of the windows populated so far); returns the new end."""
+    if position < mapped:
+        return mapped
+    end = position + max(1, POPULATE_WINDOW // max(getattr(array, "itemsize", 1), 1))
+    populate(array, position, end)
+    return end
 
 
 def _as_keys(keys: Any) -> Any:

@@ -18,6 +18,7 @@ from .._core.draws import uniform_below
 from .._core.indices import has_bits, mark_bits
 from .._core.seeds import derive_words
 from ..index import read_checked
+from ..index.builders import populate_ahead
 from .indexed import mapped_source, reopen
 
 WITHOUT_REPLACEMENT = "weighted-distinct"
@@ -65,8 +66,9 @@ def quantise(
     # x * 2.0**scale is x scaled exactly (as ldexp) while 2.0**scale is a normal double
     factor = 2.0**scale if -1022 <= scale <= 1023 else None
     cdf = np.empty(size, dtype=np.int64) if out is None else out
-    offset, count = 0, 0
+    offset, count, mapped = 0, 0, 0
     for start in range(0, size, _BLOCK):
+        mapped = populate_ahead(cdf, start, mapped)
         block = weights[start : start + _BLOCK]
         scaled = block.astype(np.float64)
         if factor is not None:
@@ -110,8 +112,9 @@ def fill_guide(cdf: np.ndarray, out: np.ndarray) -> None:
     """
     size, total = len(cdf), int(cdf[-1])
     shift = guide_shift(total, size)
-    filled, previous, round_up = 0, 0, (1 << shift) - 1
+    filled, previous, round_up, mapped = 0, 0, (1 << shift) - 1, 0
     for start in range(0, size, _BLOCK):
+        mapped = populate_ahead(out, filled, mapped)
         ceilings = (np.asarray(cdf[start : start + _BLOCK]) + round_up) >> shift
         lengths = np.diff(ceilings, prepend=previous)
         previous = int(ceilings[-1])

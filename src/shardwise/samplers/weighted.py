@@ -59,7 +59,6 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
-from ..index.builders import populate
 from ..index.keys import BackgroundDigest
 from .base import PlanSampler
 from .indexed import Allocate, input_key, shared_arrays
@@ -176,12 +175,8 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
             # the digest of the quantised weights (exactly what the plan depends on), hashed on
             # another core as their cumulative sums are written
             with BackgroundDigest(dtype=np.int64, length=size) as hashing:
-                cdf = allocate("cdf", size, np.int64)
-                populate(cdf)  # its pages mapped in one call, not a fault each
-                quantise(weights, cdf, on_block=hashing.feed, positive=positive)
-                guide = allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size))
-                populate(guide)
-                fill_guide(cdf, guide)
+                cdf = quantise(weights, allocate("cdf", size, np.int64), on_block=hashing.feed, positive=positive)
+                fill_guide(cdf, allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size)))
                 allocate("positive", 1, np.int64)[0] = positive[0]
                 allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 
