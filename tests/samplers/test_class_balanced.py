@@ -345,3 +345,17 @@ def test_docstring_example_runs() -> None:
     from shardwise.samplers import class_balanced as _class_balanced
 
     assert doctest.testmod(_class_balanced, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_quotas_with_tied_order_words_follow_their_stable_order() -> None:
+    """The systematic pass orders classes by their random words (a SIMD sort, the stable one on ties): tied
+    words give the quotas of distinct words in the same stable order."""
+    rng = np.random.default_rng(8)
+    sizes = rng.integers(1, 40, 2_000)
+    words = rng.integers(0, 2**63, sizes.size + 1, dtype=np.uint64)
+    words[:1_000] = words[1_000:2_000]  # every word tied
+    ranks = np.empty(sizes.size + 1, dtype=np.uint64)
+    ranks[np.argsort(words[:-1], kind="stable")] = np.arange(sizes.size, dtype=np.uint64)
+    ranks[-1] = words[-1]  # the offset word
+    slots, cap = int(sizes.sum()) // 10, 3  # some classes capped
+    assert np.array_equal(class_quotas(sizes, slots, cap, words), class_quotas(sizes, slots, cap, ranks))

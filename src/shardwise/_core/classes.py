@@ -208,7 +208,10 @@ def class_quotas(sizes: np.ndarray, slots: int, cap: int, words: np.ndarray) -> 
     quota[capped], remainder[capped] = cap, 0
     # Systematic sampling: points offset + k * total on the line of the remainders laid end to
     # end in a random class order; a class gets one more slot per point in its interval (< 1).
-    order = np.argsort(words[:count], kind="stable")
+    order = np.argsort(words[:count])  # numpy's SIMD sort; the stable order itself when no two words tie
+    ordered = words[order]
+    if bool((ordered[1:] == ordered[:-1]).any()):
+        order = np.argsort(words[:count], kind="stable")
     ends = np.cumsum(remainder[order])
     offset = int(words[count] % np.uint64(total))
     points_before_end = -((offset - ends) // total)  # ceil((end - offset) / total)
