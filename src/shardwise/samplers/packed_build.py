@@ -71,12 +71,7 @@ def lengths_range(lengths: np.ndarray, key: str, cache_dir: CacheDir, timeout: f
     """
 
     def build(directory: Path) -> None:
-        jit = kernels(int(lengths.size)) if np.issubdtype(lengths.dtype, np.integer) else None
-        if jit is not None:  # one compiled pass on threads instead of numpy's min() then max()
-            low, high = fast_build.value_range(jit, lengths, build_workers() + 1)
-        if jit is None or low < 0 or high >= 2**62:  # raises naming the first bad value (or the dtype)
-            low, high = check_non_negative_integers("lengths", lengths, holds="integers (token counts)",
-                                                    noun="integers")  # fmt: skip
+        low, high = check_non_negative_integers("lengths", lengths, holds="integers (token counts)", noun="integers")
         np.save(directory / "range.npy", np.array([low, high], dtype=np.int64))
 
     arrays = build_or_open(RANGE_KIND, key, build, cache_dir=cache_dir, timeout=timeout)

@@ -93,21 +93,6 @@ def allocate(path: Path) -> None:
         os.close(descriptor)
 
 
-def value_range(jit: ModuleType, lengths: np.ndarray, threads: int) -> tuple[int, int]:
-    """The least and the largest of ``lengths`` (as int64), one pass, ``CHUNK`` at a time on ``threads``.
-
-    What ``lengths.min()`` and ``lengths.max()`` give (two passes over the map) for integers
-    below 2**63; larger unsigned values wrap below 0 (the caller's full check reports them).
-    """
-    chunks = max(1, -(-lengths.size // CHUNK))
-    ranges = np.empty((chunks, 2), dtype=np.int64)
-    ranges[:, 0], ranges[:, 1] = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    with _pool(threads) as pool:
-        for task in [_run(pool, jit.value_range, _chunk(lengths, c), ranges[c]) for c in range(chunks)]:
-            task.result()
-    return int(ranges[:, 0].min()), int(ranges[:, 1].max())
-
-
 def piece_counts(jit: ModuleType, lengths: np.ndarray, max_len: int, threads: int,
                  on_chunk: Callable[[int], None] | None = None) -> np.ndarray:  # fmt: skip
     """``(chunks, 2, max_len + 1)`` int64: :func:`~.pieces.piece_counts` of every ``CHUNK`` of ``lengths``."""

@@ -28,20 +28,9 @@ import numpy as np
 
 from .jit_deal import deal_strata
 
-__all__ = ["count_pieces", "deal_strata", "fill_pieces", "pack_strata", "place", "value_range"]
+__all__ = ["count_pieces", "deal_strata", "fill_pieces", "pack_strata", "place"]
 
 _jit = numba.njit(cache=True, nogil=True)
-
-
-@_jit
-def value_range(values: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``out[0]``, ``out[1]``: the least and the largest of ``values`` (as int64), in one pass."""
-    low, high = out[0], out[1]
-    for i in range(values.size):
-        value = np.int64(values[i])
-        low = min(low, value)
-        high = max(high, value)
-    out[0], out[1] = low, high
 
 
 @_jit
