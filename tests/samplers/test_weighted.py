@@ -17,7 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from shardwise import StateMismatchError, WeightedSampler
 from shardwise._core.draws import counter_hash, mul_wide, uniform_below
-from shardwise.samplers import weight_table, weighted
+from shardwise.samplers import weighted
 from shardwise.samplers.weighted import DISTINCT_PLAN, WeightTable, distinct_draws, quantise
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
@@ -154,33 +154,6 @@ def test_quantisation_keeps_ratios_and_support() -> None:
     cdf = quantise(np.array([1e300, 1e-300, 0.0]))
     assert np.diff(cdf, prepend=0).tolist()[1:] == [1, 0]
     assert int(quantise(np.full(1_000, np.finfo(np.float64).max))[-1]) < 2**62
-
-
-def _reference_quantise(weights: np.ndarray) -> np.ndarray:
-    """The quantisation as first written: ldexp, floor, the support kept, one cumulative sum."""
-    scale = (62 - len(weights).bit_length()) - int(np.frexp(float(weights.max()))[1])
-    units = np.floor(np.ldexp(weights.astype(np.float64), scale)).astype(np.int64)
-    return np.cumsum(np.maximum(units, weights > 0))
-
-
-def test_quantise_in_blocks_equals_the_reference_and_counts_the_support() -> None:
-    """Blocks of 2**16, the exact multiply (or ldexp for tiny weights): the reference's sums, the positive
-    count of count_positive, every block handed out once, in order."""
-    rng = np.random.default_rng(11)
-    cases = [
-        rng.exponential(size=200_001).astype(np.float32),
-        rng.exponential(size=70_000) ** 8 * 1e-310,  # largest tiny: 2**scale is not a normal double
-        rng.integers(0, 5, 140_000),
-        np.array([0.0, 3.0, 0.0]),
-    ]
-    cases[0][rng.random(cases[0].size) < 0.2] = 0
-    for weights in cases:
-        pieces: list[np.ndarray] = []
-        positive: list[int] = []
-        cdf = quantise(weights, on_block=lambda part: pieces.append(part.copy()), positive=positive)
-        assert np.array_equal(cdf, _reference_quantise(weights))
-        assert np.array_equal(np.concatenate(pieces), cdf)
-        assert positive == [weight_table.count_positive(cdf)] == [int(np.count_nonzero(weights))]
 
 
 def test_integer_and_tensor_weights_are_accepted() -> None:

@@ -28,21 +28,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from torch.utils.data import Dataset, Sampler
 
-from .._core.arrays import digest
 from .._core.draws import counter_hash
 from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_int
-from .._core.indices import Arange, IndexList, check_values, index_list, shared_indices, take
+from .._core.indices import Arange, IndexList, check_values, index_list, take
 from .._core.permutation import Permutation
 from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
-from ..index.keys import BackgroundDigest
 from .base import PlanSampler
-from .indexed import Allocate, by_reference, input_key, shared_arrays
+from .indexed import Allocate, by_reference, shared_arrays
 from .keywords import CachedKeywords
 from .passes import UnitSource
+from .two_stream_checks import ListDigests, list_key, stream_overlap
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -98,22 +97,6 @@ def stream_indices(positions: np.ndarray, values: IndexList, cycle_permutation: 
     return out.reshape(positions.shape)
 
 
-def stream_overlap(primary: IndexList, secondary: IndexList) -> tuple[int, int]:
-    """Check both index lists' values and count the indices they share: ``(count, smallest shared or -1)``.
-
-    O(n) time with bounded private memory (see :func:`shardwise._core.indices.shared_indices`);
-    two ranges cost nothing.
-
-    Raises:
-        ValueError: a negative index, or one of ``2**62`` or more, naming the list.
-    """
-    primary_bounds = check_values("primary_indices", primary)
-    if len(secondary) == 0:
-        return 0, -1
-    secondary_bounds = check_values("secondary_indices", secondary)
-    return shared_indices(primary, primary_bounds, secondary, secondary_bounds)
-
-
 TAKES_INDEX_LISTS = (
     "TwoStreamBatchSampler takes two lists of indices into one dataset, not two datasets: e.g. over "
     "ConcatDataset([labelled, unlabelled]), primary_indices=range(len(labelled)), "
@@ -133,45 +116,6 @@ def _indices(name: str, values: object, *, allow_empty: bool = False) -> IndexLi
         if "empty" in str(error):  # an empty list is not a dataset mix-up
             raise
         raise type(error)(f"{error}; {TAKES_INDEX_LISTS}") from None
-
-
-def _list_key(values: IndexList) -> str:
-    return repr(values) if isinstance(values, Arange) else input_key(values)
-
-
-class _Digests:
-    """``_digest(primary) + _digest(secondary)``, the arrays hashed by a background thread (BackgroundDigest)."""
-
-    def __init__(self, *lists: IndexList) -> None:
-        self._lists = lists
-        hashed = [v for v in lists if isinstance(v, np.ndarray) and len(v)]
-        self._hashing = BackgroundDigest(*hashed) if hashed else None
-
-    def result(self) -> str:
-        found = self._hashing.result() if self._hashing is not None else ""
-        parts, at = [], 0
-        for values in self._lists:
-            if isinstance(values, np.ndarray) and len(values):
-                parts.append(found[at : at + 16])
-                at += 16
-            else:
-                parts.append(_digest(values))
-        return "".join(parts)
-
-    def __enter__(self) -> _Digests:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._hashing is not None:
-            self._hashing.__exit__(*exc)
-
-
-def _digest(values: IndexList) -> str:
-    if len(values) == 0:
-        return digest(np.empty(0, dtype=np.int64))
-    if isinstance(values, Arange):
-        return digest(np.array([values.start, values.stop, values.step], dtype=np.int64))
-    return digest(values)
 
 
 class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -284,7 +228,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         primary_, secondary_ = self.primary_indices, self.secondary_indices
 
         def build(allocate: Allocate) -> None:
-            with _Digests(primary_, secondary_) as hashing:  # hashed on another core while the lists are checked
+            with ListDigests(primary_, secondary_) as hashing:  # hashed on another core while the lists are checked
                 allocate("overlap", 2, np.int64)[:] = stream_overlap(primary_, secondary_)
                 both = bytes.fromhex(hashing.result())
             allocate("digests", len(both), np.uint8)[:] = np.frombuffer(both, dtype=np.uint8)
@@ -293,7 +237,7 @@ class TwoStreamBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         ranges = isinstance(primary_, Arange) and isinstance(secondary_, Arange)
         checked = shared_arrays(
             STREAM_CHECK,
-            f"{_list_key(primary_)}|{_list_key(secondary_)}",
+            f"{list_key(primary_)}|{list_key(secondary_)}",
             build,
             size=0 if ranges else len(primary_) + len(secondary_),
             cache_dir=keywords.cache_dir,
