@@ -27,16 +27,13 @@ epoch are evicted first (least recently used), then the ones it reads last (``bu
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-from filelock import FileLock, Timeout
 
 from ..._core import threads
 from ..._core.errors import check_int, check_path, check_seconds
@@ -44,12 +41,16 @@ from . import budget as budgeting
 from . import head as heads
 from .fetch import (
     PART,
+    Busy,
+    Derived,
     check_unchanged,
     complete,
+    default_cache_dir,
     download,
     for_sample,
     is_local,
     local_path,
+    locked,
     remove_leftovers,
     shard_key,
     touch,
@@ -61,30 +62,6 @@ __all__ = ["PART", "Derived", "ShardCache", "default_cache_dir", "is_local", "lo
 _RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
 _Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
 Head = tuple[str, int, "str | None", "Sequence[int]"]  # a shard the plan reads first: url, size, version, its rows
-
-
-@dataclasses.dataclass(frozen=True)
-class Derived:
-    """A file the cache keeps in place of a shard, made from it once per node.
-
-    Attributes:
-        tag: names what the file is made from and how (a changed shard or option makes another
-            tag, hence another file): letters, digits, ``_`` and ``.``.
-        make: ``make(shard_path, output_path)`` writes the file (picklable: DataLoader workers call
-            it). ``OSError`` and ``ValueError`` mean the shard is unreadable.
-    """
-
-    tag: str
-    make: Callable[[str, str], None]
-
-
-def default_cache_dir() -> Path:
-    """``$SHARDWISE_SHARD_CACHE``, else ``$XDG_CACHE_HOME/shardwise/shards``, else ``~/.cache/shardwise/shards``."""
-    explicit = os.environ.get("SHARDWISE_SHARD_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "shardwise" / "shards"
 
 
 class ShardCache:
@@ -106,7 +83,7 @@ class ShardCache:
         storage_options: passed to ``fsspec.filesystem`` (e.g. ``{"endpoint_url": ...}`` for S3).
 
     Example:
-        >>> cache = ShardCache("/tmp/shard-cache", budget_bytes=2 << 30)
+        >>> cache = ShardCache("shard-cache", budget_bytes=2 << 30)
     """
 
     def __init__(
@@ -226,7 +203,7 @@ class ShardCache:
 
     def _get(self, url: str, size: int, sample: int | None, derived: Derived | None, version: str | None, *,
              wait: bool) -> str:
-        """:meth:`path`; ``wait=False``: raise :class:`_Busy` at once if another process holds the shard's lock."""
+        """:meth:`path`; ``wait=False``: raise ``fetch.Busy`` at once if another process holds its lock."""
         if is_local(url):
             path = local_path(url)
             if not os.path.isfile(path):
@@ -239,7 +216,7 @@ class ShardCache:
             touch(final)
             return str(final)
         self.directory.mkdir(parents=True, exist_ok=True)
-        with self._locked(final, url, sample, wait):
+        with locked(final, url, sample, self.timeout if wait else None):
             if derived is not None:
                 if not final.exists():  # another process may have made it while we waited
                     self._make(url, size, sample, derived, version, final)
@@ -247,24 +224,6 @@ class ShardCache:
                 self._download(url, final, size, sample, version)
         self._evict(keep=final.name)
         return str(final)
-
-    @contextlib.contextmanager
-    def _locked(self, final: Path, url: str, sample: int | None, wait: bool) -> Iterator[None]:
-        """Hold ``final``'s file lock: wait at most ``timeout`` (a ShardError after it), or not at all (_Busy)."""
-        lock = FileLock(str(final) + ".lock", timeout=self.timeout if wait else 0)
-        try:
-            lock.acquire()
-        except Timeout as error:
-            if not wait:
-                raise _Busy(url) from error
-            raise ShardError(
-                f"shard {url} {for_sample(sample)}was being downloaded by another process for more than "
-                f"{self.timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
-            ) from error
-        try:
-            yield
-        finally:
-            lock.release()
 
     def _make(self, url: str, size: int, sample: int | None, derived: Derived, version: str | None,
               final: Path) -> None:
@@ -392,7 +351,7 @@ class ShardCache:
         try:
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
             self._get(url, size, None, self._derived, version, wait=False)
-        except _Busy:  # another process holds its lock
+        except Busy:  # another process holds its lock
             return True
         except (ShardError, OSError, ValueError) as error:
             self.errors[url] = f"{type(error).__name__}: {error}"
@@ -425,6 +384,3 @@ class ShardCache:
                             budgeting.node_upcoming(self.directory, self._upcoming),
                             self._pinned, shard_key(keep))
 
-
-class _Busy(Exception):
-    """Another process holds the shard's lock (raised instead of waiting: the prefetch thread moves on)."""

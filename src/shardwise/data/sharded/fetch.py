@@ -20,12 +20,16 @@ retried; a transient error (a truncated download, a connection reset) is retried
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from .formats import ShardError
 
@@ -174,3 +178,50 @@ def touch(path: Path) -> None:
     # Evicted by another process meanwhile: the reader's open fails and it fetches the shard again.
     with contextlib.suppress(FileNotFoundError):
         os.utime(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A file the cache keeps in place of a shard, made from it once per node.
+
+    Attributes:
+        tag: names what the file is made from and how (a changed shard or option makes another
+            tag, hence another file): letters, digits, ``_`` and ``.``.
+        make: ``make(shard_path, output_path)`` writes the file (picklable: DataLoader workers call
+            it). ``OSError`` and ``ValueError`` mean the shard is unreadable.
+    """
+
+    tag: str
+    make: Callable[[str, str], None]
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDWISE_SHARD_CACHE``, else ``$XDG_CACHE_HOME/shardwise/shards``, else ``~/.cache/shardwise/shards``."""
+    explicit = os.environ.get("SHARDWISE_SHARD_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardwise" / "shards"
+
+
+class Busy(Exception):
+    """Another process holds the shard's lock (raised instead of waiting: the prefetch thread moves on)."""
+
+
+@contextlib.contextmanager
+def locked(final: Path, url: str, sample: int | None, timeout: float | None) -> Iterator[None]:
+    """Hold ``final``'s file lock: wait at most ``timeout`` s (then a ShardError); ``None``: not at all (Busy)."""
+    lock = FileLock(str(final) + ".lock", timeout=0 if timeout is None else timeout)
+    try:
+        lock.acquire()
+    except Timeout as error:
+        if timeout is None:
+            raise Busy(url) from error
+        raise ShardError(
+            f"shard {url} {for_sample(sample)}was being downloaded by another process for more than "
+            f"{timeout:g} s; raise ShardCache(timeout=...) or remove the stale lock {final}.lock"
+        ) from error
+    try:
+        yield
+    finally:
+        lock.release()

@@ -206,8 +206,8 @@ def fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequen
     try:
         with pieces_lock(final, timeout):
             ledger = Ledger.read(final) or Ledger("")
-            if ledger.whole or final.exists():
-                return 0
+            if ledger.whole or final.exists() or (ledger.ranges and not sparse_path(final).exists()):
+                return 0  # whole, or on its way; (ranges of a sparse file gone: leave it to the whole download)
             # The rows every process of the node promised so far, not only this one's: the node's ranks
             # start a pass together, and a rank whose pieces came after another's whole download started
             # would wait for the whole shard (or fetch its pieces twice).
@@ -217,37 +217,46 @@ def fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequen
     return fetched
 
 
-def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
-                  ledger: Ledger) -> int:
-    fetched = 0
-    held = [start for start, end in ledger.ranges if end == size]  # the tail, fetched by another process
-    if held and sparse_path(final).exists():
-        tail_start = min(held)
-        with open(sparse_path(final), "rb") as sparse:
-            sparse.seek(tail_start)
-            tail = sparse.read(size - tail_start)
-    else:
-        tail_start = max(0, size - _TAIL)
-        tail = bytes(fs.cat_file(url, start=tail_start, end=size))
-        fetched += len(tail)
+def _footer(fs: Any, url: str, size: int, final: Path, ledger: Ledger) -> tuple[int, bytes, bool]:
+    """``(start, bytes, held)`` of shard ``url``'s tail holding its footer: from the sparse file if another
+    process fetched it (``held``), else fetched (one ranged GET, two when the footer is longer than ``_TAIL``)."""
+    held = [start for start, end in ledger.ranges if end == size]
+    if held:
+        with contextlib.suppress(FileNotFoundError), open(sparse_path(final), "rb") as sparse:
+            sparse.seek(min(held))
+            tail = sparse.read(size - min(held))
+            if footer_length(tail) <= len(tail):
+                return min(held), tail, True
+    start = max(0, size - _TAIL)
+    tail = bytes(fs.cat_file(url, start=start, end=size))
     need = footer_length(tail)
     if need > len(tail) and need <= size:
-        tail_start, held = size - need, []
-        tail = bytes(fs.cat_file(url, start=tail_start, end=size))
-        fetched += len(tail)
+        start = size - need
+        tail = bytes(fs.cat_file(url, start=start, end=size))
+    return start, tail, False
+
+
+def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
+                  ledger: Ledger) -> int:
+    tail_start, tail, held = _footer(fs, url, size, final, ledger)
+    fetched = 0 if held else len(tail)
     metadata = parse_footer(tail)
     pieces: list[tuple[Range, bytes]] = [] if held else [((tail_start, size), tail)]
     have = [*ledger.ranges, (tail_start, size)]
+    wanted: list[Range] = []
     for first, last in _merged(row_group_range(metadata, g) for g in groups_of(metadata, rows)):
         for gap_start, gap_end in gaps(have, last):  # only what no process fetched yet
-            start, end = max(gap_start, first), min(gap_end, last)
-            if start >= end:
-                continue
-            data = bytes(fs.cat_file(url, start=start, end=end))
-            if len(data) != end - start:
-                raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
-            fetched += len(data)
-            pieces.append(((start, end), data))
+            if max(gap_start, first) < min(gap_end, last):
+                wanted.append((max(gap_start, first), min(gap_end, last)))
+    # All at once: an async filesystem (s3fs, http) sends them together, one round trip in all.
+    found = fs.cat_ranges([url] * len(wanted), [a for a, _ in wanted], [b for _, b in wanted]) if wanted else []
+    for (start, end), data in zip(wanted, found, strict=True):
+        if isinstance(data, BaseException):  # fsspec returns a range's error in its place
+            raise data
+        if len(data) != end - start:
+            raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
+        fetched += len(data)
+        pieces.append(((start, end), bytes(data)))
     fd = os.open(sparse_path(final), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if os.fstat(fd).st_size < size:
