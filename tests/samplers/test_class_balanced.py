@@ -245,6 +245,8 @@ def test_class_index_groups_samples_in_chunks() -> None:
         (rng.integers(0, 3_000, 5_000), 1 << 10),
         (rng.integers(0, 100_000, 150_000), 1 << 16),
         (rng.integers(0, 1 << 15, 150_000), 1 << 20),
+        (np.sort(rng.integers(-500, 3_000, 5_000))[::-1], 1 << 10),  # the counted range widens chunk by chunk
+        (np.concatenate([rng.integers(0, 10, 2_500), [2**22 - 1, 2**22]]), 1 << 10),  # past DENSE_SPAN at the end
     ]
     for labels, chunk in cases:
         old = core.CHUNK

@@ -55,13 +55,29 @@ _ROUNDS = 6
 
 
 # -- the class index ---------------------------------------------------------------------------
-def _integer_span(labels: np.ndarray) -> tuple[int, int] | None:
-    """``(low, span)`` of integer labels whose values span at most ``DENSE_SPAN``, else ``None``."""
+def _dense_counts(labels: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """``(low, counts of low, low + 1, ...)`` of integer labels spanning at most ``DENSE_SPAN`` values, else ``None``.
+
+    One pass: each chunk's range widens the counts as needed before its ``bincount`` (no separate
+    passes for the smallest and largest label).
+    """
     if labels.dtype.kind not in "iu":
         return None
-    low, high = int(labels.min()), int(labels.max())  # streaming reductions: no copy of a memmap
-    span = high - low + 1
-    return (low, span) if span <= DENSE_SPAN else None
+    low, high, counts = 0, -1, np.zeros(0, dtype=np.int64)
+    for start in range(0, len(labels), CHUNK):
+        part = np.asarray(labels[start : start + CHUNK])
+        first, last = int(part.min()), int(part.max())
+        if high < low:
+            low, high = first, first - 1
+        if first < low or last > high:
+            new_low, new_high = min(low, first), max(high, last)
+            if new_high - new_low + 1 > DENSE_SPAN:
+                return None
+            counts = np.concatenate([np.zeros(low - new_low, dtype=np.int64), counts,
+                                     np.zeros(new_high - high, dtype=np.int64)])  # fmt: skip
+            low, high = new_low, new_high
+        counts += np.bincount(np.subtract(part, low, dtype=np.intp), minlength=counts.size)
+    return low, counts
 
 
 def count_classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -71,12 +87,9 @@ def count_classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``bincount`` per chunk; others merge each chunk's ``np.unique`` into the running result.
     """
     size = len(labels)
-    dense = _integer_span(labels)
+    dense = _dense_counts(labels) if size else None
     if dense is not None:
-        low, span = dense
-        counts = np.zeros(span, dtype=np.int64)
-        for start in range(0, size, CHUNK):
-            counts += np.bincount(np.asarray(labels[start : start + CHUNK], dtype=np.int64) - low, minlength=span)
+        low, counts = dense
         present = np.flatnonzero(counts)
         return (present + low).astype(labels.dtype), counts[present]
     classes: np.ndarray = np.empty(0, dtype=labels.dtype)
