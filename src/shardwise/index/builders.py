@@ -205,8 +205,8 @@ def _order_by_key(
     key_bits = max(1, (counts.size - 1).bit_length())
     chunk = min(chunk, 1 << (64 - key_bits))  # a chunk position and a key fit in 64 bits together
     local_bits = max(1, (min(chunk, n) - 1).bit_length())
-    # A chunk is ordered by one sort of unique composite keys (key << local_bits | position): the
-    # same order as a stable sort by key, at the speed of numpy's (SIMD) sort of 32- or 64-bit integers.
+    # Wider keys: a chunk is ordered by one sort of unique composite keys (key << local_bits | position),
+    # the same order as a stable sort by key, at the speed of numpy's (SIMD) sort of 32- or 64-bit integers.
     composite = np.dtype(np.uint32) if key_bits + local_bits <= 32 else np.dtype(np.uint64)
     mask = (1 << local_bits) - 1
     for first in range(0, n, chunk):
@@ -214,14 +214,19 @@ def _order_by_key(
         here = np.bincount(part.astype(np.intp, copy=False), minlength=counts.size)
         # base[k]: the slot of key k's first element in this chunk, less that element's rank in the sorted chunk
         base = cursor - (np.cumsum(here) - here)
-        keys = part.astype(composite)
-        np.left_shift(keys, local_bits, out=keys)
-        np.bitwise_or(keys, np.arange(part.size, dtype=composite), out=keys)
-        keys.sort()
-        dest = base[keys >> local_bits]
+        if key_bits <= 16:  # numpy's stable sort of 16-bit keys is a radix sort: the fastest here
+            keys = part.astype(np.uint16)
+            local = np.argsort(keys, kind="stable")
+        else:
+            keys = part.astype(composite)
+            np.left_shift(keys, local_bits, out=keys)
+            np.bitwise_or(keys, np.arange(part.size, dtype=composite), out=keys)
+            keys.sort()
+            local = np.bitwise_and(keys, mask, out=keys)
+        # the sorted keys are runs: one np.repeat of the bases, not a gather by key
+        dest = np.repeat(base, here)
         dest += np.arange(part.size, dtype=np.int64)
-        np.bitwise_and(keys, mask, out=keys)
-        local = keys.astype(out.dtype, copy=False)
+        local = local.astype(out.dtype, copy=False)
         local += first
         np.put(out, dest, local)  # np.put: several times faster than out[dest] = local on scattered runs
         cursor += here
