@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardwise.data.sharded import ShardCache
+from shardwise.data.sharded import ShardCache, ShardError
 from shardwise.data.sharded.cache import Derived
 from tests.data.shards import put_parquet_shards
 from tests.s3_server import Gauge, make_bucket, s3_endpoint, storage_options
@@ -111,3 +111,22 @@ def test_derived_files_under_a_budget_are_made_one_at_a_time(slow: dict[str, Any
     shards_kept = [p for p in cache.directory.iterdir() if p.suffix != ".lock" and not p.name.startswith(".")]
     assert sum(p.stat().st_size for p in shards_kept) <= cache.budget_bytes  # (.plan-<pid>: this process's order)
     assert gauge.peak == 1
+
+
+def test_a_client_error_neither_kills_the_prefetch_nor_escapes_the_reader(tmp_path: Path) -> None:
+    """A server gone (botocore's EndpointConnectionError: no OSError): recorded by the thread, a ShardError for the reader."""
+    from tests.s3_server import free_port
+
+    options = storage_options(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    options["config_kwargs"] = {**options["config_kwargs"], "retries": {"max_attempts": 1}}
+    cache = ShardCache(tmp_path / "cache", retries=0, storage_options=options)
+    url = f"s3://{BUCKET}/gone.parquet"
+    cache.follow([(url, 1000, None)])
+    deadline = time.monotonic() + 30
+    while url not in cache.errors and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "could not fetch shard" in cache.errors[url]
+    assert all(thread.is_alive() for thread in cache._threads)  # still serving the plan
+    with pytest.raises(ShardError, match=rf"could not fetch shard {url} \(needed for sample 7\) after 1 attempts"):
+        cache.path(url, 1000, sample=7)
+    cache.close()
