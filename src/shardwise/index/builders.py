@@ -200,7 +200,6 @@ def _order_by_key(
     np.save(directory / f"{name}_offsets.npy", offsets)
     n = array.size
     out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=index_dtype(n), shape=(n,))
-    populate(out)
     cursor = offsets[:-1].copy()  # next free slot of each key
     key_bits = max(1, (counts.size - 1).bit_length())
     chunk = min(chunk, 1 << (64 - key_bits))  # a chunk position and a key fit in 64 bits together
