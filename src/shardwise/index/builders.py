@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,12 @@ def populate(array: Any, first: int = 0, stop: int | None = None) -> None:
     left alone: their pages then fault in one at a time, as before. A sequential writer populates
     a window ahead of itself (:func:`populate_ahead`).
     """
+    # The number is Linux's: elsewhere it may name another advice, so only the mmap module's constant.
+    advice = getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE if sys.platform.startswith("linux") else None)
     raw = getattr(array, "_mmap", None)
-    if not isinstance(array, np.memmap) or raw is None or not hasattr(raw, "madvise") or array.ndim != 1:
+    if advice is None or raw is None or not hasattr(raw, "madvise"):
+        return
+    if not isinstance(array, np.memmap) or array.ndim != 1:
         return
     stop = len(array) if stop is None else min(stop, len(array))
     size = (stop - first) * array.itemsize
@@ -81,7 +86,7 @@ def populate(array: Any, first: int = 0, stop: int | None = None) -> None:
     begin = array.ctypes.data - base + first * array.itemsize
     aligned = begin - begin % mmap.PAGESIZE
     with contextlib.suppress(OSError, ValueError):
-        raw.madvise(getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE), aligned, begin + size - aligned)
+        raw.madvise(advice, aligned, begin + size - aligned)
 
 
 POPULATE_WINDOW = 1 << 23
