@@ -8,14 +8,40 @@ are part of them: changing either makes every existing store and cache entry fai
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import zlib
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 SAMPLE_BLOCKS = 16
 """Blocks read by :func:`sampled_crc`, spread evenly from the first to the last byte."""
 BLOCK_BYTES = 4096
 """Bytes of each sampled block (a page)."""
+
+
+def advise_pages(raw: Any, address: int, size: int, advice: int | None) -> None:
+    """``madvise`` the pages of the mapping ``raw`` (an ``mmap.mmap``) that hold ``size`` bytes from ``address``.
+
+    ``address`` is a memory address inside the mapping (``array.ctypes.data`` of a view of it).
+    Nothing when ``advice`` is ``None``, the range is not inside the mapping, or the system refuses
+    the advice: advice changes when pages arrive, never what they hold.
+    """
+    if advice is None or size <= 0 or not isinstance(raw, mmap.mmap) or not hasattr(raw, "madvise"):
+        return
+    try:
+        base = np.frombuffer(raw, dtype=np.uint8).ctypes.data
+    except (TypeError, ValueError, BufferError):
+        return
+    begin = address - base
+    if begin < 0 or begin + size > len(raw):
+        return
+    aligned = begin - begin % mmap.PAGESIZE
+    with contextlib.suppress(OSError, ValueError):
+        raw.madvise(advice, aligned, begin + size - aligned)
 
 
 def sampled_crc(path: Path, start: int, end: int) -> int:

@@ -7,7 +7,6 @@ memory map in the build directory that :func:`shardwise.index.build_or_open` han
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._core.errors import check_int, check_path, check_str
+from .._core.files import advise_pages
 from .progress import Progress
 
 CHUNK = 1 << 20
@@ -70,23 +70,13 @@ def populate(array: Any, first: int = 0, stop: int | None = None) -> None:
     """
     # The number is Linux's: elsewhere it may name another advice, so only the mmap module's constant.
     advice = getattr(mmap, "MADV_POPULATE_WRITE", MADV_POPULATE_WRITE if sys.platform.startswith("linux") else None)
-    raw = getattr(array, "_mmap", None)
-    if advice is None or raw is None or not hasattr(raw, "madvise"):
-        return
     if not isinstance(array, np.memmap) or array.ndim != 1:
         return
     stop = len(array) if stop is None else min(stop, len(array))
     size = (stop - first) * array.itemsize
     if size <= 0 or size > POPULATE_MAX:
         return  # all at once, its pages would be dirty (and written back) long before the build writes them
-    try:
-        base = np.frombuffer(raw, dtype=np.uint8).ctypes.data
-    except (TypeError, ValueError, BufferError):
-        return
-    begin = array.ctypes.data - base + first * array.itemsize
-    aligned = begin - begin % mmap.PAGESIZE
-    with contextlib.suppress(OSError, ValueError):
-        raw.madvise(advice, aligned, begin + size - aligned)
+    advise_pages(getattr(array, "_mmap", None), array.ctypes.data + first * array.itemsize, size, advice)
 
 
 POPULATE_WINDOW = 1 << 23
