@@ -67,10 +67,11 @@ import numpy as np
 from _common import smaps_rollup, status_bytes
 
 SAMPLERS = ["torch", "Sharded", "Bucket", "Packed", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream",
-            "Scheduled"]  # fmt: skip
+            "Scheduled", "Mixture", "Locality"]  # fmt: skip
 SRC = Path(__file__).resolve().parents[1] / "src"  # the code measured, unless --before names another src
 WORLD, RANK = 8, 3
 CLASSES = 100_000
+SHARDS = 100_000
 RATE_SECONDS = 2.0
 GEN_CHUNK = 1 << 22
 
@@ -143,13 +144,23 @@ def build_sampler(name: str, n: int, directory: Path, rank: int) -> Any:  # noqa
         inner = shardwise.WeightedSampler(mapped("weights"), num_samples=n, **common)
         schedule = shardwise.BatchSizeSchedule.by_samples({0: 64, n // 2: 128})
         return shardwise.ScheduledBatchSampler(inner, batch_size=schedule, num_replicas=WORLD, rank=rank)
+    if name == "Mixture":  # four sources (the sizes of mapped datasets: the sampler reads nothing else)
+        sizes = [n // 2, n // 4, n // 8, n - n // 2 - n // 4 - n // 8]
+        return shardwise.MixtureSampler(sizes, [0.4, 0.3, 0.2, 0.1], num_samples=n, **common)
+    if name == "Locality":  # 1e5 shards' metadata (samples per shard), sizes spread 1:100
+        shards = min(SHARDS, n)
+        sizes = np.random.default_rng(0).integers(1, 101, shards).astype(np.int64)
+        sizes = sizes * ((n - shards) // int(sizes.sum())) + 1  # at least one sample each, n in all
+        sizes[-1] += n - int(sizes.sum())
+        return shardwise.LocalitySampler(sizes, **common)
     raise ValueError(f"unknown sampler {name!r}")
 
 
 CLASSES_OF = {"Sharded": "ShardedSampler", "Bucket": "BucketBatchSampler", "Packed": "PackedBatchSampler",
               "ClassBalanced": "ClassBalancedBatchSampler", "Weighted": "WeightedSampler",
               "Weighted-distinct": "WeightedSampler", "TwoStream": "TwoStreamBatchSampler",
-              "Scheduled": "ScheduledBatchSampler"}  # fmt: skip
+              "Scheduled": "ScheduledBatchSampler", "Mixture": "MixtureSampler",
+              "Locality": "LocalitySampler"}  # fmt: skip
 """The class each sampler's row constructs (``shardwise`` imports its module on first access)."""
 
 
