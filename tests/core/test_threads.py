@@ -158,3 +158,31 @@ def test_every_thread_shardwise_starts_goes_through_threads_start() -> None:
     own = package / "_core" / "threads.py"
     found = [hit for path in sorted(package.rglob("*.py")) if path != own for hit in _thread_starts(path)]
     assert not found, f"start threads with shardwise._core.threads.start: {found}"
+
+
+def test_a_pool_runs_calls_on_fenced_threads_hands_errors_back_and_drops_what_a_cancel_leaves() -> None:
+    from concurrent.futures import CancelledError
+
+    from shardwise._core.threads import Pool
+
+    pool = Pool(2, name="shardwise-test-pool")
+    assert [f.result(timeout=10) for f in [pool.submit(pow, 3, k) for k in range(5)]] == [1, 3, 9, 27, 81]
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(divmod, 1, 0).result(timeout=10)
+    gate, started = threading.Event(), [threading.Event(), threading.Event()]
+
+    def hold(running: threading.Event) -> bool:
+        running.set()
+        return gate.wait(10)
+
+    held = [pool.submit(hold, running) for running in started]
+    assert all(running.wait(10) for running in started)  # both threads busy
+    waiting = [pool.submit(pow, 2, k) for k in range(3)]
+    releaser = threading.Timer(0.2, gate.set)
+    releaser.start()
+    pool.shutdown(cancel=True)
+    releaser.join()
+    assert all(f.result(timeout=10) for f in held)
+    for future in waiting:
+        with pytest.raises(CancelledError):
+            future.result(timeout=10)

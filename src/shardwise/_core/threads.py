@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 logger = logging.getLogger("shardwise")
@@ -87,6 +89,55 @@ def _run(target: Callable[..., object], args: tuple[Any, ...]) -> None:
     finally:
         with _fence.gate:  # never while a fork is in progress; a fork from now on first waits for this end
             _fence.ending.add(threading.current_thread())
+
+
+class Pool:
+    """``threads`` fenced daemon threads (:func:`start`) running submitted calls in order: a small
+    ``concurrent.futures.ThreadPoolExecutor`` for builds whose work releases the GIL.
+
+    Example:
+        >>> pool = Pool(2, name="shardwise-example")
+        >>> [future.result() for future in [pool.submit(pow, 2, k) for k in range(4)]]
+        [1, 2, 4, 8]
+        >>> pool.shutdown()
+    """
+
+    def __init__(self, threads: int, *, name: str) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]
+        self._tasks = queue.SimpleQueue()
+        self._threads = [start(self._work, name=f"{name}-{i}") for i in range(threads)]
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``function(*args)`` on one of the threads; its future."""
+        future: Future[Any] = Future()
+        self._tasks.put((future, function, args))
+        return future
+
+    def shutdown(self, *, cancel: bool = False) -> None:
+        """Wait for the threads to finish the tasks (``cancel``: the tasks not started are dropped)."""
+        while cancel:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None:
+                task[0].cancel()
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            future, function, args = task
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = function(*args)
+            except BaseException as error:  # handed to the caller through the future
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
 
 def reset_in_child(owner: object, reset: Callable[[Any], None]) -> None:

@@ -23,7 +23,7 @@ import ctypes
 import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..offsets import offsets_from_counts
+from ..threads import Pool
 
 CHUNK = 1 << 22
 """Samples per task of :func:`write_pieces` (16 MB of int32 lengths)."""
@@ -41,18 +42,18 @@ DEAL = 512
 
 
 @contextlib.contextmanager
-def _pool(threads: int) -> Iterator[ThreadPoolExecutor | None]:
+def _pool(threads: int) -> Iterator[Pool | None]:
     """``threads`` threads (None: this one alone); on an error or an interrupt, the tasks not started are dropped."""
     if threads <= 1:
         yield None
         return
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardwise-build")
+    pool = Pool(threads, name="shardwise-build")
     try:
         yield pool
     except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(cancel=True)
         raise
-    pool.shutdown(wait=True)
+    pool.shutdown()
 
 
 def _chunk(lengths: np.ndarray, c: int) -> np.ndarray:
@@ -61,7 +62,7 @@ def _chunk(lengths: np.ndarray, c: int) -> np.ndarray:
     return part if part.dtype.isnative else part.astype(part.dtype.newbyteorder("="))
 
 
-def _run(pool: ThreadPoolExecutor | None, function: Callable[..., Any], *args: Any) -> Future[Any]:
+def _run(pool: Pool | None, function: Callable[..., Any], *args: Any) -> Future[Any]:
     if pool is not None:
         return pool.submit(function, *args)
     done: Future[Any] = Future()
