@@ -70,18 +70,19 @@ def kernels(items: int) -> ModuleType | None:
     mode = numba_mode()
     if mode == "off" or (mode == "auto" and items < AUTO_FROM and _python_items[0] < AUTO_FROM):
         return None
-    if _compiled() is None:
-        if mode == "on":
-            raise ImportError(f"{ENV_NUMBA}=1 but numba is not installed: pip install 'shardwise[fast]'")
+    if _loaded(mode) is None:
         return None
     from . import jit
 
     return jit
 
 
-def numba_available() -> bool:
-    """Whether numba can be imported (the compiled kernel is built on first use)."""
-    return _compiled() is not None
+def _loaded(mode: str) -> Callable[..., Any] | None:
+    """The compiled placements kernel, or None without numba (an ImportError naming the extra when ``mode`` is on)."""
+    kernel = _compiled()
+    if kernel is None and mode == "on":
+        raise ImportError(f"{ENV_NUMBA}=1 but numba is not installed: pip install 'shardwise[fast]'")
+    return kernel
 
 
 def placements(
@@ -97,10 +98,8 @@ def placements(
     if mode == "auto" and _python_items[0] < AUTO_FROM:  # not worth numba's import yet
         _python_items[0] += int(np.asarray(histogram).sum())
         return None
-    kernel = _compiled()
+    kernel = _loaded(mode)
     if kernel is None:
-        if mode == "on":
-            raise ImportError(f"{ENV_NUMBA}=1 but numba is not installed: pip install 'shardwise[fast]'")
         return None
     needs = np.ascontiguousarray(histogram, dtype=np.int64)
     if capacity is None:
