@@ -182,10 +182,16 @@ def as_index_array(name: str, values: object, *, allow_empty: bool = False) -> n
 def digest(array: np.ndarray) -> str:
     """A short, stable hex digest of an array's dtype, shape and bytes (for fingerprints)."""
     array = np.ascontiguousarray(array)
-    hasher = hashlib.blake2b(digest_size=8)
-    hasher.update(f"{array.dtype.str}{array.shape}".encode())
+    hasher = digest_hasher(array.dtype, array.shape)
     hasher.update(array.view(np.uint8).data if array.size else b"")
     return hasher.hexdigest()
+
+
+def digest_hasher(dtype: Any, shape: tuple[int, ...]) -> hashlib.blake2b:
+    """The hasher of :func:`digest` for an array of ``dtype`` and ``shape``, before its bytes (fed in order)."""
+    hasher = hashlib.blake2b(digest_size=8)
+    hasher.update(f"{np.dtype(dtype).str}{tuple(shape)}".encode())
+    return hasher
 
 
 def as_weight_array(name: str, values: object, *, length: int | None = None, of: str = "source") -> np.ndarray:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.arrays import digest_hasher
 from .._core.files import advise_pages
 
 SAMPLED_BLOCKS = 64
@@ -153,11 +154,7 @@ class BackgroundDigest:
 
         specs = [(array.dtype, len(array)) for array in arrays] if arrays else [(np.dtype(dtype), int(length or 0))]
         self._specs = specs
-        self._hashers = []
-        for kind, size in specs:
-            hasher = hashlib.blake2b(digest_size=8)
-            hasher.update(f"{np.dtype(kind).str}{(size,)}".encode())
-            self._hashers.append(hasher)
+        self._hashers = [digest_hasher(kind, (size,)) for kind, size in specs]
         self._part, self._fed = 0, 0  # the array being fed, and its elements fed so far
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue[tuple[int, np.ndarray] | None] = queue.SimpleQueue()
