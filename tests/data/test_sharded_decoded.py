@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,18 +194,36 @@ def test_corrupt_shard_fails_naming_url_and_sample_and_leaves_no_file(s3: dict[s
     assert not any(name.endswith(".arrow") for name in _files(tmp_path / "cache"))
 
 
-def test_the_budget_counts_decoded_files(s3: dict[str, Any], tmp_path: Path) -> None:
-    """Under a budget of two decoded shards, a whole epoch stays in it and is read right."""
+def test_the_budget_counts_decoded_files(s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a budget of two decoded shards, a whole epoch stays in it and is read right.
+
+    The files are counted after every sample read and right after every file is renamed into the
+    cache (in any thread): a file made visible before the ones it replaces are evicted passes the
+    budget for a moment, which a count between samples sees only sometimes.
+    """
     probe = _source(s3, tmp_path / "probe")
     for first in np.cumsum(SIZES) - SIZES:
         probe[int(first)]
     budget = sum(sorted(stat.st_size for stat in _files(tmp_path / "probe").values())[-2:])
-    cache = ShardCache(tmp_path / "tight", budget_bytes=budget, storage_options=storage_options(s3["endpoint"]))
+    tight = tmp_path / "tight"
+    seen = [0]
+
+    def count() -> None:
+        seen[0] = max(seen[0], sum(stat.st_size for stat in _files(tight).values()))
+
+    replace = os.replace
+
+    def counted_replace(src: Any, dst: Any) -> None:
+        replace(src, dst)
+        if Path(dst).parent == tight:
+            count()
+
+    monkeypatch.setattr(os, "replace", counted_replace)
+    cache = ShardCache(tight, budget_bytes=budget, storage_options=storage_options(s3["endpoint"]))
     source = _source(s3, tmp_path, cache=cache)
     sampler = LocalitySampler(source, window=1, num_replicas=1, rank=0, seed=4)
-    on_disk = 0
     for i in sampler:
         assert source[i]["id"] == i
-        on_disk = max(on_disk, sum(stat.st_size for stat in _files(tmp_path / "tight").values()))
-    assert 0 < on_disk <= budget
+        count()
     cache.close()
+    assert 0 < seen[0] <= budget

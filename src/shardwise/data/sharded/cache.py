@@ -232,13 +232,17 @@ class ShardCache:
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
         try:
             derived.make(shard, str(part))
+            # The derived file stands for the shard from now on: the shard goes, and room is made, before
+            # the derived file is visible, so that the node's files never pass the budget, not even briefly.
+            Path(shard).unlink(missing_ok=True)
+            self._make_room(os.stat(part).st_size, keep=final.name)
             os.replace(part, final)
         finally:
             part.unlink(missing_ok=True)
         remove_leftovers(final)
-        Path(shard).unlink(missing_ok=True)  # the derived file stands for it from now on
 
     def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None) -> None:
+        self._make_room(size, keep=final.name)  # before the download is renamed into place (see _make)
         copied = download(self.filesystem(url), url, final, size, version, sample, retries=self.retries,
                           backoff=self.backoff, timeout=self.timeout)
         with self._mutex:
@@ -379,8 +383,12 @@ class ShardCache:
 
     def _evict(self, keep: str) -> None:  # keep: a file name
         """Bring the cache under its budget (``budget.evict``)."""
+        self._make_room(0, keep)
+
+    def _make_room(self, incoming: int, keep: str) -> None:  # keep: a file name
+        """Evict until ``incoming`` more bytes (a file about to be renamed into place) fit the budget."""
         if self.budget_bytes is not None:
-            budgeting.evict(budgeting.cached_files(self.directory), self.budget_bytes,
+            budgeting.evict(budgeting.cached_files(self.directory), self.budget_bytes - incoming,
                             budgeting.node_upcoming(self.directory, self._upcoming),
                             self._pinned, shard_key(keep))
 
