@@ -100,3 +100,39 @@ def exchange(first: Path, second: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.ENOENT, errno.EXDEV, errno.EPERM):
         return False
     raise OSError(code, os.strerror(code), str(first), None, str(second))
+
+
+class NpyWriter:
+    """A 1-D ``.npy`` file written front to back, its length set at the end (numpy's header has room for it).
+
+    Usable as a context manager (closed, its length written, on leaving the block).
+    """
+
+    def __init__(self, path: Path, dtype: Any) -> None:
+        self.dtype = np.dtype(dtype)
+        self.file = open(path, "wb")  # noqa: SIM115  (closed by close())
+        self.size = 0
+        self.header = self._header()
+
+    def _header(self) -> int:
+        self.file.seek(0)
+        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                         "fortran_order": False, "shape": (self.size,)})  # fmt: skip
+        return self.file.tell()
+
+    def write(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).data)
+        self.size += values.size
+
+    def close(self) -> None:
+        end = self.file.tell()
+        if self._header() != self.header:  # pragma: no cover - numpy keeps 21 digits of room for the length
+            raise RuntimeError(f"the .npy header of {self.file.name} changed size")
+        self.file.seek(end)
+        self.file.close()
+
+    def __enter__(self) -> NpyWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._core.arrays import check_non_negative_integers
+from .._core.files import NpyWriter
 from .._core.packing import (
     Balance,
     PieceIndex,
@@ -211,25 +212,19 @@ def write_layouts(directory: Path, counts: np.ndarray, num_strata: int, max_len:
     layouts = stratum_layouts(counts, num_strata, max_len, rows_per_batch=rows_per_batch,
                               tokens_per_batch=tokens_per_batch, balance=balance, drop_short=drop_short,
                               packed=packed)  # fmt: skip
-    rows, costs, sizes = [], [], np.zeros((4, num_strata), dtype=np.int64)
-    with Progress(num_strata, f"dealing the rows of {num_strata:,} strata into batches", unit="strata") as bar:
-        for stratum, layout in enumerate(layouts):
-            rows.append(layout.batch_of_row.astype(np.int32))
-            costs.append(layout.batch_keys)
+    sizes = np.zeros((4, num_strata), dtype=np.int64)
+    with (
+        NpyWriter(directory / "batch_of_row.npy", np.int32) as rows,
+        NpyWriter(directory / "batch_keys.npy", np.int64) as keys,
+        Progress(num_strata, f"dealing the rows of {num_strata:,} strata into batches", unit="strata") as bar,
+    ):
+        for stratum, layout in enumerate(layouts):  # stratum by stratum, front to back: one in memory
+            rows.write(layout.batch_of_row)
+            keys.write(layout.batch_keys)
             sizes[:, stratum] = (layout.slot_rows.size, layout.batch_of_row.size, layout.num_batches,
                                  layout.carried)  # fmt: skip
             bar.update(1)
-    for name, values in (("batch_of_row", rows), ("batch_keys", costs)):  # stratum by stratum: no second copy
-        out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=values[0].dtype,
-                                        shape=(sum(part.size for part in values),))  # fmt: skip
-        at = 0
-        for part in values:
-            out[at : at + part.size] = part
-            at += part.size
-        del out
-    for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
-        np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
-    np.save(directory / "carried.npy", sizes[3])
+    fast_build.write_sizes(directory, sizes)
 
 
 def shared_layouts(config: str, counts: np.ndarray | None, num_strata: int, max_len: int, *,

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..files import NpyWriter
 from ..offsets import offsets_from_counts
 from ..threads import Pool
 
@@ -128,33 +129,6 @@ def fill_pieces(jit: ModuleType, lengths: np.ndarray, max_len: int, counts: np.n
                 on_chunk(min(CHUNK, lengths.size - c * CHUNK))
 
 
-class _NpyWriter:
-    """A 1-D ``.npy`` file written front to back, its length set at the end (numpy's header has room for it)."""
-
-    def __init__(self, path: Path, dtype: Any) -> None:
-        self.dtype = np.dtype(dtype)
-        self.file = open(path, "wb")  # noqa: SIM115  (closed by close())
-        self.size = 0
-        self.header = self._header()
-
-    def _header(self) -> int:
-        self.file.seek(0)
-        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype),
-                                                         "fortran_order": False, "shape": (self.size,)})  # fmt: skip
-        return self.file.tell()
-
-    def write(self, values: np.ndarray) -> None:
-        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).data)
-        self.size += values.size
-
-    def close(self) -> None:
-        end = self.file.tell()
-        if self._header() != self.header:  # pragma: no cover - numpy keeps 21 digits of room for the length
-            raise RuntimeError(f"the .npy header of {self.file.name} changed size")
-        self.file.seek(end)
-        self.file.close()
-
-
 def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_strata: int, max_len: int, *,
                   firsts: np.ndarray, phases: np.ndarray, rows_per_batch: int | None, tokens_per_batch: int | None,
                   attention: bool, drop_short: bool, threads: int,
@@ -174,8 +148,8 @@ def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_stra
     allocate(directory / "slot_rows.npy")
     slot_rows = np.asarray(slot_file)
     num_rows = np.zeros(num_strata, dtype=np.int64)
-    rows = _NpyWriter(directory / "batch_of_row.npy", np.int32)
-    keys = _NpyWriter(directory / "batch_keys.npy", np.int64)
+    rows = NpyWriter(directory / "batch_of_row.npy", np.int32)
+    keys = NpyWriter(directory / "batch_keys.npy", np.int64)
     sizes = np.zeros((4, num_strata), dtype=np.int64)
     carry = np.zeros((2, max(rows_per_batch or 1, 1)), dtype=np.int64)
     handed = 0
@@ -198,6 +172,15 @@ def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_stra
             if on_strata is not None:
                 on_strata(last - first)
     del slot_file, slot_rows
+    write_sizes(directory, sizes)
+
+
+def write_sizes(directory: Path, sizes: np.ndarray) -> None:
+    """The layouts' per-stratum files from ``sizes`` ``(4, strata)``: slots, rows, batches, carried rows.
+
+    ``slot_offsets``, ``row_offsets`` and ``batch_offsets`` (each stratum's first, then the total)
+    and ``carried``; written the same way by the compiled build and the numpy one.
+    """
     for name, size in zip(("slot_offsets", "row_offsets", "batch_offsets"), sizes[:3], strict=True):
         np.save(directory / f"{name}.npy", np.concatenate([[0], np.cumsum(size)]).astype(np.int64))
     np.save(directory / "carried.npy", sizes[3])
