@@ -28,8 +28,7 @@ def test_quantise_in_blocks_equals_the_reference_and_counts_the_support() -> Non
     cases[0][rng.random(cases[0].size) < 0.2] = 0
     for weights in cases:
         pieces: list[np.ndarray] = []
-        positive: list[int] = []
-        cdf = quantise(weights, on_block=lambda part: pieces.append(part.copy()), positive=positive)
+        cdf, positive = quantise(weights, on_block=lambda part: pieces.append(part.copy()))
         assert np.array_equal(cdf, _reference_quantise(weights))
         assert np.array_equal(np.concatenate(pieces), cdf)
-        assert positive == [weight_table.count_positive(cdf)] == [int(np.count_nonzero(weights))]
+        assert positive == weight_table.count_positive(cdf) == int(np.count_nonzero(weights))

@@ -10,7 +10,7 @@ memory maps of the node's index cache: every read is checked (``read_checked``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,19 +38,24 @@ def _checked_block(weights: np.ndarray, start: int, stop: int) -> np.ndarray:
     return block
 
 
+class Quantised(NamedTuple):
+    """What :func:`quantise` returns."""
+
+    cdf: np.ndarray  # int64 inclusive cumulative sum of the quantised weights
+    positive: int  # the number of positive weights (what count_positive(cdf) says), counted on the way
+
+
 def quantise(
     weights: np.ndarray,
     out: np.ndarray | None = None,
     *,
     on_block: Callable[[np.ndarray], None] | None = None,
-    positive: list[int] | None = None,
-) -> np.ndarray:
+) -> Quantised:
     """Validated ``weights`` as the int64 inclusive cumulative sum of their quantised values.
 
     Two streaming passes in blocks of ``_BLOCK`` weights (the largest weight, then the sums):
     private memory O(block) besides ``out``, which may be a writable memmap. ``on_block`` is
-    given every block of the result once written (a view, in order); ``positive``, if given,
-    gets the number of positive weights appended (what :func:`count_positive` of the result says).
+    given every block of the result once written (a view, in order).
 
     Raises:
         ValueError: a NaN, infinite or negative weight, or all weights zero.
@@ -84,9 +89,7 @@ def quantise(
         offset = int(part[-1])
         if on_block is not None:
             on_block(part)
-    if positive is not None:
-        positive.append(count)
-    return cdf
+    return Quantised(cdf, count)
 
 
 def guide_shift(total: int, size: int) -> int:

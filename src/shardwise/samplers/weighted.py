@@ -173,13 +173,13 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
 
         def build(allocate: Allocate) -> None:
-            size, positive = len(weights), list[int]()
+            size = len(weights)
             # the digest of the quantised weights (exactly what the plan depends on), hashed on
             # another core as their cumulative sums are written
             with BackgroundDigest(dtype=np.int64, length=size) as hashing:
-                cdf = quantise(weights, allocate("cdf", size, np.int64), on_block=hashing.feed, positive=positive)
+                cdf, positive = quantise(weights, allocate("cdf", size, np.int64), on_block=hashing.feed)
                 fill_guide(cdf, allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size)))
-                allocate("positive", 1, np.int64)[0] = positive[0]
+                allocate("positive", 1, np.int64)[0] = positive
                 allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 
         # The table (cumulative weights + guide) is built once per weights and node, then mapped.
