@@ -58,7 +58,7 @@ def write_order(path: Path, n: int) -> None:
 
 
 def checksum_row(path: Path) -> dict[str, float]:
-    from shardwise.index.integrity import describe_file, full_crc
+    from shardwise.index.checksums import describe_file, full_crc
     from shardwise.index.manifest import npy_layout
 
     dtype, _, header = npy_layout(path)

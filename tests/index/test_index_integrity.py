@@ -300,8 +300,8 @@ def test_describe_file_with_the_checksum_in_a_thread_gives_the_same_record(tmp_p
     from shardwise.index import checksums
 
     monkeypatch.setattr(checksums, "PARALLEL_BYTES", 1 << 40)
-    one_pass = integrity.describe_file(tmp_path / "a.npy", header, dtype)
+    one_pass = checksums.describe_file(tmp_path / "a.npy", header, dtype)
     monkeypatch.setattr(checksums, "PARALLEL_BYTES", 0)
-    assert integrity.describe_file(tmp_path / "a.npy", header, dtype) == one_pass
+    assert checksums.describe_file(tmp_path / "a.npy", header, dtype) == one_pass
     assert one_pass["crc32"] == zlib.crc32((tmp_path / "a.npy").read_bytes())
     assert (one_pass["min"], one_pass["max"]) == (float(np.nanmin(values)), float(np.nanmax(values)))

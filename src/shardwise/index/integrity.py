@@ -4,7 +4,7 @@ A flipped bit in an index file (a node's disk or page cache in a week-long run) 
 different plan. Three layers, cheapest first:
 
 1. **At build**, the manifest records for every file its full CRC-32 (header and data, about
-   3 GB/s) and the smallest and largest value it holds (:func:`describe_file`).
+   3 GB/s) and the smallest and largest value it holds (:func:`~shardwise.index.checksums.describe_file`).
 2. **At open**, a file of at most ``SYNC_BYTES`` is verified in full before it is returned (a few
    milliseconds); a larger one by its size, header and sampled blocks, and then in full **once
    per node**: by the builder (which checksummed what it wrote), or, before its first use, by the
@@ -40,11 +40,9 @@ from typing import Any
 import numpy as np
 
 from .._core import threads
-from .checksums import CHUNK_BYTES, PARALLEL_BYTES, describe_file, full_crc
+from .checksums import full_crc
 
 logger = logging.getLogger("shardwise")
-
-__all__ = ["CHUNK_BYTES", "PARALLEL_BYTES", "describe_file", "full_crc"]  # from .checksums, as before
 
 SYNC_BYTES = 1 << 22
 """Files up to this size (4 MiB, about 1.5 ms of CRC-32) are verified in full whenever they are opened."""

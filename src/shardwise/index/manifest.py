@@ -1,7 +1,7 @@
 """The manifest of a cache entry: what each ``.npy`` file must be, written at build, checked at open.
 
 Per file: byte size, dtype, shape, header size, the CRC-32 of 16 sampled blocks (checked at every
-open: O(1)), the full CRC-32 and the range of its values (:func:`~shardwise.index.integrity.describe_file`).
+open: O(1)), the full CRC-32 and the range of its values (:func:`~shardwise.index.checksums.describe_file`).
 A file of at most ``SYNC_BYTES`` is checked in full at every open; a larger one in full once per
 node (:class:`~shardwise.index.integrity.EntryCheck`).
 """
@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 
 from .._core.files import fsync_path, sampled_crc
+from .checksums import describe_file, full_crc
 from .integrity import (
     DAMAGED,
     MARKER_PREFIX,
     VERIFIED,
-    describe_file,
     entry_check,
     file_identity,
-    full_crc,
     manifest_crc,
     register,
     sync_bytes,
