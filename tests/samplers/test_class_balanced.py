@@ -233,7 +233,7 @@ def test_keyed_shuffle_is_a_bijection_of_each_domain() -> None:
 
 def test_class_index_groups_samples_in_chunks() -> None:
     """The chunked counting sort groups every index by class, in dataset order, for dense, sparse and string labels."""
-    import shardwise._core.classes as core
+    import shardwise._core.class_index as core
 
     rng = np.random.default_rng(5)
     cases = [  # (labels, chunk): consecutive classes, a sparse table, a search, strings; 32- and 64-bit sort keys,
@@ -361,3 +361,21 @@ def test_quotas_with_tied_order_words_follow_their_stable_order() -> None:
     ranks[-1] = words[-1]  # the offset word
     slots, cap = int(sizes.sum()) // 10, 3  # some classes capped
     assert np.array_equal(class_quotas(sizes, slots, cap, words), class_quotas(sizes, slots, cap, ranks))
+
+
+def test_compiled_class_index_gives_the_numpy_index_and_plan(tmp_path, monkeypatch) -> None:
+    """SHARDWISE_NUMBA=1 (two compiled passes) and 0 (numpy's one pass) write the same index file, so one plan."""
+    pytest.importorskip("numba", reason="numba (the fast extra) is not installed: the compiled path is not tested")
+    from shardwise._core import class_buckets
+
+    monkeypatch.setattr(class_buckets, "BUCKET_ITEMS", 1 << 12)  # a few dozen buckets at this size
+    np.save(tmp_path / "labels.npy", np.random.default_rng(9).integers(-50, 3_000, 2**17).astype(np.int32))
+    labels = np.load(tmp_path / "labels.npy", mmap_mode="r")
+    built = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("SHARDWISE_NUMBA", mode)
+        sampler = make(labels, cache_dir=tmp_path / f"cache-{mode}", classes_per_batch=8, samples_per_class=4)
+        (members,) = (tmp_path / f"cache-{mode}").rglob("members.npy")
+        built[mode] = members.read_bytes(), sampler.epoch_plan(0)
+    assert built["0"][0] == built["1"][0]
+    assert np.array_equal(built["0"][1], built["1"][1])

@@ -2,11 +2,11 @@
 
 Two parts, with the one O(n) structure built once per input and shared:
 
-- **The class index** (:func:`count_classes`, :func:`group_by_class`): the distinct labels, their
-  counts and every sample index grouped by class (a counting sort in chunks: private memory
-  O(classes + chunk), output written in place, so it can be a file every process memory-maps).
-  Within a class the samples keep their dataset order, so the index is the same on every
-  machine.
+- **The class index** (:mod:`.class_index`, re-exported here: :func:`count_classes`,
+  :func:`group_by_class`): the distinct labels, their counts and every sample index grouped by
+  class (a counting sort in two local passes: private memory O(classes + chunk), output written
+  in place, so it can be a file every process memory-maps). Within a class the samples keep their
+  dataset order, so the index is the same on every machine.
 - **The layout** (:class:`EpochLayout`): per epoch, O(classes + P) numbers say which class and
   which use of it every cell of every batch holds, computed for any batch from its position.
 
@@ -29,18 +29,24 @@ domain and key, vectorised over a whole chunk of batches at once (no per-class t
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from .class_buckets import group_by_class
+from .class_index import class_ids, count_classes, index_dtype
 from .permutation import GOLDEN, Permutation, feistel_rounds, mix64
 from .seeds import derive_seed
 
-CHUNK = 1 << 18
-"""Labels read per step while building the class index: bounds its private memory (a few MiB)."""
-
-DENSE_SPAN = 1 << 22
-"""Integer labels spanning at most this many values are counted with ``bincount`` (the fast path)."""
+__all__ = [
+    "EpochLayout",
+    "class_ids",
+    "class_quotas",
+    "count_classes",
+    "group_by_class",
+    "index_dtype",
+    "keyed_shuffle",
+    "member_keys",
+    "member_ranks",
+]
 
 LINK_TABLE_MAX = 1 << 10
 """Links over more rows than this are Feistel permutations: 2P of them per epoch must start fast."""
@@ -52,140 +58,6 @@ LINK = "class-balanced-link"
 MEMBERS = "class-balanced-members"
 
 _ROUNDS = 6
-
-
-# -- the class index ---------------------------------------------------------------------------
-def _dense_counts(labels: np.ndarray) -> tuple[int, np.ndarray] | None:
-    """``(low, counts of low, low + 1, ...)`` of integer labels spanning at most ``DENSE_SPAN`` values, else ``None``.
-
-    One pass: each chunk's range widens the counts as needed before its ``bincount`` (no separate
-    passes for the smallest and largest label).
-    """
-    if labels.dtype.kind not in "iu":
-        return None
-    low, high, counts = 0, -1, np.zeros(0, dtype=np.int64)
-    for start in range(0, len(labels), CHUNK):
-        part = np.asarray(labels[start : start + CHUNK])
-        first, last = int(part.min()), int(part.max())
-        if high < low:
-            low, high = first, first - 1
-        if first < low or last > high:
-            new_low, new_high = min(low, first), max(high, last)
-            if new_high - new_low + 1 > DENSE_SPAN:
-                return None
-            counts = np.concatenate([np.zeros(low - new_low, dtype=np.int64), counts,
-                                     np.zeros(new_high - high, dtype=np.int64)])  # fmt: skip
-            low, high = new_low, new_high
-        counts += np.bincount(np.subtract(part, low, dtype=np.intp), minlength=counts.size)
-    return low, counts
-
-
-def count_classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sorted distinct labels and how many samples each has (int64), read in chunks.
-
-    Private memory O(classes + chunk): integer labels within ``DENSE_SPAN`` values use one
-    ``bincount`` per chunk; others merge each chunk's ``np.unique`` into the running result.
-    """
-    size = len(labels)
-    dense = _dense_counts(labels) if size else None
-    if dense is not None:
-        low, counts = dense
-        present = np.flatnonzero(counts)
-        return (present + low).astype(labels.dtype), counts[present]
-    classes: np.ndarray = np.empty(0, dtype=labels.dtype)
-    totals = np.empty(0, dtype=np.int64)
-    pending: list[tuple[np.ndarray, np.ndarray]] = []
-    waiting = 0
-    for start in range(0, size, CHUNK):
-        found, found_counts = np.unique(np.asarray(labels[start : start + CHUNK]), return_counts=True)
-        pending.append((found, found_counts))
-        waiting += len(found)
-        # Merge once the chunks' distinct labels outnumber the classes so far (amortised O(n log n)).
-        if waiting >= max(len(classes), 16 * CHUNK) or start + CHUNK >= size:
-            merged, where = np.unique(np.concatenate([classes, *(f for f, _ in pending)]), return_inverse=True)
-            weights = np.concatenate([totals, *(c for _, c in pending)]).astype(np.float64)  # exact below 2**53
-            summed = np.bincount(where.reshape(-1), weights=weights, minlength=len(merged)).astype(np.int64)
-            classes, totals, pending, waiting = merged, summed, [], 0
-    return classes, totals
-
-
-def class_ids(chunk: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """The position in ``classes`` (sorted, holding every value of ``chunk``) of each label, int64."""
-    if chunk.dtype.kind in "iu" and len(classes) and int(classes[-1]) - int(classes[0]) + 1 == len(classes):
-        return np.asarray(chunk, dtype=np.int64) - int(classes[0])  # labels 0..C-1 and the like: no search
-    found, where = np.unique(chunk, return_inverse=True)
-    ids: np.ndarray = np.searchsorted(classes, found)[where.reshape(-1)]
-    return ids.astype(np.int64)
-
-
-def index_dtype(size: int) -> np.dtype:
-    """The narrowest unsigned dtype holding sample indices below ``size`` (halves the index below 2**32)."""
-    return np.dtype(np.uint32) if size <= 2**32 else np.dtype(np.int64)
-
-
-def _id_function(classes: np.ndarray) -> Any:
-    """``chunk -> class ids (int64)`` for labels drawn from ``classes`` (sorted): a subtraction for
-    consecutive integer classes, a table look-up for integers spanning at most ``DENSE_SPAN`` values,
-    else :func:`class_ids`' search."""
-    if classes.dtype.kind in "iu" and len(classes):
-        low, span = int(classes[0]), int(classes[-1]) - int(classes[0]) + 1
-        if span == len(classes):
-            return lambda chunk: np.subtract(chunk, low, dtype=np.int64)
-        if span <= DENSE_SPAN:
-            table = np.zeros(span, dtype=np.int64)
-            table[np.subtract(classes, low, dtype=np.int64)] = np.arange(len(classes), dtype=np.int64)
-            return lambda chunk: table[np.subtract(chunk, low, dtype=np.intp)]
-    return lambda chunk: class_ids(chunk, classes)
-
-
-def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
-    """Write every sample index into ``out``, grouped by class in ``classes`` order, dataset order within.
-
-    A counting sort in chunks: each chunk is ordered by ``(class, position)`` with one sort of
-    composite integer keys (unique, so every platform gives the same order), then scattered to
-    the class's running cursor. Private memory O(classes + chunk).
-
-    Args:
-        labels: ``(n,)`` labels (any array, a memmap is read a chunk at a time).
-        classes, counts: from :func:`count_classes`.
-        out: ``(n,)`` integer output, e.g. a writable memmap.
-    """
-    count, size = len(counts), len(labels)
-    ids_of = _id_function(classes)
-    cursor = np.cumsum(counts) - counts
-    class_bits = max(1, (count - 1).bit_length())
-    local_bits = max(1, (min(CHUNK, size) - 1).bit_length())
-    # keys: class << local_bits | chunk position, unsigned, 32 bits when they fit (a faster sort)
-    composite = np.dtype(np.uint32) if class_bits + local_bits <= 32 else np.dtype(np.uint64)
-    mask = (1 << local_bits) - 1
-    by_table = count <= CHUNK  # each chunk's per-class starts as one O(classes) table, else from its runs
-    for start in range(0, size, CHUNK):
-        ids = ids_of(np.asarray(labels[start : start + CHUNK]))
-        length = len(ids)
-        keys = ids.astype(composite, copy=False) if composite == np.uint32 else ids.view(np.uint64)
-        keys <<= local_bits
-        keys |= np.arange(length, dtype=composite)
-        keys.sort()
-        sorted_ids = keys >> local_bits
-        if composite == np.uint64:
-            sorted_ids = sorted_ids.view(np.int64)  # below 2**63: bincount takes it
-        if by_table:
-            here = np.bincount(sorted_ids, minlength=count)
-            # destination of the j-th sorted label: j + (its class's cursor - the class's first j in the chunk)
-            destination = (cursor - (np.cumsum(here) - here))[sorted_ids]
-            cursor += here
-        else:
-            firsts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
-            runs = np.diff(np.append(firsts, length))
-            present = sorted_ids[firsts]
-            destination = np.repeat(cursor[present] - firsts, runs)
-            cursor[present] += runs
-        del sorted_ids
-        destination += np.arange(length, dtype=np.int64)
-        keys &= mask
-        local = keys.astype(out.dtype, copy=False)
-        local += start
-        np.put(out, destination, local)  # np.put: several times faster than out[destination] = local here
 
 
 # -- quotas ------------------------------------------------------------------------------------

@@ -25,10 +25,12 @@ per batch, O(1) resume, nothing per epoch beyond O(C) quotas. A batch lists its 
 epoch as a table mixed by row swaps: same quotas and guarantees, another order.)
 
 Cost at 1e9 samples. The one O(n) structure, every sample index grouped by class (4 bytes per
-sample below 2**32 samples, so 4 GB at 1e9), is built once per labels by a chunked counting sort
-(private memory O(classes + 4M)) and read in place; labels are used as given (a memmap is never
-copied). Per rank and epoch: O(C) quotas and class order (C classes), and one chunk of 512
-batches at a time; no O(n) array of its own.
+sample below 2**32 samples, so 4 GB at 1e9), is built once per labels by a counting sort in two
+local passes (NOTE [ Class index in two passes ] in ``shardwise._core.class_buckets``: private
+memory O(classes) plus about 60 MiB of buffers, compiled with numba when the ``fast`` extra is
+installed) and read in place; labels are used as given (a memmap is never copied). Per rank and
+epoch: O(C) quotas and class order (C classes), and one chunk of 512 batches at a time; no O(n)
+array of its own.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest, one_dimensional
+from .._core.class_buckets import bucket_plan
 from .._core.classes import (
     EpochLayout,
     class_quotas,
@@ -112,7 +115,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
     rank ``r`` of ``W`` takes whole batches ``r, r + W, ...``, and every rank yields the same number.
 
     Cost at 1e9 samples: the class index (every sample grouped by class, 4 GB) is built once per
-    labels and node by a chunked counting sort and memory-mapped by every rank and worker; per
+    labels and node by a counting sort in two local passes and memory-mapped by every rank and worker; per
     rank, O(classes) per epoch and one chunk of 512 batches, never an O(n) array of its own.
 
     Args:
@@ -181,7 +184,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 allocate("classes", len(found), found.dtype)[:] = found
                 allocate("counts", len(counts), np.int64)[:] = counts
                 members = allocate("members", len(labels_), index_dtype(len(labels_)))
-                populate(members)  # its pages mapped in one call, not a fault each
+                if bucket_plan(counts, len(labels_), members.dtype) is None:
+                    populate(members)  # the one-pass sort writes through the mapping: its pages in one call
                 group_by_class(labels_, found, counts, members)
                 allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 

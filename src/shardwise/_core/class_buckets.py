@@ -1,0 +1,243 @@
+"""The class index, part two: every sample index grouped by class, in two local passes.
+
+NOTE [ Class index in two passes ]: a one-pass counting sort appends every sample to its class's
+cursor: with 1e5 classes, consecutive writes land on 1e5 places spread over the 4 GB output at 1e9
+samples, each a cache miss, a TLB miss and, on a file mapping, a page fault on a page the kernel
+may have written back meanwhile (54 s at 1e9, most of ClassBalanced's 60 s cold start). So
+:func:`group_by_class` fills the output in two passes whose writes stay local, MSD radix-sort style:
+
+1. the classes are cut into **buckets** of consecutive classes (:func:`bucket_plan`), each of at
+   most ``2 * BUCKET_ITEMS`` samples (a class larger than ``BUCKET_ITEMS`` is a bucket of its own)
+   and at most ``BUCKET_CLASSES`` classes. The labels are read in order, a chunk at a time; each
+   chunk's samples are grouped by bucket and every group is appended to its bucket's run of the
+   output (a few hundred sequential write streams at 1e9), as **codes**: the class within the
+   bucket above ``block_bits`` bits, the position within its **block** (``2 ** block_bits``
+   consecutive samples) below. How many samples of each bucket every block gave is kept
+   (``blocks x buckets`` integers): it tells pass 2 the block of every code;
+2. each bucket's run (at most 16 MiB, or one class) is read back, decoded and ordered by class
+   into a scratch buffer (a counting sort: the classes' starts are known from the counts; stable,
+   since codes are read in dataset order), and written over the run.
+
+The output is written with ``pwrite`` when it is a file mapping (:class:`_Output`): on a fresh
+file, the page faults of writes through the mapping cost more than the sort (1e6 faults at 1e9,
+about 10 us each on a busy virtual machine; ``pwrite`` fills the page cache without them).
+
+Codes must fit the output's integers (uint32 below 2**32 samples): ``block_bits`` is what the class
+leaves. When that leaves fewer than ``MIN_BLOCK_BITS`` bits or more than ``SEGMENTS_MAX`` block
+counts (millions of classes at 1e9 samples), the one-pass sort
+(:func:`~.class_index.group_in_one_pass`) is used instead. Both write the same index.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .class_index import COMPILED_CHUNK, dense_table, group_in_one_pass, id_function, kernels, raw_kernels
+
+BUCKET_ITEMS = 1 << 21
+"""A bucket of several classes holds at most twice this many samples: pass 2's scratch (16 MiB of uint32)."""
+
+BUCKET_CLASSES = 1 << 12
+"""Most classes in one bucket: the class of a code takes at most 12 of its bits."""
+
+MIN_BLOCK_BITS = 16
+"""Fewest position bits a code may have (blocks of 65,536 samples); fewer: the one-pass sort."""
+
+BUCKETS_MAX = 1 << 16
+"""Most buckets: a bucket number takes 16 bits (beside a code, below its position bits)."""
+
+SEGMENTS_MAX = 1 << 21
+"""Most ``blocks x buckets`` counts pass 2 may need (16 MiB); more: the one-pass sort."""
+
+
+class BucketPlan(NamedTuple):
+    """How :func:`group_by_class` cuts the classes into buckets and codes a sample.
+
+    See NOTE [ Class index in two passes ].
+    """
+
+    bucket: np.ndarray  # (C,) int64: the bucket of each class
+    local: np.ndarray  # (C,) int64: the class's number within its bucket
+    firsts: np.ndarray  # (buckets + 1,) int64: each bucket's first class (then C)
+    block_bits: int  # position bits of a code: blocks of 2**block_bits samples
+
+
+def bucket_plan(counts: np.ndarray, size: int, dtype: np.dtype) -> BucketPlan | None:
+    """The buckets of the classes of ``counts`` and the codes' layout in integers of ``dtype``; None if they do not fit.
+
+    O(classes), vectorised: a bucket ends where the running count enters another window of
+    ``BUCKET_ITEMS`` samples, around a class larger than that, and after ``BUCKET_CLASSES`` classes.
+    """
+    count = len(counts)
+    if count == 0 or size == 0:
+        return None
+    counts = np.asarray(counts, dtype=np.int64)
+    number = np.arange(count, dtype=np.int64)
+    big = counts > BUCKET_ITEMS
+    starts = np.cumsum(counts) - counts
+    new = np.ones(count, dtype=bool)
+    # classes, none big, starting in one window of BUCKET_ITEMS samples: at most 2 * BUCKET_ITEMS in all
+    new[1:] = (starts[1:] // BUCKET_ITEMS != starts[:-1] // BUCKET_ITEMS) | big[1:] | big[:-1]
+    first = np.maximum.accumulate(np.where(new, number, 0))
+    new |= (number - first) % BUCKET_CLASSES == 0
+    bucket = np.cumsum(new) - 1
+    firsts = np.append(np.flatnonzero(new), count).astype(np.int64)
+    class_bits = int(np.diff(firsts).max() - 1).bit_length()
+    value_bits = dtype.itemsize * 8 - (1 if dtype.kind == "i" else 0)
+    block_bits = min(max(1, (size - 1).bit_length()), value_bits - class_bits)
+    blocks = -(-size // (1 << block_bits))
+    buckets = len(firsts) - 1
+    # a bucket number sits in a code's position bits while pass 1 groups a chunk: below 2**block_bits
+    if block_bits < MIN_BLOCK_BITS or buckets > min(BUCKETS_MAX, 1 << block_bits) or blocks * buckets > SEGMENTS_MAX:
+        return None
+    return BucketPlan(bucket, number - firsts[bucket], firsts, block_bits)
+
+
+def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+    """Write every sample index into ``out``, grouped by class in ``classes`` order, dataset order within.
+
+    Two local passes (NOTE [ Class index in two passes ]) with the compiled kernels, when
+    :func:`~.class_index.kernels` gives them and the codes fit ``out``; else the one-pass sort.
+    Private memory O(classes + chunk), never O(n): about 50 MiB of buffers for the two passes.
+
+    Args:
+        labels: ``(n,)`` labels (any array, a memmap is read a chunk at a time).
+        classes, counts: from :func:`~.class_index.count_classes` (``counts`` may hold zeros).
+        out: ``(n,)`` integer output, e.g. a writable memmap.
+    """
+    jit = kernels(len(labels))
+    plan = bucket_plan(counts, len(labels), out.dtype) if jit is not None else None
+    if jit is None or plan is None:
+        group_in_one_pass(labels, classes, counts, out)
+        return
+    with _Output(out) as output:
+        ends = _scatter(labels, classes, counts, output, plan, jit)
+        _order(counts, output, plan, ends, jit)
+
+
+def _scatter(
+    labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, output: _Output, plan: BucketPlan,
+    jit: ModuleType,
+) -> np.ndarray:  # fmt: skip
+    """Pass 1: every sample's code appended to its bucket's run; ``(blocks, buckets)`` int64: each bucket's
+    codes up to the end of each block (cumulative)."""
+    size, block, dtype = len(labels), 1 << plan.block_bits, output.dtype
+    buckets = len(plan.firsts) - 1
+    written = np.zeros(buckets, dtype=np.int64)  # codes of each bucket so far
+    runs = (np.cumsum(counts) - counts)[plan.firsts[:-1]]  # each bucket's first slot
+    # a class's code, its bucket in the low bits (the position bits, free until the position is added)
+    table = (plan.local.astype(dtype) << dtype.type(plan.block_bits)) | plan.bucket.astype(dtype)
+    dense = dense_table(classes) if raw_kernels(labels) is not None else None
+    low = 0
+    if dense is not None:  # the kernel reads the labels as they are: its table is by label - low
+        low, ids = dense
+        if ids is not None:
+            table = table[ids]  # a label absent from classes is never looked up
+    ids_of = id_function(classes)
+    chunk = min(COMPILED_CHUNK, block)
+    ends = np.empty((-(-size // block), buckets), dtype=np.int64)
+    into = np.empty(min(chunk, size), dtype=dtype)
+    which = np.empty(len(into), dtype=np.uint16)
+    mask = dtype.type(min(BUCKETS_MAX, block) - 1)
+    for start in range(0, size, chunk):
+        part = np.asarray(labels[start : start + chunk])
+        here = np.zeros(buckets, dtype=np.int64)
+        jit.partition_chunk(
+            part if dense is not None else ids_of(part), low, table, mask, start % block, here, which, into
+        )
+        at = 0
+        for b in np.flatnonzero(here).tolist():
+            amount = int(here[b])
+            output.write(int(runs[b] + written[b]), into[at : at + amount])
+            at += amount
+        written += here
+        if (start + chunk) % block == 0 or start + chunk >= size:
+            ends[start // block] = written
+    return ends
+
+
+def _order(counts: np.ndarray, output: _Output, plan: BucketPlan, ends: np.ndarray, jit: ModuleType) -> None:
+    """Pass 2: each bucket's codes decoded into sample indices and ordered by class (stable), in place."""
+    class_starts = np.cumsum(counts) - counts
+    totals = ends[-1]
+    several = np.diff(plan.firsts) > 1
+    largest = int(totals[several].max(initial=0))
+    codes = np.empty(max(largest, min(int(totals.max(initial=0)), COMPILED_CHUNK)), dtype=output.dtype)
+    scratch = np.empty(largest, dtype=output.dtype)
+    one = np.zeros(1, dtype=np.int64)
+    for b in np.flatnonzero(totals).tolist():
+        first, stop = int(plan.firsts[b]), int(plan.firsts[b + 1])
+        begin, total = int(class_starts[first]), int(totals[b])
+        if several[b]:
+            output.read(begin, codes[:total])
+            jit.order_bucket(codes[:total], ends[:, b], plan.block_bits, 0, class_starts[first:stop] - begin, scratch)
+            output.write(begin, scratch[:total])
+            continue
+        for skip in range(0, total, len(codes)):  # one class, of any size: in order already, decoded a piece at a time
+            piece = codes[: min(len(codes), total - skip)]
+            output.read(begin + skip, piece)
+            one[0] = 0
+            jit.order_bucket(piece, ends[:, b], plan.block_bits, skip, one, piece)
+            output.write(begin + skip, piece)
+
+
+class _Output:
+    """Reads and writes runs of ``out``: through its file (``pread``/``pwrite``) when it is a writable
+    file mapping (no page fault per page written), else in memory. A context manager."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out = out
+        self.dtype: np.dtype[Any] = out.dtype
+        self.fd: int | None = None
+        self.offset = 0
+        where = _file_offset(out)
+        if where is not None:
+            self.fd = os.open(where[0], os.O_RDWR)
+            self.offset = where[1]
+
+    def write(self, at: int, values: np.ndarray) -> None:
+        """``out[at : at + len(values)] = values`` (``values``: contiguous, of ``out``'s dtype)."""
+        if self.fd is None:
+            self.out[at : at + len(values)] = values
+            return
+        view, position = values.data.cast("B"), self.offset + at * self.dtype.itemsize
+        while view:
+            done = os.pwrite(self.fd, view, position)
+            view, position = view[done:], position + done
+
+    def read(self, at: int, into: np.ndarray) -> None:
+        """``into[:] = out[at : at + len(into)]`` (``into``: contiguous, of ``out``'s dtype)."""
+        if self.fd is None:
+            into[:] = self.out[at : at + len(into)]
+            return
+        view, position = into.data.cast("B"), self.offset + at * self.dtype.itemsize
+        while view:
+            done = os.preadv(self.fd, [view], position)
+            if done <= 0:
+                raise OSError(f"the class index file ended at byte {position}, before the output did")
+            view, position = view[done:], position + done
+
+    def __enter__(self) -> _Output:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _file_offset(out: np.ndarray) -> tuple[str, int] | None:
+    """``(path, byte offset of out[0])`` when ``out`` is a contiguous 1-D view of a writable shared file mapping."""
+    raw = getattr(out, "_mmap", None)
+    if not isinstance(out, np.memmap) or not out.filename or getattr(out, "mode", None) not in ("r+", "w+"):
+        return None
+    if not isinstance(raw, mmap.mmap) or out.ndim != 1 or not out.flags.c_contiguous or not hasattr(os, "pwrite"):
+        return None
+    base = np.frombuffer(raw, dtype=np.uint8).ctypes.data
+    start = out.offset - out.offset % mmap.ALLOCATIONGRANULARITY  # where numpy's mapping of the file begins
+    return str(out.filename), start + out.ctypes.data - base
