@@ -105,7 +105,7 @@ def arm_resume_shardwise(n: int, fractions: list[float]) -> dict[str, Any]:
     from torch.utils.data import BatchSampler, DataLoader
 
     from shardwise import ShardedSampler
-    from shardwise.tools.demo import IndexDataset
+    from shardwise.tools.scenarios import IndexDataset
 
     dataset = IndexDataset(n)
 
@@ -151,7 +151,7 @@ def arm_resume_torchdata(n: int, fractions: list[float]) -> dict[str, Any]:
     from torch.utils.data import DistributedSampler
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from shardwise.tools.demo import IndexDataset
+    from shardwise.tools.scenarios import IndexDataset
 
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
     dataset = IndexDataset(n)

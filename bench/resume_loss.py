@@ -28,7 +28,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 import shardwise
-from shardwise.tools.demo import IndexDataset
+from shardwise.tools.scenarios import IndexDataset
 
 N, BATCH, WORLD, NEW_WORLD = 240, 10, 2, 3
 POINTS = ("mid", "end_in_loop", "end", "next")

@@ -28,7 +28,7 @@ def worker_context() -> str:
     """
     if fork_is_safe():
         return "fork"
-    multiprocessing.set_forkserver_preload(["torch", "numpy", "shardwise.tools.demo"])  # the tests' datasets
+    multiprocessing.set_forkserver_preload(["torch", "numpy", "shardwise.tools.scenarios"])  # the tests' datasets
     return "forkserver"
 
 

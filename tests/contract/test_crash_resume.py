@@ -34,8 +34,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 import shardwise
-from shardwise.tools.demo import IndexDataset
 from shardwise.tools.launch import run_distributed
+from shardwise.tools.scenarios import IndexDataset
 from tests.lockstep import worker_context
 
 pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]

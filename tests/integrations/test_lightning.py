@@ -20,8 +20,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 import shardwise
 from shardwise.samplers.base import PlanSampler
-from shardwise.tools.demo import IndexDataset as Indices
 from shardwise.tools.launch import run_distributed
+from shardwise.tools.scenarios import IndexDataset as Indices
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardwise.tools import demo
-from shardwise.tools.demo import SCENARIOS, SHARD_FRACTIONS, SHARDED_SIZE, run_demo
+from shardwise.tools import demo, scenarios
+from shardwise.tools.demo import run_demo
+from shardwise.tools.scenarios import SCENARIOS, SHARD_FRACTIONS, SHARDED_SIZE
 
 LOCALITY = "LocalitySampler(ShardedSource)"
 
@@ -50,8 +51,8 @@ def test_locality_scenario_over_local_parquet_shards() -> None:
 def test_shards_hold_their_global_ids_and_are_capped(tmp_path: Path) -> None:
     """The scenario's files: 6 uneven shards whose id column is the global id, at most SHARDED_SIZE rows in all."""
     pytest.importorskip("pyarrow")
-    demo._locality_files(tmp_path, 9_600)  # the command's default size
-    loader, sampler = demo._locality(9_600, tmp_path)
+    scenarios._locality_files(tmp_path, 9_600)  # the command's default size
+    loader, sampler = scenarios._locality(9_600, tmp_path)
     source: Any = loader.dataset
     assert source.shard_sizes.tolist() == [336, 408, 504, 192, 504, 456] and len(source) == SHARDED_SIZE
     assert [source[i]["id"] for i in range(0, SHARDED_SIZE, 97)] == list(range(0, SHARDED_SIZE, 97))

@@ -85,7 +85,8 @@ def _app() -> Any:
         """Spawn a real torch.distributed (gloo, CPU) job; every rank iterates each sampler with an
         all_reduce per step; print what every rank drew."""
         check_environment(launcher=False)  # the demo sets its ranks' RANK/WORLD_SIZE itself
-        from .demo import SCENARIOS, epochs_differ, orders_line, run_demo, run_verify, size_notes
+        from .demo import epochs_differ, orders_line, run_demo, run_verify, size_notes
+        from .scenarios import SCENARIOS
 
         console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers over a dataset of {size:,} "
                       f"samples (notes below the table where one holds or draws another number); {epochs} epochs")
