@@ -121,3 +121,16 @@ def test_numba_required_but_missing_names_the_extra(monkeypatch: pytest.MonkeyPa
         kernels(1 << 30)
     monkeypatch.setenv(ENV_NUMBA, "auto")
     assert kernels(1 << 30) is None
+
+
+@pytest.mark.parametrize("numba", PATHS[1:])
+def test_several_blocks_filled_from_both_ends(numba: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Codes of 20 position bits (4,096 classes a bucket): 3 blocks, pass 1's two threads meet inside every run."""
+    monkeypatch.setenv(ENV_NUMBA, numba)
+    labels = np.random.default_rng(8).integers(0, 50_000, 3_000_000).astype(np.int32) * 3  # a sparse table
+    classes, counts = count_classes(labels)
+    plan = bucket_plan(counts, len(labels), np.dtype(np.uint32))
+    assert plan is not None and plan.block_bits == 20  # 3 blocks: the second thread takes the last two, backwards
+    members = np.lib.format.open_memmap(tmp_path / "members.npy", mode="w+", dtype=np.uint32, shape=(len(labels),))
+    group_by_class(labels, classes, counts, members)
+    assert np.array_equal(members, np.argsort(labels, kind="stable"))

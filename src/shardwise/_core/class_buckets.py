@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import threads
 from .class_index import COMPILED_CHUNK, dense_table, group_in_one_pass, id_function, kernels, raw_kernels
 
 BUCKET_ITEMS = 1 << 21
@@ -53,6 +55,10 @@ BUCKETS_MAX = 1 << 16
 
 SEGMENTS_MAX = 1 << 21
 """Most ``blocks x buckets`` counts pass 2 may need (16 MiB); more: the one-pass sort."""
+
+
+THREADS = 2
+"""Threads of the two passes (the kernels release the GIL): pass 1 fills the runs from both ends."""
 
 
 class BucketPlan(NamedTuple):
@@ -115,21 +121,48 @@ def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, 
     if jit is None or plan is None:
         group_in_one_pass(labels, classes, counts, out)
         return
-    with _Output(out) as output:
-        ends = _scatter(labels, classes, counts, output, plan, jit)
-        _order(counts, output, plan, ends, jit)
+    workers = min(THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    pool = threads.Pool(workers - 1, name="shardwise-class-index") if workers > 1 else None
+    try:
+        with _Output(out) as output:
+            per_block = _scatter(labels, classes, counts, output, plan, jit, pool)
+            _order(counts, output, plan, np.cumsum(per_block, axis=0), jit, pool, workers)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel=True)
+
+
+def _both(pool: threads.Pool | None, calls: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
+    """Run ``calls``: the first here, the others on ``pool``'s threads (none: here, in turn); raise what any raised."""
+    futures = [pool.submit(function, *args) for function, args in calls[1:]] if pool is not None else []
+    try:
+        function, args = calls[0]
+        function(*args)
+        if pool is None:
+            for function, args in calls[1:]:
+                function(*args)
+    finally:
+        for future in futures:
+            future.result()
 
 
 def _scatter(
     labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, output: _Output, plan: BucketPlan,
-    jit: ModuleType,
+    jit: ModuleType, pool: threads.Pool | None,
 ) -> np.ndarray:  # fmt: skip
-    """Pass 1: every sample's code appended to its bucket's run; ``(blocks, buckets)`` int64: each bucket's
-    codes up to the end of each block (cumulative)."""
+    """Pass 1: every sample's code appended to its bucket's run; ``(blocks, buckets)`` int64: the codes of
+    each bucket from each block.
+
+    With a second thread, the first half of the labels (whole blocks) fills the runs from their
+    starts, forwards, and the second half from their ends, chunk after chunk backwards (each chunk's
+    codes still written in order below the run's cursor): the two meet where the first half ends,
+    so neither needs the other's counts.
+    """
     size, block, dtype = len(labels), 1 << plan.block_bits, output.dtype
     buckets = len(plan.firsts) - 1
-    written = np.zeros(buckets, dtype=np.int64)  # codes of each bucket so far
-    runs = (np.cumsum(counts) - counts)[plan.firsts[:-1]]  # each bucket's first slot
+    class_starts = np.cumsum(counts) - counts
+    starts = class_starts[plan.firsts[:-1]]  # each bucket's run: [starts, stops)
+    stops = np.append(starts[1:], int(class_starts[-1] + counts[-1]))
     # a class's code, its bucket in the low bits (the position bits, free until the position is added)
     table = (plan.local.astype(dtype) << dtype.type(plan.block_bits)) | plan.bucket.astype(dtype)
     dense = dense_table(classes) if raw_kernels(labels) is not None else None
@@ -140,50 +173,69 @@ def _scatter(
             table = table[ids]  # a label absent from classes is never looked up
     ids_of = id_function(classes)
     chunk = min(COMPILED_CHUNK, block)
-    ends = np.empty((-(-size // block), buckets), dtype=np.int64)
-    into = np.empty(min(chunk, size), dtype=dtype)
-    which = np.empty(len(into), dtype=np.uint16)
     mask = dtype.type(min(BUCKETS_MAX, block) - 1)
-    for start in range(0, size, chunk):
-        part = np.asarray(labels[start : start + chunk])
-        here = np.zeros(buckets, dtype=np.int64)
-        jit.partition_chunk(
-            part if dense is not None else ids_of(part), low, table, mask, start % block, here, which, into
-        )
-        at = 0
-        for b in np.flatnonzero(here).tolist():
-            amount = int(here[b])
-            output.write(int(runs[b] + written[b]), into[at : at + amount])
-            at += amount
-        written += here
-        if (start + chunk) % block == 0 or start + chunk >= size:
-            ends[start // block] = written
-    return ends
+    per_block = np.zeros((-(-size // block), buckets), dtype=np.int64)
+
+    def fill(first: int, stop: int, forwards: bool) -> None:
+        into = np.empty(min(chunk, size), dtype=dtype)
+        which = np.empty(len(into), dtype=np.uint16)
+        cursor = (starts if forwards else stops).copy()
+        steps = range(first, stop, chunk)
+        for start in steps if forwards else reversed(steps):
+            part = np.asarray(labels[start : start + chunk])
+            here = np.zeros(buckets, dtype=np.int64)
+            values = part if dense is not None else ids_of(part)
+            jit.partition_chunk(values, low, table, mask, start % block, here, which, into)
+            per_block[start // block] += here  # a block is read by one thread only
+            if not forwards:
+                cursor -= here
+            at = 0
+            for b in np.flatnonzero(here).tolist():
+                amount = int(here[b])
+                output.write(int(cursor[b]), into[at : at + amount])
+                at += amount
+            if forwards:
+                cursor += here
+
+    middle = (size // 2) // block * block if pool is not None else 0
+    if middle == 0:
+        fill(0, size, True)
+    else:
+        _both(pool, [(fill, (0, middle, True)), (fill, (middle, size, False))])
+    return per_block
 
 
-def _order(counts: np.ndarray, output: _Output, plan: BucketPlan, ends: np.ndarray, jit: ModuleType) -> None:
-    """Pass 2: each bucket's codes decoded into sample indices and ordered by class (stable), in place."""
+def _order(
+    counts: np.ndarray, output: _Output, plan: BucketPlan, ends: np.ndarray, jit: ModuleType,
+    pool: threads.Pool | None, workers: int,
+) -> None:  # fmt: skip
+    """Pass 2: each bucket's codes decoded into sample indices and ordered by class (stable), in place
+    (the buckets dealt round-robin to ``workers`` threads, each with its buffers)."""
     class_starts = np.cumsum(counts) - counts
     totals = ends[-1]
     several = np.diff(plan.firsts) > 1
     largest = int(totals[several].max(initial=0))
-    codes = np.empty(max(largest, min(int(totals.max(initial=0)), COMPILED_CHUNK)), dtype=output.dtype)
-    scratch = np.empty(largest, dtype=output.dtype)
-    one = np.zeros(1, dtype=np.int64)
-    for b in np.flatnonzero(totals).tolist():
-        first, stop = int(plan.firsts[b]), int(plan.firsts[b + 1])
-        begin, total = int(class_starts[first]), int(totals[b])
-        if several[b]:
-            output.read(begin, codes[:total])
-            jit.order_bucket(codes[:total], ends[:, b], plan.block_bits, 0, class_starts[first:stop] - begin, scratch)
-            output.write(begin, scratch[:total])
-            continue
-        for skip in range(0, total, len(codes)):  # one class, of any size: in order already, decoded a piece at a time
-            piece = codes[: min(len(codes), total - skip)]
-            output.read(begin + skip, piece)
-            one[0] = 0
-            jit.order_bucket(piece, ends[:, b], plan.block_bits, skip, one, piece)
-            output.write(begin + skip, piece)
+    present = np.flatnonzero(totals)
+
+    def order(worker: int) -> None:
+        codes = np.empty(max(largest, min(int(totals.max(initial=0)), COMPILED_CHUNK)), dtype=output.dtype)
+        scratch = np.empty(largest, dtype=output.dtype)
+        for b in present[worker::workers].tolist():
+            first, stop = int(plan.firsts[b]), int(plan.firsts[b + 1])
+            begin, total = int(class_starts[first]), int(totals[b])
+            if several[b]:
+                output.read(begin, codes[:total])
+                cursor = class_starts[first:stop] - begin
+                jit.order_bucket(codes[:total], ends[:, b], plan.block_bits, 0, cursor, scratch)
+                output.write(begin, scratch[:total])
+                continue
+            for skip in range(0, total, len(codes)):  # one class, of any size: in order, decoded a piece at a time
+                piece = codes[: min(len(codes), total - skip)]
+                output.read(begin + skip, piece)
+                jit.order_bucket(piece, ends[:, b], plan.block_bits, skip, np.zeros(1, dtype=np.int64), piece)
+                output.write(begin + skip, piece)
+
+    _both(pool, [(order, (worker,)) for worker in range(workers)])
 
 
 class _Output:
