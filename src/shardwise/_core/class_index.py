@@ -58,14 +58,39 @@ def _dense_counts(labels: np.ndarray, jit: ModuleType | None) -> tuple[int, np.n
     """``(low, counts of low, low + 1, ...)`` of integer labels spanning at most ``DENSE_SPAN`` values, else ``None``.
 
     One pass: each chunk's range widens the counts as needed before it is counted (no separate
-    passes for the smallest and largest label).
+    passes for the smallest and largest label). With the kernels, two threads count a half each.
     """
     if labels.dtype.kind not in "iu":
         return None
+    if jit is None or len(labels) < 2 * COMPILED_CHUNK:
+        return _count_range(labels, 0, len(labels), jit)
+    from .threads import Pool
+
+    middle = len(labels) // 2 // COMPILED_CHUNK * COMPILED_CHUNK
+    pool = Pool(1, name="shardwise-class-count")
+    try:
+        second = pool.submit(_count_range, labels, middle, len(labels), jit)
+        first = _count_range(labels, 0, middle, jit)
+        last = second.result()
+    finally:
+        pool.shutdown(cancel=True)
+    if first is None or last is None:
+        return None
+    low, high = min(first[0], last[0]), max(first[0] + len(first[1]), last[0] + len(last[1]))
+    if high - low > DENSE_SPAN:
+        return None
+    counts = np.zeros(high - low, dtype=np.int64)
+    for start, part in (first, last):
+        counts[start - low : start - low + len(part)] += part
+    return low, counts
+
+
+def _count_range(labels: np.ndarray, begin: int, end: int, jit: ModuleType | None) -> tuple[int, np.ndarray] | None:
+    """:func:`_dense_counts` of ``labels[begin:end]`` (not empty), in one thread."""
     low, high, counts = 0, -1, np.zeros(0, dtype=np.int64)
     chunk = CHUNK if jit is None else COMPILED_CHUNK
-    for start in range(0, len(labels), chunk):
-        part = np.asarray(labels[start : start + chunk])
+    for start in range(begin, end, chunk):
+        part = np.asarray(labels[start : min(start + chunk, end)])
         first, last = (int(v) for v in (jit.value_range(part) if jit is not None else (part.min(), part.max())))
         if high < low:
             low, high = first, first - 1
