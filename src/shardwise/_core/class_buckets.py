@@ -218,29 +218,26 @@ def _order(
     present = np.flatnonzero(totals)
 
     def order(worker: int) -> None:
-        codes = np.empty(max(largest, min(int(totals.max(initial=0)), COMPILED_CHUNK)), dtype=output.dtype)
-        scratch = np.empty(largest, dtype=output.dtype)
+        scratch = np.empty(max(largest, min(int(totals.max(initial=0)), COMPILED_CHUNK)), dtype=output.dtype)
         for b in present[worker::workers].tolist():
             first, stop = int(plan.firsts[b]), int(plan.firsts[b + 1])
             begin, total = int(class_starts[first]), int(totals[b])
             if several[b]:
-                output.read(begin, codes[:total])
                 cursor = class_starts[first:stop] - begin
-                jit.order_bucket(codes[:total], ends[:, b], plan.block_bits, 0, cursor, scratch)
+                jit.order_bucket(output.codes(begin, total), ends[:, b], plan.block_bits, 0, cursor, scratch)
                 output.write(begin, scratch[:total])
                 continue
-            for skip in range(0, total, len(codes)):  # one class, of any size: in order, decoded a piece at a time
-                piece = codes[: min(len(codes), total - skip)]
-                output.read(begin + skip, piece)
-                jit.order_bucket(piece, ends[:, b], plan.block_bits, skip, np.zeros(1, dtype=np.int64), piece)
-                output.write(begin + skip, piece)
+            for skip in range(0, total, len(scratch)):  # one class, of any size: in order, decoded a piece at a time
+                piece = output.codes(begin + skip, min(len(scratch), total - skip))
+                jit.order_bucket(piece, ends[:, b], plan.block_bits, skip, np.zeros(1, dtype=np.int64), scratch)
+                output.write(begin + skip, scratch[: len(piece)])
 
     _both(pool, [(order, (worker,)) for worker in range(workers)])
 
 
 class _Output:
-    """Reads and writes runs of ``out``: through its file (``pread``/``pwrite``) when it is a writable
-    file mapping (no page fault per page written), else in memory. A context manager."""
+    """Writes runs of ``out``: through its file (``pwrite``) when it is a writable file mapping (no page
+    fault per page written), else in memory. A context manager."""
 
     def __init__(self, out: np.ndarray) -> None:
         self.out = out
@@ -262,17 +259,9 @@ class _Output:
             done = os.pwrite(self.fd, view, position)
             view, position = view[done:], position + done
 
-    def read(self, at: int, into: np.ndarray) -> None:
-        """``into[:] = out[at : at + len(into)]`` (``into``: contiguous, of ``out``'s dtype)."""
-        if self.fd is None:
-            into[:] = self.out[at : at + len(into)]
-            return
-        view, position = into.data.cast("B"), self.offset + at * self.dtype.itemsize
-        while view:
-            done = os.preadv(self.fd, [view], position)
-            if done <= 0:
-                raise OSError(f"the class index file ended at byte {position}, before the output did")
-            view, position = view[done:], position + done
+    def codes(self, at: int, length: int) -> np.ndarray:
+        """``out[at : at + length]``, to read (through the mapping: pass 1's pages are in the page cache)."""
+        return np.asarray(self.out[at : at + length])
 
     def __enter__(self) -> _Output:
         return self
