@@ -14,9 +14,16 @@ may have written back meanwhile (54 s at 1e9, most of ClassBalanced's 60 s cold 
    bucket above ``block_bits`` bits, the position within its **block** (``2 ** block_bits``
    consecutive samples) below. How many samples of each bucket every block gave is kept
    (``blocks x buckets`` integers): it tells pass 2 the block of every code;
-2. each bucket's run (at most 16 MiB, or one class) is read back, decoded and ordered by class
-   into a scratch buffer (a counting sort: the classes' starts are known from the counts; stable,
-   since codes are read in dataset order), and written over the run.
+2. each bucket's run (at most 16 MiB, or one class) is read back through the mapping, decoded and
+   ordered by class into a scratch buffer (a counting sort: the classes' starts are known from the
+   counts; stable, since codes are read in dataset order), and written over the run.
+
+Both passes run the compiled kernels of :mod:`.class_jit` (numba, the ``fast`` extra: per item, a
+few operations a numpy step would spend a pass and a temporary on each) on two threads: in pass 1
+the second half of the labels fills each run from its end, backwards, so neither half needs the
+other's counts; in pass 2 the buckets are dealt round-robin. Without numba, the one-pass sort
+(:func:`~.class_index.group_in_one_pass`) is used: the same passes in numpy took longer at 1e8 (5.3 s against 3.1 s) and
+needed ~40 bytes of temporaries an item of a chunk.
 
 The output is written with ``pwrite`` when it is a file mapping (:class:`_Output`): on a fresh
 file, the page faults of writes through the mapping cost more than the sort (1e6 faults at 1e9,
