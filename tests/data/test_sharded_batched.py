@@ -263,3 +263,51 @@ def test_parquet_columns_are_kept_and_a_missing_one_is_refused(shards: dict[str,
     assert source.__getitems__([40, 2]) == [{"tokens": [0, 1, 2, 3, 4], "id": 40}, {"tokens": [0, 1], "id": 2}]
     with pytest.raises(ValueError, match=r"columns=\['id', 'nope'\].*'nope'.*\['id', 'text', 'tokens'\]"):
         _source(shards, "parquet", tmp_path, columns=["id", "nope"])
+
+
+def _same(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """The same rows: same keys in the same order, each value of the same type (and dtype), equal."""
+    assert len(got) == len(expected)
+    for row, want in zip(got, expected, strict=True):
+        assert list(row) == list(want)
+        for key, value in row.items():
+            other = want[key]
+            assert type(value) is type(other), (key, type(value), type(other))
+            if isinstance(value, (np.ndarray, np.generic, torch.Tensor)):
+                assert value.dtype == other.dtype and value.shape == other.shape, key
+            assert _plain(value) == _plain(other), key
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("decode", ["node", "worker"])
+def test_batches_of_numeric_shards_are_the_samples_one_by_one(s3: dict[str, Any], shards: dict[str, list[str]],
+                                                             tmp_path: Path, where: str, decode: str) -> None:
+    """Numbers and lists of numbers, local or S3 Parquet (decoded by the node or the worker), in every output format:
+    batches across shards (fewer open than a batch touches, then all open: one loop over the rows, no shard read
+    apart) give the rows, types and dtypes that reading sample by sample gives."""
+    urls = shards["parquet"]
+    if where == "s3":
+        for s, path in enumerate(urls):
+            s3["fs"].put(path, f"{BUCKET}/numeric-{decode}/{s}.parquet")
+        urls = [f"s3://{BUCKET}/numeric-{decode}/{s}.parquet" for s in range(len(SIZES))]
+    cache = ShardCache(tmp_path / "cache", storage_options=storage_options(s3["endpoint"]) if where == "s3" else None)
+    base = ShardedSource(urls, cache=cache, index_dir=tmp_path / "index", columns=["tokens", "id"], decode=decode)
+    ids = np.concatenate([np.random.default_rng(2).permutation(TOTAL), [40, 40, 0]]).tolist()
+    batches = [ids[start : start + 32] for start in range(0, len(ids), 32)]
+    for output in ("numpy", "torch", "python"):
+        one = base.with_format(output)
+        one.open_shards = 1
+        expected = [one[i] for i in ids]  # the per-sample path, one shard open at a time
+        few = base.with_format(output)
+        few.open_shards = 2  # fewer than a batch touches: shards opened, and evicted, within a batch
+        _same([row for batch in batches for row in few.__getitems__(batch)], expected)
+        many = base.with_format(output)
+        for i in range(0, TOTAL, 20):
+            many[i]  # every shard open
+        if output != "python":  # an open numeric shard is never read apart (no take, no Arrow table)
+            many._rows_of = None  # type: ignore[assignment,method-assign]
+        _same([row for batch in batches for row in many.__getitems__(batch)], expected)
+        if output != "python":
+            row = many.__getitems__([40])[0]
+            row["tokens"][0] = 99  # writable, and a copy: the shard's rows are unchanged
+            assert many[40]["tokens"][0] == 0

@@ -157,6 +157,11 @@ def read_column(handle: IO[bytes], fmt: Format, name: str) -> np.ndarray:
     return _as_values(table.column(0).combine_chunks(), name)
 
 
+def missing_columns(columns: list[str], names: list[str]) -> list[str]:
+    """The names of ``columns`` that are not among a table's column ``names`` (``"a.b"``: a field of column ``a``)."""
+    return [c for c in columns if c not in names and c.split(".", 1)[0] not in names]
+
+
 def _parquet_table(path: str, columns: list[str] | None) -> Any:
     """A whole Parquet file, memory-mapped, as a table of ``columns`` (``None``: all).
 
@@ -169,7 +174,7 @@ def _parquet_table(path: str, columns: list[str] | None) -> Any:
     parquet = pyarrow().parquet.ParquetFile(path, memory_map=True)
     if columns is not None:
         names = parquet.schema_arrow.names
-        missing = [c for c in columns if c not in names and c.split(".", 1)[0] not in names]
+        missing = missing_columns(columns, names)
         if missing:
             raise ValueError(f"no column {missing[0]!r} in {path}; its columns are {names}")
     # One thread: a DataLoader worker is already one of a process per core; Arrow's thread pools in
