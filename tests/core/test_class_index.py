@@ -134,3 +134,18 @@ def test_several_blocks_filled_from_both_ends(numba: str, monkeypatch: pytest.Mo
     members = np.lib.format.open_memmap(tmp_path / "members.npy", mode="w+", dtype=np.uint32, shape=(len(labels),))
     group_by_class(labels, classes, counts, members)
     assert np.array_equal(members, np.argsort(labels, kind="stable"))
+
+
+@pytest.mark.parametrize("numba", PATHS)
+@pytest.mark.usefixtures("small_buckets")
+def test_order_by_key_is_the_class_index_sort(numba: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """order_by_key (the length index) sorts with group_by_class: a stable argsort, for arrays and ragged offsets."""
+    from shardwise.index.builders import OffsetLengths, order_by_key
+
+    monkeypatch.setenv(ENV_NUMBA, numba)
+    lengths = np.random.default_rng(6).lognormal(4, 1, 20_001).clip(0, 3_000).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    for name, keys in (("array", lengths), ("ragged", OffsetLengths(offsets))):
+        order_by_key(keys, tmp_path, name=name, chunk=1 << 10)
+        assert np.array_equal(np.load(tmp_path / f"{name}.npy"), np.argsort(lengths, kind="stable")), name
+        assert np.array_equal(np.diff(np.load(tmp_path / f"{name}_offsets.npy")), np.bincount(lengths)), name

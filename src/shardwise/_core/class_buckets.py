@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import threads
-from .class_index import COMPILED_CHUNK, dense_table, group_in_one_pass, id_function, kernels, raw_kernels
+from .class_index import CHUNK, COMPILED_CHUNK, dense_table, group_in_one_pass, id_function, kernels, raw_kernels
 
 BUCKET_ITEMS = 1 << 21
 """A bucket of several classes holds at most twice this many samples: pass 2's scratch (16 MiB of uint32)."""
@@ -111,7 +111,10 @@ def bucket_plan(counts: np.ndarray, size: int, dtype: np.dtype) -> BucketPlan | 
     return BucketPlan(bucket, number - firsts[bucket], firsts, block_bits)
 
 
-def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+def group_by_class(
+    labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray, *, chunk: int = CHUNK,
+    progress: Callable[[int], object] | None = None,
+) -> None:  # fmt: skip
     """Write every sample index into ``out``, grouped by class in ``classes`` order, dataset order within.
 
     Two local passes (NOTE [ Class index in two passes ]) with the compiled kernels, when
@@ -122,17 +125,19 @@ def group_by_class(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, 
         labels: ``(n,)`` labels (any array, a memmap is read a chunk at a time).
         classes, counts: from :func:`~.class_index.count_classes` (``counts`` may hold zeros).
         out: ``(n,)`` integer output, e.g. a writable memmap.
+        chunk: labels per step of the one-pass sort (the two passes take ``COMPILED_CHUNK``).
+        progress: told of the labels grouped as it goes (``n`` in all), from this thread only.
     """
     jit = kernels(len(labels))
     plan = bucket_plan(counts, len(labels), out.dtype) if jit is not None else None
     if jit is None or plan is None:
-        group_in_one_pass(labels, classes, counts, out)
+        group_in_one_pass(labels, classes, counts, out, chunk=chunk, progress=progress)
         return
     workers = min(THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     pool = threads.Pool(workers - 1, name="shardwise-class-index") if workers > 1 else None
     try:
         with _Output(out) as output:
-            per_block = _scatter(labels, classes, counts, output, plan, jit, pool)
+            per_block = _scatter(labels, classes, counts, output, plan, jit, pool, progress)
             _order(counts, output, plan, np.cumsum(per_block, axis=0), jit, pool, workers)
     finally:
         if pool is not None:
@@ -155,7 +160,7 @@ def _both(pool: threads.Pool | None, calls: list[tuple[Callable[..., None], tupl
 
 def _scatter(
     labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, output: _Output, plan: BucketPlan,
-    jit: ModuleType, pool: threads.Pool | None,
+    jit: ModuleType, pool: threads.Pool | None, progress: Callable[[int], object] | None,
 ) -> np.ndarray:  # fmt: skip
     """Pass 1: every sample's code appended to its bucket's run; ``(blocks, buckets)`` int64: the codes of
     each bucket from each block.
@@ -203,12 +208,16 @@ def _scatter(
                 at += amount
             if forwards:
                 cursor += here
+                if progress is not None:  # this thread's half as it goes, the other's once done
+                    progress(len(part))
 
     middle = (size // 2) // block * block if pool is not None else 0
     if middle == 0:
         fill(0, size, True)
     else:
         _both(pool, [(fill, (0, middle, True)), (fill, (middle, size, False))])
+        if progress is not None:
+            progress(size - middle)
     return per_block
 
 

@@ -199,42 +199,57 @@ def dense_table(classes: np.ndarray) -> tuple[int, np.ndarray | None] | None:
 
 
 # -- the one-pass sort ---------------------------------------------------------------------------
-def group_in_one_pass(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
-    """:func:`~.class_buckets.group_by_class` in one pass: every chunk ordered by ``(class, position)``,
-    then scattered to the classes' cursors (NOTE [ Class index in two passes ] says why it is the fallback)."""
+def group_in_one_pass(
+    labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray, *, chunk: int = CHUNK,
+    progress: Callable[[int], object] | None = None,
+) -> None:  # fmt: skip
+    """:func:`~.class_buckets.group_by_class` in one pass, ``chunk`` labels at a time: every chunk ordered
+    by class (stable), then scattered to the classes' cursors; ``progress`` is told of every chunk.
+    (NOTE [ Class index in two passes ] says why it is the fallback.)"""
     count, size = len(counts), len(labels)
     ids_of = id_function(classes)
     cursor = np.cumsum(counts) - counts
     class_bits = max(1, (count - 1).bit_length())
-    local_bits = max(1, (min(CHUNK, size) - 1).bit_length())
+    chunk = min(chunk, 1 << max(1, 64 - class_bits))  # a class and a chunk position fit in 64 bits together
+    local_bits = max(1, (min(chunk, size) - 1).bit_length())
     # keys: class << local_bits | chunk position, unsigned, 32 bits when they fit (a faster sort)
     composite = np.dtype(np.uint32) if class_bits + local_bits <= 32 else np.dtype(np.uint64)
     mask = (1 << local_bits) - 1
-    by_table = count <= CHUNK  # each chunk's per-class starts as one O(classes) table, else from its runs
-    for start in range(0, size, CHUNK):
-        ids = ids_of(np.asarray(labels[start : start + CHUNK]))
+    by_table = count <= chunk  # each chunk's per-class starts as one O(classes) table, else from its runs
+    for start in range(0, size, chunk):
+        ids = ids_of(np.asarray(labels[start : start + chunk]))
         length = len(ids)
-        keys: np.ndarray = ids.astype(composite, copy=False) if composite == np.uint32 else ids.view(np.uint64)
-        keys <<= local_bits
-        keys |= np.arange(length, dtype=composite)
-        keys.sort()
-        sorted_ids = keys >> local_bits
-        if composite == np.uint64:
-            sorted_ids = sorted_ids.view(np.int64)  # below 2**63: bincount takes it
-        if by_table:
-            here = np.bincount(sorted_ids, minlength=count)
-            # destination of the j-th sorted label: j + (its class's cursor - the class's first j in the chunk)
-            destination = (cursor - (np.cumsum(here) - here))[sorted_ids]
+        local: np.ndarray
+        if class_bits <= 16:  # numpy's stable sort of 16-bit keys is a radix sort: the fastest here
+            local = np.argsort(ids.astype(np.uint16), kind="stable")
+            here = np.bincount(ids, minlength=count)
+            # the sorted ids are runs: one np.repeat of each class's base, not a gather by id
+            destination = np.repeat(cursor - (np.cumsum(here) - here), here)
             cursor += here
         else:
-            firsts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
-            runs = np.diff(np.append(firsts, length))
-            present = sorted_ids[firsts]
-            destination = np.repeat(cursor[present] - firsts, runs)
-            cursor[present] += runs
-        del sorted_ids
+            keys: np.ndarray = ids.astype(composite, copy=False) if composite == np.uint32 else ids.view(np.uint64)
+            keys <<= local_bits
+            keys |= np.arange(length, dtype=composite)
+            keys.sort()
+            sorted_ids = keys >> local_bits
+            if composite == np.uint64:
+                sorted_ids = sorted_ids.view(np.int64)  # below 2**63: bincount takes it
+            if by_table:
+                here = np.bincount(sorted_ids, minlength=count)
+                # destination of the j-th sorted label: j + (its class's cursor - the class's first j in the chunk)
+                destination = (cursor - (np.cumsum(here) - here))[sorted_ids]
+                cursor += here
+            else:
+                firsts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
+                runs = np.diff(np.append(firsts, length))
+                present = sorted_ids[firsts]
+                destination = np.repeat(cursor[present] - firsts, runs)
+                cursor[present] += runs
+            del sorted_ids
+            local = np.bitwise_and(keys, mask, out=keys)
         destination += np.arange(length, dtype=np.int64)
-        keys &= mask
-        local = keys.astype(out.dtype, copy=False)
+        local = local.astype(out.dtype, copy=False)
         local += start
         np.put(out, destination, local)  # np.put: several times faster than out[destination] = local here
+        if progress is not None:
+            progress(length)

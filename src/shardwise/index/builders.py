@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.class_buckets import group_by_class
 from .._core.errors import check_int, check_path, check_str
 from .._core.files import advise_pages
 from .progress import Progress
@@ -157,9 +158,10 @@ def order_by_key(
     ``<name>_offsets.npy``, ``(K + 1,)`` int64 (``K``: ``num_keys`` or the largest key + 1).
 
     Private memory: ``O(chunk + K)``, never ``O(n)``: keys are read ``chunk`` at a time (twice)
-    and the output is a file mapping. Time: a counting pass, then every chunk ordered by one
-    numpy sort of ``key << bits | position`` integers (unique, so the order is the stable one) and
-    written to its keys' slots; shown as it goes (:class:`~shardwise.index.progress.Progress`).
+    and the output is a file mapping. Time: a counting pass, then the class index's sort
+    (:func:`shardwise._core.class_buckets.group_by_class`, keys as classes: two local passes with
+    numba, else every chunk ordered by numpy's stable sort and written to its keys' slots); shown
+    as it goes (:class:`~shardwise.index.progress.Progress`).
 
     Args:
         keys: ``(n,)`` non-negative integers: an array, a memory map, anything ``numpy.asarray``
@@ -195,36 +197,7 @@ def _order_by_key(
     np.save(directory / f"{name}_offsets.npy", offsets)
     n = array.size
     out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=index_dtype(n), shape=(n,))
-    cursor = offsets[:-1].copy()  # next free slot of each key
-    key_bits = max(1, (counts.size - 1).bit_length())
-    chunk = min(chunk, 1 << (64 - key_bits))  # a chunk position and a key fit in 64 bits together
-    local_bits = max(1, (min(chunk, n) - 1).bit_length())
-    # Wider keys: a chunk is ordered by one sort of unique composite keys (key << local_bits | position),
-    # the same order as a stable sort by key, at the speed of numpy's (SIMD) sort of 32- or 64-bit integers.
-    composite = np.dtype(np.uint32) if key_bits + local_bits <= 32 else np.dtype(np.uint64)
-    mask = (1 << local_bits) - 1
-    for first in range(0, n, chunk):
-        part = np.asarray(array[first : first + chunk])
-        here = np.bincount(part.astype(np.intp, copy=False), minlength=counts.size)
-        # base[k]: the slot of key k's first element in this chunk, less that element's rank in the sorted chunk
-        base = cursor - (np.cumsum(here) - here)
-        if key_bits <= 16:  # numpy's stable sort of 16-bit keys is a radix sort: the fastest here
-            keys = part.astype(np.uint16)
-            local = np.argsort(keys, kind="stable")
-        else:
-            keys = part.astype(composite)
-            np.left_shift(keys, local_bits, out=keys)
-            np.bitwise_or(keys, np.arange(part.size, dtype=composite), out=keys)
-            keys.sort()
-            local = np.bitwise_and(keys, mask, out=keys)
-        # the sorted keys are runs: one np.repeat of the bases, not a gather by key
-        dest = np.repeat(base, here)
-        dest += np.arange(part.size, dtype=np.int64)
-        local = local.astype(out.dtype, copy=False)
-        local += first
-        np.put(out, dest, local)  # np.put: several times faster than out[dest] = local on scattered runs
-        cursor += here
-        progress.update(part.size)
-        del keys, dest, local
+    # the class index's sort: keys are classes 0..K-1 (NOTE [ Class index in two passes ])
+    group_by_class(array, np.arange(counts.size), counts, out, chunk=chunk, progress=progress.update)
     out.flush()
     del out
