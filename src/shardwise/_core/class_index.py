@@ -221,8 +221,9 @@ def group_in_one_pass(
         length = len(ids)
         local: np.ndarray
         if class_bits <= 16:  # numpy's stable sort of 16-bit keys is a radix sort: the fastest here
-            local = np.argsort(ids.astype(np.uint16), kind="stable")
             here = np.bincount(ids, minlength=count)
+            ids = ids.astype(np.uint16)  # the int64 ids freed before the sort's output is made
+            local = np.argsort(ids, kind="stable")
             # the sorted ids are runs: one np.repeat of each class's base, not a gather by id
             destination = np.repeat(cursor - (np.cumsum(here) - here), here)
             cursor += here
@@ -251,5 +252,6 @@ def group_in_one_pass(
         local = local.astype(out.dtype, copy=False)
         local += start
         np.put(out, destination, local)  # np.put: several times faster than out[destination] = local here
+        del ids, local, destination  # before the next chunk's: private memory of one chunk, not two
         if progress is not None:
             progress(length)
