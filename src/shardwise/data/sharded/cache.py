@@ -1,6 +1,6 @@
 """The node cache: each remote shard is downloaded once per node, shared by every rank and worker.
 
-A download (``fetch.download``) takes the shard's file lock (``filelock``), writes a temporary
+A download (``download.download``) takes the shard's file lock (``filelock``), writes a temporary
 file next to the final one, checks it against the shard's identity recorded at indexing (size and
 ETag or modification time: a changed shard is a ``ShardError`` naming its URL, before any reader
 opens it) and renames it into place: a reader sees a whole shard or none, and a download killed
@@ -39,6 +39,7 @@ from ..._core import threads
 from ..._core.errors import check_int, check_path, check_seconds
 from . import budget as budgeting
 from . import head as heads
+from .download import download
 from .fetch import (
     PART,
     Busy,
@@ -46,7 +47,6 @@ from .fetch import (
     check_unchanged,
     complete,
     default_cache_dir,
-    download,
     for_sample,
     is_local,
     local_path,
@@ -343,7 +343,7 @@ class ShardCache:
         if generation != self._generation:
             return False  # the plan moved on: a newer list is queued
         head = self._heads.pop(url, None)
-        if head is not None:  # its pieces first, then the rest (fetch.download): no byte fetched twice
+        if head is not None:  # its pieces first, then the rest (download.download): no byte fetched twice
             head.wait(self.timeout)
         key = shard_key(self.name(url))
         with self._mutex:

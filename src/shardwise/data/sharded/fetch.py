@@ -1,4 +1,4 @@
-"""One shard from storage to a local file: identity, download, and the cache directory's file rules.
+"""A shard's identity and the cache directory's file rules (the download itself: ``download.py``).
 
 A shard's *identity* is ``(url, size, version)``, the version its ETag (object stores) or
 modification time (local and other filesystems), as ``fsspec``'s ``info`` reports them.
@@ -14,7 +14,8 @@ cache names its copy by. A shard is checked against it whenever it is fetched or
 - local: ``info`` (a ``stat``: size and modification time) before the shard is opened.
 
 A changed identity is a :class:`~shardwise.data.sharded.formats.ShardError` naming the URL, never
-retried; a transient error (a truncated download, a connection reset) is retried with backoff.
+retried; a transient error (a truncated download, a connection reset) is retried with backoff
+(``download.transient_errors``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -91,57 +91,6 @@ def check_identity(url: str, info: dict[str, Any], version: str, sample: int | N
             f"{now[2]!r}): its samples are not the ones the index counted, so none is served; build the "
             "ShardedSource again to read the new data"
         )
-
-
-def download(fs: Any, url: str, final: Path, size: int, version: str | None, sample: int | None, *,
-             retries: int, backoff: float, timeout: float = 600.0) -> int:
-    """Fetch shard ``url`` into ``final`` (renamed into place whole), checked against its size and ``version``.
-
-    Returns the bytes downloaded. The caller holds ``final``'s file lock.
-
-    Raises:
-        ShardError: the shard is missing or changed (at once), or could not be fetched whole
-            after ``retries`` more attempts (``backoff`` seconds before the first, doubled, at most 8 s).
-    """
-    from .head import fetch_rest  # here: head imports this module
-
-    part = final.with_name(f"{final.name}{PART}{os.getpid()}")
-    delay = backoff
-    for attempt in range(retries + 1):
-        try:
-            # Pieces fetched first (NOTE [ Head first ] in head.py): only the rest, into their sparse file.
-            rest = fetch_rest(fs, url, final, size, timeout)
-            if rest is None:
-                # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
-                # from S3 (no HEAD, no block cache; measured in docs/benchmarks/sharded-sources.md).
-                fs.get_file(url, str(part))
-                filled = part
-            else:
-                filled = rest[0]
-            with open(filled, "rb+") as target:
-                length = os.fstat(target.fileno()).st_size
-                os.fsync(target.fileno())
-            copied = length if rest is None else rest[1]
-            check_unchanged(fs, url, version, sample)  # not retried: a rewritten shard stays rewritten
-            if length != size:  # the same identity: a truncated transfer
-                raise OSError(f"shard {url} {for_sample(sample)}has {length} bytes, but its metadata says {size}")
-            os.replace(filled, final)  # atomic: readers see the whole shard or nothing
-            remove_leftovers(final)
-            return copied
-        except FileNotFoundError as error:
-            raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)") from error
-        except ShardError:
-            raise
-        except Exception as error:  # OSError, and a client's own (aiohttp's, botocore's): transient
-            if attempt == retries:
-                raise ShardError(
-                    f"could not fetch shard {url} {for_sample(sample)}after {attempt + 1} attempts: {error}"
-                ) from error
-            time.sleep(delay)
-            delay = min(2 * delay, 8.0)
-        finally:
-            part.unlink(missing_ok=True)
-    raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
 
 
 def shard_key(name: str) -> str:

@@ -15,7 +15,7 @@ the footer and the row groups holding those rows (ranged GETs), then the rest:
    shard is checked against its indexed identity (one ``HEAD``, as a download is), and the
    ranges are recorded (``R start end``), then ``D``. A failure records ``D`` without ranges: the
    reader falls back to the whole shard, and its errors.
-3. The whole-shard download (``fetch.download``) fetches only the ranges the ledger does not
+3. The whole-shard download (``download.download``) fetches only the ranges the ledger does not
    hold, into the same sparse file, checks it, and renames it into place: every byte is
    fetched once a node (ranks racing on the same row group excepted).
 4. A reader (``ShardedSource``) whose rows of a shard lie in recorded ranges reads those row

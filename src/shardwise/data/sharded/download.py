@@ -1,0 +1,95 @@
+"""One shard from storage to the cache: the whole-shard download, its checks, and which errors are retried.
+
+The download (one streamed ``GET``, or only the ranges the shard's pieces lack: NOTE [ Head first ]
+in ``head.py``) is checked against the shard's indexed identity (``fetch.check_unchanged``) and
+size before it is renamed into place. A missing or changed shard is a :class:`ShardError` at once;
+a transient error (:func:`transient_errors`: a connection reset, a timeout, a truncated transfer) is
+retried with backoff; any other error (a programming error, a bad argument) is raised as it is,
+neither retried nor wrapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .fetch import PART, check_unchanged, for_sample, remove_leftovers
+from .formats import ShardError
+from .head import fetch_rest
+
+_CLIENT_ERRORS = (  # (module, name): the base of a storage client's transport errors that are no OSError
+    ("aiohttp", "ClientError"),  # s3fs, gcsfs, adlfs and fsspec's http: ServerDisconnectedError, ClientPayloadError...
+    ("botocore.exceptions", "BotoCoreError"),  # EndpointConnectionError, ReadTimeoutError, IncompleteReadError...
+    ("urllib3.exceptions", "HTTPError"),  # ProtocolError, ReadTimeoutError (clients over requests or urllib3)
+)
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """The errors a download retries: ``OSError`` (resets, truncated transfers, and Python 3.11's timeouts),
+    ``asyncio.TimeoutError`` (fsspec's ``FSTimeoutError``; no OSError on 3.10), ``http.client.HTTPException``,
+    and the transport errors of the storage clients in use (:data:`_CLIENT_ERRORS`).
+
+    A client's errors are looked up among the modules already imported: a client that is not
+    imported raises none, and nothing is imported for it. Cost: a few dict lookups, on an error only.
+    """
+    found: list[type[BaseException]] = [OSError, asyncio.TimeoutError, http.client.HTTPException]
+    for module, name in _CLIENT_ERRORS:
+        base = getattr(sys.modules.get(module), name, None)
+        if isinstance(base, type) and issubclass(base, BaseException):
+            found.append(base)
+    return tuple(found)
+
+
+def download(fs: Any, url: str, final: Path, size: int, version: str | None, sample: int | None, *,
+             retries: int, backoff: float, timeout: float = 600.0) -> int:
+    """Fetch shard ``url`` into ``final`` (renamed into place whole), checked against its size and ``version``.
+
+    Returns the bytes downloaded. The caller holds ``final``'s file lock.
+
+    Raises:
+        ShardError: the shard is missing or changed (at once), or could not be fetched whole
+            after ``retries`` more attempts (``backoff`` seconds before the first, doubled, at most 8 s).
+        Exception: any error that is not transient (:func:`transient_errors`), as it is, at once.
+    """
+    part = final.with_name(f"{final.name}{PART}{os.getpid()}")
+    delay = backoff
+    for attempt in range(retries + 1):
+        try:
+            # Pieces fetched first (NOTE [ Head first ] in head.py): only the rest, into their sparse file.
+            rest = fetch_rest(fs, url, final, size, timeout)
+            if rest is None:
+                # get_file, not a read loop over fs.open: one streamed GET, about 2x faster a 1 MB shard
+                # from S3 (no HEAD, no block cache; measured in docs/benchmarks/sharded-sources.md).
+                fs.get_file(url, str(part))
+                filled = part
+            else:
+                filled = rest[0]
+            with open(filled, "rb+") as target:
+                length = os.fstat(target.fileno()).st_size
+                os.fsync(target.fileno())
+            copied = length if rest is None else rest[1]
+            check_unchanged(fs, url, version, sample)  # not retried: a rewritten shard stays rewritten
+            if length != size:  # the same identity: a truncated transfer
+                raise OSError(f"shard {url} {for_sample(sample)}has {length} bytes, but its metadata says {size}")
+            os.replace(filled, final)  # atomic: readers see the whole shard or nothing
+            remove_leftovers(final)
+            return copied
+        except FileNotFoundError as error:
+            raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)") from error
+        except ShardError:
+            raise
+        except transient_errors() as error:
+            if attempt == retries:
+                raise ShardError(
+                    f"could not fetch shard {url} {for_sample(sample)}after {attempt + 1} attempts: {error}"
+                ) from error
+            time.sleep(delay)
+            delay = min(2 * delay, 8.0)
+        finally:
+            part.unlink(missing_ok=True)
+    raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
