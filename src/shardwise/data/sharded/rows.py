@@ -185,12 +185,10 @@ def cut_rows(tables: Sequence[NumericColumns], indices: Sequence[int], output: O
             row[name] = values[index] if offsets is None else values[offsets[index] : offsets[index + 1]].copy()
         append(row)
     if output is OutputFormat.TORCH:
-        import torch
-
         for row in rows:
             for name, value in row.items():
                 # a number: a 0-d tensor of its own (np.asarray of a numpy scalar is a fresh, writable 0-d array)
-                row[name] = torch.from_numpy(value if isinstance(value, np.ndarray) else np.asarray(value))
+                row[name] = _torch(value if isinstance(value, np.ndarray) else np.asarray(value))
     return rows
 
 
