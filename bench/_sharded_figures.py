@@ -5,7 +5,10 @@
   ``LocalitySampler`` (the defaults; rows as numpy) from the S3 endpoint; the floor, measured in the
   same run with the same loader, is torch's ``DistributedSampler`` over the same rows held in memory
   (``_rank_loop.in_memory_rows``). The fraction is the floor's epoch seconds over shardwise's, start-up
-  included (iter(loader) to the last batch); the seconds to the first batch are shown apart.
+  included (iter(loader) to the last batch); the seconds to the first batch are shown apart. Where the
+  ranks report their CPU seconds an epoch (``cpu_cold``, ``cpu_warm``: the rank and its workers),
+  those and their fraction are shown too (wall seconds move with the machine's other load), and
+  the CPU seconds this process (moto's server) spent while shardwise's ranks ran.
 - ``shuffle_rows``: one epoch's global order (the same at every world size) of the default plan,
   of the window plan (``mixing="windows"``, the default before plan 2) and of a uniform shuffle, on
   even shards, on uniform random cuts (``_common.uneven_sizes``) and on sizes spread 1:1000
@@ -14,6 +17,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +98,14 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
     figures: dict[str, list[float]] = {}
     for round_ in range(rounds):  # interleaved: the floor, then shardwise from an empty cache
         floor = launch(2, {**base, "loader": "memory"})[0]
+        served = time.process_time()  # this process's CPU while the ranks run: moto's server, mostly
         ours = launch(2, {**base, "loader": "shardwise", "cache": f"cache-floor-{round_}"})[0]
+        figures.setdefault("server cpu", []).append(time.process_time() - served)
         for label in ("cold", "warm"):
+            if f"cpu_{label}" in ours and f"cpu_{label}" in floor:  # ranks that report their CPU (_rank_loop)
+                figures.setdefault(f"cpu {label}", []).append(ours[f"cpu_{label}"])
+                figures.setdefault(f"floor cpu {label}", []).append(floor[f"cpu_{label}"])
+                figures.setdefault(f"cpu fraction {label}", []).append(floor[f"cpu_{label}"] / ours[f"cpu_{label}"])
             figures.setdefault(f"fraction {label}", []).append(floor[f"epoch_{label}"] / ours[f"epoch_{label}"])
             figures.setdefault(f"first {label}", []).append(ours[f"startup_{label}"])
             figures.setdefault(f"floor first {label}", []).append(floor[f"startup_{label}"])
@@ -119,6 +129,15 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
         rows.append((f"seconds to the first batch, {label}", "shardwise", shown(f"first {label}", "{:.2f}")))
         rows.append((f"seconds to the first batch, {label}", "in-memory floor",
                      shown(f"floor first {label}", "{:.2f}")))
+        if f"cpu {label}" in figures:  # robust to the machine's other load, where the seconds are not
+            rows.append((f"epoch CPU seconds, {label}, rank 0 + its workers", "shardwise",
+                         shown(f"cpu {label}", "{:.2f}")))
+            rows.append((f"epoch CPU seconds, {label}, rank 0 + its workers", "in-memory floor",
+                         shown(f"floor cpu {label}", "{:.2f}")))
+            rows.append((f"epoch, {label}: the floor's CPU over shardwise's (median, min..max)", "shardwise",
+                         shown(f"cpu fraction {label}", "{:.2f}")))
+    rows.append(("CPU seconds of the S3 server (this process) during shardwise's ranks, both epochs", "moto",
+                 shown("server cpu", "{:.2f}")))
     return rows
 
 
