@@ -111,6 +111,12 @@ def bucket_plan(counts: np.ndarray, size: int, dtype: np.dtype) -> BucketPlan | 
     return BucketPlan(bucket, number - firsts[bucket], firsts, block_bits)
 
 
+def two_passes(size: int, counts: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether :func:`group_by_class` of ``size`` labels with ``counts`` into ``dtype`` takes the two passes
+    (which write with ``pwrite``), not the one-pass sort (which writes through the output's mapping)."""
+    return kernels(size) is not None and bucket_plan(counts, size, dtype) is not None
+
+
 def group_by_class(
     labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray, *, chunk: int = CHUNK,
     progress: Callable[[int], object] | None = None,

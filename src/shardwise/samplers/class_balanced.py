@@ -43,7 +43,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest, one_dimensional
-from .._core.class_buckets import bucket_plan
+from .._core.class_buckets import two_passes
 from .._core.classes import (
     EpochLayout,
     class_quotas,
@@ -184,7 +184,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 allocate("classes", len(found), found.dtype)[:] = found
                 allocate("counts", len(counts), np.int64)[:] = counts
                 members = allocate("members", len(labels_), index_dtype(len(labels_)))
-                if bucket_plan(counts, len(labels_), members.dtype) is None:
+                if not two_passes(len(labels_), counts, members.dtype):
                     populate(members)  # the one-pass sort writes through the mapping: its pages in one call
                 group_by_class(labels_, found, counts, members)
                 allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
