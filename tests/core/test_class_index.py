@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -12,8 +13,8 @@ from shardwise._core.class_buckets import bucket_plan, group_by_class
 from shardwise._core.class_index import count_classes, group_in_one_pass, kernels
 from shardwise._core.packing.compiled import ENV_NUMBA
 
-PATHS = ["0", pytest.param("1", marks=pytest.mark.skipif(
-    __import__("importlib").util.find_spec("numba") is None, reason="numba (the fast extra) is not installed"))]  # fmt: skip
+NO_NUMBA = importlib.util.find_spec("numba") is None
+PATHS = ["0", pytest.param("1", marks=pytest.mark.skipif(NO_NUMBA, reason="numba (the fast extra) is not installed"))]
 
 
 def reference(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
