@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardwise import ClassBalancedBatchSampler, SmallClasses, StateMismatchError
-from shardwise._core.classes import EpochLayout, count_classes, group_by_class, keyed_shuffle
+from shardwise._core.class_buckets import group_by_class
+from shardwise._core.class_index import count_classes
+from shardwise._core.classes import EpochLayout, keyed_shuffle
 from shardwise.samplers.class_balanced import class_quotas
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs

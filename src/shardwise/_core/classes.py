@@ -2,10 +2,10 @@
 
 Two parts, with the one O(n) structure built once per input and shared:
 
-- **The class index** (:mod:`.class_index`, re-exported here: :func:`count_classes`,
-  :func:`group_by_class`): the distinct labels, their counts and every sample index grouped by
-  class (a counting sort in two local passes: private memory O(classes + chunk), output written
-  in place, so it can be a file every process memory-maps). Within a class the samples keep their
+- **The class index** (:func:`.class_index.count_classes`, :func:`.class_buckets.group_by_class`):
+  the distinct labels, their counts and every sample index grouped by class (a counting sort in
+  two local passes: private memory O(classes + chunk), output written in place, so it can be a
+  file every process memory-maps). Within a class the samples keep their
   dataset order, so the index is the same on every machine.
 - **The layout** (:class:`EpochLayout`): per epoch, O(classes + P) numbers say which class and
   which use of it every cell of every batch holds, computed for any batch from its position.
@@ -31,18 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .class_buckets import group_by_class
-from .class_index import class_ids, count_classes, index_dtype
 from .permutation import GOLDEN, Permutation, feistel_rounds, mix64
 from .seeds import derive_seed
 
 __all__ = [
     "EpochLayout",
-    "class_ids",
     "class_quotas",
-    "count_classes",
-    "group_by_class",
-    "index_dtype",
     "keyed_shuffle",
     "member_keys",
     "member_ranks",

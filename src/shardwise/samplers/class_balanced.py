@@ -43,16 +43,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.arrays import digest, one_dimensional
-from .._core.class_buckets import two_passes
-from .._core.classes import (
-    EpochLayout,
-    class_quotas,
-    count_classes,
-    group_by_class,
-    index_dtype,
-    member_keys,
-    member_ranks,
-)
+from .._core.class_buckets import group_by_class, two_passes
+from .._core.class_index import count_classes, index_dtype
+from .._core.classes import EpochLayout, class_quotas, member_keys, member_ranks
 from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_choice, check_int
 from .._core.schedule import BatchSizeSchedule
