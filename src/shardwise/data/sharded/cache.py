@@ -113,7 +113,7 @@ class ShardCache:
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
         self._inflight: dict[str, int] = {}  # shard key -> bytes the prefetch threads are downloading now
         self._mutex = threading.Lock()  # guards _inflight and fetched_bytes across the prefetch threads
-        self._serial = threading.Lock()  # derived files under a budget: made one at a time (_prefetch)
+        self._serial = threading.RLock()  # derived files under a budget: made one at a time (_get, _prefetch)
         self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
         self._queue: queue.Queue[_Item | None] | None = None
         self._generation = 0  # of the plan followed: queued items of an older one are dropped
@@ -133,14 +133,14 @@ class ShardCache:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._mutex, self._serial = threading.Lock(), threading.Lock()
+        self._mutex, self._serial = threading.Lock(), threading.RLock()
         threads.reset_in_child(self, type(self)._forked)
 
     def _forked(self) -> None:
         # In a forked child (a DataLoader worker): the parent's prefetch threads are not copied, and a
         # lock or queue one of them held at the fork would stay held here (the worker's first download
         # hung on _mutex). This process starts its own threads, with its own locks, when it follows a plan.
-        self._mutex, self._serial = threading.Lock(), threading.Lock()
+        self._mutex, self._serial = threading.Lock(), threading.RLock()
         self._queue, self._threads, self._inflight, self._heads = None, [], {}, {}
 
     def filesystem(self, url: str) -> Any:
@@ -219,7 +219,10 @@ class ShardCache:
         with locked(final, url, sample, self.timeout if wait else None):
             if derived is not None:
                 if not final.exists():  # another process may have made it while we waited
-                    self._make(url, size, sample, derived, version, final)
+                    # One at a time in this process under a budget, readers and prefetch threads alike: each
+                    # makes room for its own file only, so two made at once could pass the budget together.
+                    with self._serial if self.budget_bytes is not None else contextlib.nullcontext():
+                        self._make(url, size, sample, derived, version, final)
             elif not complete(final, size):
                 self._download(url, final, size, sample, version)
         self._evict(keep=final.name)
