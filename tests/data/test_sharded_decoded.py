@@ -227,3 +227,37 @@ def test_the_budget_counts_decoded_files(s3: dict[str, Any], tmp_path: Path, mon
         count()
     cache.close()
     assert 0 < seen[0] <= budget
+
+
+def test_a_reader_and_a_prefetch_thread_make_decoded_files_one_at_a_time(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Under a budget, a reader's decode waits for the prefetch thread's (each makes room for its own file only: two
+    made at once passed the budget together, as test_the_budget_counts_decoded_files saw now and then)."""
+    import threading
+
+    making, most, met = [0], [0], threading.Barrier(2)
+    lock = threading.Lock()
+
+    def slow_decode(shard: str, output: str) -> None:
+        with lock:
+            making[0] += 1
+            most[0] = max(most[0], making[0])
+        with contextlib.suppress(threading.BrokenBarrierError):
+            met.wait(timeout=1.5)  # the other maker, if both make at once (one at a time: it never comes)
+        decode_parquet(shard, output)
+        with lock:
+            making[0] -= 1
+
+    urls = [f"s3://{BUCKET}/train/shard-{s}.parquet" for s in range(len(SIZES))]
+    sizes = [int(s3["fs"].info(url)["size"]) for url in urls]
+    derived = Derived("slow.arrow", slow_decode)
+    cache = ShardCache(tmp_path, budget_bytes=10 * sum(sizes), prefetch_threads=1,
+                       storage_options=storage_options(s3["endpoint"]))
+    cache.follow([(urls[0], sizes[0], None)], derived)  # the prefetch thread decodes shard 0 ...
+    deadline = time.monotonic() + 10
+    while making[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert making[0] == 1
+    cache.path(urls[2], sizes[2], derived=derived)  # ... while this reader needs shard 2
+    cache.close()
+    assert most[0] == 1
+    assert all((tmp_path / cache.name(url, derived)).exists() for url in (urls[0], urls[2]))
