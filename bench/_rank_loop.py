@@ -200,6 +200,14 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
                      f"but got loader={name!r}")
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that ended (the DataLoader workers of an epoch run out)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _together() -> None:
     """Wait for every rank (as a training step's all-reduce would): each epoch starts on all ranks at once."""
     import torch.distributed as dist
@@ -215,6 +223,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     report: dict[str, Any] = {"rank": rank}
     ids: list[int] = []
     _together()
+    cpu = cpu_seconds()
     began = start = time.perf_counter()
     steps, first = 0, 0
     for batch in loader:
@@ -226,6 +235,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         if steps == spec.get("stop"):
             report["before"], report["state"] = list(ids), loader.state_dict()
     ended = time.perf_counter()
+    report["cpu_cold"] = cpu_seconds() - cpu
     # the whole epoch, start-up included (a cold loader may fetch much before its first batch)
     report.update(ids=ids, steps=steps, cold=(len(ids) - first) / (ended - start), epoch_cold=ended - began)
     report.setdefault("before", list(ids))
@@ -234,6 +244,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
         set_epoch(1)
         read = 0
         _together()  # no rank's warm epoch overlaps another's cold one
+        cpu = cpu_seconds()
         began = time.perf_counter()
         for step, batch in enumerate(loader):
             if step == 0:
@@ -242,7 +253,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
             else:
                 read += len(batch)
         ended = time.perf_counter()
-        report.update(warm=read / (ended - start), epoch_warm=ended - began)
+        report.update(warm=read / (ended - start), epoch_warm=ended - began, cpu_warm=cpu_seconds() - cpu)
         # The timed epochs above read memory only every 0.5 s (a reading costs ~17 ms of a process's
         # time: every 8th batch, it was about half of a rank's time). A third, untimed epoch reads it
         # every 8th batch as well, for a peak that short epochs do not hide.
