@@ -139,7 +139,7 @@ def group_by_class(
     if jit is None or plan is None:
         group_in_one_pass(labels, classes, counts, out, chunk=chunk, progress=progress)
         return
-    workers = min(THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = min(THREADS, threads.usable_cpus())
     pool = threads.Pool(workers - 1, name="shardwise-class-index") if workers > 1 else None
     try:
         with _Output(out) as output:

@@ -91,6 +91,11 @@ def _run(target: Callable[..., object], args: tuple[Any, ...]) -> None:
             _fence.ending.add(threading.current_thread())
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity where the platform tells it, else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class Pool:
     """``threads`` fenced daemon threads (:func:`start`) running submitted calls in order: a small
     ``concurrent.futures.ThreadPoolExecutor`` for builds whose work releases the GIL.

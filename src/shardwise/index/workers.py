@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from .._core.errors import check_int
+from .._core.threads import usable_cpus
 
 ENV_WORKERS = "SHARDWISE_BUILD_WORKERS"
 MAX_WORKERS = 7
@@ -49,8 +50,7 @@ def build_workers() -> int:
         if not value.isdigit():
             raise ValueError(f"{ENV_WORKERS} should be a non-negative integer, but got {ENV_WORKERS}={value!r}")
         return int(value)
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, min(usable - 1, MAX_WORKERS))
+    return max(0, min(usable_cpus() - 1, MAX_WORKERS))
 
 
 def serve() -> None:
