@@ -165,11 +165,6 @@ def class_ids(chunk: np.ndarray, classes: np.ndarray) -> np.ndarray:
     return ids.astype(np.int64)
 
 
-def index_dtype(size: int) -> np.dtype:
-    """The narrowest unsigned dtype holding sample indices below ``size`` (halves the index below 2**32)."""
-    return np.dtype(np.uint32) if size <= 2**32 else np.dtype(np.int64)
-
-
 def id_function(classes: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """``chunk -> class ids (int64)`` for labels drawn from ``classes`` (sorted): a subtraction for
     consecutive integer classes, a table look-up for integers spanning at most ``DENSE_SPAN`` values,

@@ -44,7 +44,7 @@ from torch.utils.data import Sampler
 
 from .._core.arrays import digest, one_dimensional
 from .._core.class_buckets import group_by_class, two_passes
-from .._core.class_index import count_classes, index_dtype
+from .._core.class_index import count_classes
 from .._core.classes import EpochLayout, class_quotas, member_keys, member_ranks
 from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_choice, check_int
@@ -53,7 +53,7 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
-from ..index.builders import populate
+from ..index.builders import index_dtype, populate
 from ..index.keys import BackgroundDigest
 from .base import PlanSampler
 from .indexed import Allocate, by_reference, input_key, shared_arrays
