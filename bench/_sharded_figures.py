@@ -118,22 +118,18 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
         return (form.format(np.median(values)) + (f" ({form.format(min(values))}..{form.format(max(values))})"
                                                    if len(values) > 1 else ""))
 
+    def side_by_side(figure: str, key: str) -> list[tuple[str, str, str]]:  # shardwise's, then the floor's
+        return [(figure, "shardwise", shown(key, "{:.2f}")),
+                (figure, "in-memory floor", shown(f"floor {key}", "{:.2f}"))]
+
     rows = []
     for label in ("cold", "warm"):
         rows.append((f"epoch, {label}: fraction of the in-memory floor (median, min..max), {what}", "shardwise",
                      shown(f"fraction {label}", "{:.2f}")))
-        rows.append((f"epoch seconds, {label}, iter(loader) to the last batch", "shardwise",
-                     shown(f"epoch {label}", "{:.2f}")))
-        rows.append((f"epoch seconds, {label}, iter(loader) to the last batch", "in-memory floor",
-                     shown(f"floor epoch {label}", "{:.2f}")))
-        rows.append((f"seconds to the first batch, {label}", "shardwise", shown(f"first {label}", "{:.2f}")))
-        rows.append((f"seconds to the first batch, {label}", "in-memory floor",
-                     shown(f"floor first {label}", "{:.2f}")))
+        rows += side_by_side(f"epoch seconds, {label}, iter(loader) to the last batch", f"epoch {label}")
+        rows += side_by_side(f"seconds to the first batch, {label}", f"first {label}")
         if f"cpu {label}" in figures:  # robust to the machine's other load, where the seconds are not
-            rows.append((f"epoch CPU seconds, {label}, rank 0 + its workers", "shardwise",
-                         shown(f"cpu {label}", "{:.2f}")))
-            rows.append((f"epoch CPU seconds, {label}, rank 0 + its workers", "in-memory floor",
-                         shown(f"floor cpu {label}", "{:.2f}")))
+            rows += side_by_side(f"epoch CPU seconds, {label}, rank 0 + its workers", f"cpu {label}")
             rows.append((f"epoch, {label}: the floor's CPU over shardwise's (median, min..max)", "shardwise",
                          shown(f"cpu fraction {label}", "{:.2f}")))
     rows.append(("CPU seconds of the S3 server (this process) during shardwise's ranks, both epochs", "moto",
