@@ -157,10 +157,9 @@ class NumericColumns:
     file closed or not). :func:`numeric_columns` builds it, or returns ``None`` for other tables.
     """
 
-    __slots__ = ("cells", "names")
+    __slots__ = ("cells",)
 
     def __init__(self, names: list[str], columns: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
-        self.names = names
         # (name, values, offsets or None) a column; offsets as a memoryview, whose items are Python
         # ints: a slice by them costs half a slice by numpy integers.
         self.cells: list[tuple[str, np.ndarray, memoryview | None]] = [
