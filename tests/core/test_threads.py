@@ -186,3 +186,98 @@ def test_a_pool_runs_calls_on_fenced_threads_hands_errors_back_and_drops_what_a_
     for future in waiting:
         with pytest.raises(CancelledError):
             future.result(timeout=10)
+
+
+def test_build_threads_is_the_variable_plus_one_where_set_else_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SHARDWISE_BUILD_WORKERS=k``: ``k + 1`` threads (``0``: the building one); unset or blank: the default."""
+    monkeypatch.delenv(threads.ENV_WORKERS, raising=False)
+    assert threads.build_threads(2) == 2
+    for value, expected in (("0", 1), ("3", 4), (" 5 ", 6), ("", 7)):
+        monkeypatch.setenv(threads.ENV_WORKERS, value)
+        assert threads.build_threads(7) == expected, value
+    for bad in ("-1", "two", "1.5"):
+        monkeypatch.setenv(threads.ENV_WORKERS, bad)
+        with pytest.raises(ValueError, match=rf"SHARDWISE_BUILD_WORKERS should be a non-negative integer.*{bad!r}"):
+            threads.build_threads(2)
+
+
+@pytest.mark.parametrize(("count", "with_caller", "pooled"), [(0, False, 0), (1, False, 0), (1, True, 0), (2, False, 2),
+                                                              (2, True, 1), (4, True, 3)])  # fmt: skip
+def test_kernel_threads_start_the_pool_they_say_and_run_the_first_call_here(
+    count: int, with_caller: bool, pooled: int
+) -> None:
+    """A pool of ``threads`` (``- 1`` with the caller), none for one thread; ``run``'s first call on the caller."""
+    here = threading.get_ident()
+    seen: list[int] = []
+    before = {t for t in threading.enumerate() if t.name.startswith("shardwise-test-kernels")}
+    assert not before
+    with threads.KernelThreads(count, name="shardwise-test-kernels", with_caller=with_caller) as kernel_threads:
+        started = [t for t in threading.enumerate() if t.name.startswith("shardwise-test-kernels")]
+        assert len(started) == pooled
+        kernel_threads.run([(lambda: seen.append(threading.get_ident()), ()) for _ in range(3)])
+        assert seen[0] == here and len(seen) == 3
+        if not pooled:
+            assert set(seen) == {here}
+            future = kernel_threads.submit(threading.get_ident)
+            assert future.done() and future.result() == here  # run at once, here
+        else:
+            assert kernel_threads.submit(threading.get_ident).result(timeout=10) != here
+    assert not any(t.is_alive() for t in started)
+
+
+def test_kernel_threads_raise_what_a_call_raised_after_the_others_finished() -> None:
+    """``run`` raises a call's error once every call is done; leaving on an error drops the calls not started."""
+    from concurrent.futures import CancelledError
+
+    finished = threading.Event()
+
+    def slow() -> None:
+        time.sleep(0.05)
+        finished.set()
+
+    with threads.KernelThreads(2, name="shardwise-test-kernels", with_caller=True) as kernel_threads:
+        with pytest.raises(ZeroDivisionError):
+            kernel_threads.run([(divmod, (1, 0)), (slow, ())])
+        assert finished.is_set()
+        with pytest.raises(ZeroDivisionError):
+            kernel_threads.run([(slow, ()), (divmod, (1, 0))])
+    gate, started = threading.Event(), [threading.Event(), threading.Event()]
+
+    def hold(running: threading.Event) -> bool:
+        running.set()
+        return gate.wait(10)
+
+    releaser = threading.Timer(0.2, gate.set)
+    with pytest.raises(KeyError), threads.KernelThreads(2, name="shardwise-test-kernels") as kernel_threads:
+        held = [kernel_threads.submit(hold, running) for running in started]
+        assert all(running.wait(10) for running in started)  # both threads busy
+        waiting = kernel_threads.submit(pow, 2, 3)
+        releaser.start()
+        raise KeyError("interrupted")
+    releaser.join()
+    assert all(future.result(timeout=10) for future in held)
+    with pytest.raises(CancelledError):
+        waiting.result(timeout=10)
+
+
+@pytest.mark.parametrize("workers", ["0", "1", "3"])
+def test_the_class_index_is_the_same_bytes_on_any_number_of_threads(
+    workers: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``SHARDWISE_BUILD_WORKERS`` moves the class index's passes onto 1, 2 or 4 threads, never a byte of it."""
+    pytest.importorskip("numba", reason="numba (the fast extra) is not installed: the compiled passes are not run")
+    import numpy as np
+
+    from shardwise._core.class_buckets import bucket_plan, group_by_class
+    from shardwise._core.class_index import count_classes
+    from shardwise._core.packing.compiled import ENV_NUMBA
+
+    monkeypatch.setenv(ENV_NUMBA, "1")
+    monkeypatch.setenv(threads.ENV_WORKERS, workers)
+    labels = np.random.default_rng(8).integers(0, 50_000, 3_000_000).astype(np.int32) * 3
+    classes, counts = count_classes(labels)
+    plan = bucket_plan(counts, len(labels), np.dtype(np.uint32))
+    assert plan is not None and len(plan.firsts) > 4  # the two passes, buckets enough for every thread
+    members = np.lib.format.open_memmap(tmp_path / "members.npy", mode="w+", dtype=np.uint32, shape=(len(labels),))
+    group_by_class(labels, classes, counts, members)
+    assert np.array_equal(members, np.argsort(labels, kind="stable"))

@@ -19,9 +19,10 @@ may have written back meanwhile (54 s at 1e9, most of ClassBalanced's 60 s cold 
    counts; stable, since codes are read in dataset order), and written over the run.
 
 Both passes run the compiled kernels of :mod:`.class_jit` (numba, the ``fast`` extra: per item, a
-few operations a numpy step would spend a pass and a temporary on each) on two threads: in pass 1
-the second half of the labels fills each run from its end, backwards, so neither half needs the
-other's counts; in pass 2 the buckets are dealt round-robin. Without numba, the one-pass sort
+few operations a numpy step would spend a pass and a temporary on each) on two threads
+(:data:`THREADS`, through :class:`~.threads.KernelThreads`): in pass 1 the second half of the
+labels fills each run from its end, backwards, so neither half needs the other's counts; in pass 2
+the buckets are dealt round-robin. Without numba, the one-pass sort
 (:func:`~.class_index.group_in_one_pass`) is used: the same passes in numpy took longer at 1e8 (5.3 s against 3.1 s) and
 needed ~40 bytes of temporaries an item of a chunk.
 
@@ -65,7 +66,10 @@ SEGMENTS_MAX = 1 << 21
 
 
 THREADS = 2
-"""Threads of the two passes (the kernels release the GIL): pass 1 fills the runs from both ends."""
+"""Threads of the two passes (the kernels release the GIL): pass 1 fills the runs from both ends.
+
+``SHARDWISE_BUILD_WORKERS`` overrides it (:func:`~.threads.build_threads`): pass 2 deals its buckets
+to that many threads more; pass 1 still uses two at most."""
 
 
 class BucketPlan(NamedTuple):
@@ -139,34 +143,16 @@ def group_by_class(
     if jit is None or plan is None:
         group_in_one_pass(labels, classes, counts, out, chunk=chunk, progress=progress)
         return
-    workers = min(THREADS, threads.usable_cpus())
-    pool = threads.Pool(workers - 1, name="shardwise-class-index") if workers > 1 else None
-    try:
-        with _Output(out) as output:
-            per_block = _scatter(labels, classes, counts, output, plan, jit, pool, progress)
-            _order(counts, output, plan, np.cumsum(per_block, axis=0), jit, pool, workers)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel=True)
-
-
-def _both(pool: threads.Pool | None, calls: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
-    """Run ``calls``: the first here, the others on ``pool``'s threads (none: here, in turn); raise what any raised."""
-    futures = [pool.submit(function, *args) for function, args in calls[1:]] if pool is not None else []
-    try:
-        function, args = calls[0]
-        function(*args)
-        if pool is None:
-            for function, args in calls[1:]:
-                function(*args)
-    finally:
-        for future in futures:
-            future.result()
+    workers = threads.build_threads(min(THREADS, threads.usable_cpus()))
+    kernel_threads = threads.KernelThreads(workers, name="shardwise-class-index", with_caller=True)
+    with kernel_threads, _Output(out) as output:
+        per_block = _scatter(labels, classes, counts, output, plan, jit, kernel_threads, workers, progress)
+        _order(counts, output, plan, np.cumsum(per_block, axis=0), jit, kernel_threads, workers)
 
 
 def _scatter(
     labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, output: _Output, plan: BucketPlan,
-    jit: ModuleType, pool: threads.Pool | None, progress: Callable[[int], object] | None,
+    jit: ModuleType, kernel_threads: threads.KernelThreads, workers: int, progress: Callable[[int], object] | None,
 ) -> np.ndarray:  # fmt: skip
     """Pass 1: every sample's code appended to its bucket's run; ``(blocks, buckets)`` int64: the codes of
     each bucket from each block.
@@ -217,11 +203,11 @@ def _scatter(
                 if progress is not None:  # this thread's half as it goes, the other's once done
                     progress(len(part))
 
-    middle = (size // 2) // block * block if pool is not None else 0
+    middle = (size // 2) // block * block if workers > 1 else 0
     if middle == 0:
         fill(0, size, True)
     else:
-        _both(pool, [(fill, (0, middle, True)), (fill, (middle, size, False))])
+        kernel_threads.run([(fill, (0, middle, True)), (fill, (middle, size, False))])
         if progress is not None:
             progress(size - middle)
     return per_block
@@ -229,7 +215,7 @@ def _scatter(
 
 def _order(
     counts: np.ndarray, output: _Output, plan: BucketPlan, ends: np.ndarray, jit: ModuleType,
-    pool: threads.Pool | None, workers: int,
+    kernel_threads: threads.KernelThreads, workers: int,
 ) -> None:  # fmt: skip
     """Pass 2: each bucket's codes decoded into sample indices and ordered by class (stable), in place
     (the buckets dealt round-robin to ``workers`` threads, each with its buffers)."""
@@ -254,7 +240,7 @@ def _order(
                 jit.order_bucket(piece, ends[:, b], plan.block_bits, skip, np.zeros(1, dtype=np.int64), scratch)
                 output.write(begin + skip, scratch[: len(piece)])
 
-    _both(pool, [(order, (worker,)) for worker in range(workers)])
+    kernel_threads.run([(order, (worker,)) for worker in range(workers)])
 
 
 class _Output:

@@ -38,6 +38,10 @@ state (locks, queues, thread lists) is made anew in a forked child, before ``os.
 
 The ``before`` hook waits at most ``FORK_WAIT`` seconds for ``_gate`` and for ending threads: a
 fork is never blocked for good by this module (past it, the fork goes on as it would without it).
+
+On these threads: :class:`Pool`, and :class:`KernelThreads`, the one way the compiled builds (the
+class index's passes, the packing index) run their kernels on threads, as many as
+:func:`build_threads` says.
 """
 
 from __future__ import annotations
@@ -96,6 +100,30 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+ENV_WORKERS = "SHARDWISE_BUILD_WORKERS"
+"""How many workers a build adds to the building process or thread (``index.workers`` reads it too)."""
+
+
+def build_threads(default: int) -> int:
+    """Threads a compiled build step runs its kernels on: ``SHARDWISE_BUILD_WORKERS`` + 1 where it is set
+    (the building thread and that many more; ``0``: the building thread alone), else ``default``.
+
+    ``default`` is the step's own count, the one its measured times were taken with: the class
+    index's two passes use ``min(2, usable_cpus())`` (``class_buckets.THREADS``: pass 1 splits the
+    labels in two); the packing build is given ``index.workers.build_workers() + 1`` threads by its
+    caller, which reads the same variable (unset: usable CPUs, at most 8).
+
+    Raises:
+        ValueError: ``SHARDWISE_BUILD_WORKERS`` is not a non-negative integer.
+    """
+    value = os.environ.get(ENV_WORKERS, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{ENV_WORKERS} should be a non-negative integer, but got {ENV_WORKERS}={value!r}")
+    return int(value) + 1
+
+
 class Pool:
     """``threads`` fenced daemon threads (:func:`start`) running submitted calls in order: a small
     ``concurrent.futures.ThreadPoolExecutor`` for builds whose work releases the GIL.
@@ -143,6 +171,58 @@ class Pool:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+
+
+class KernelThreads:
+    """``threads`` threads running calls of compiled kernels, which release the GIL; a context manager.
+
+    One thread (or fewer): no pool is started and every call runs at once on the calling thread.
+    More: a :class:`Pool` of ``threads`` threads, or ``threads - 1`` with ``with_caller`` (the
+    calling thread is one of them: it runs the first call of each :meth:`run`). Leaving the block
+    waits for the calls handed out; on an error or an interrupt, those not started are dropped.
+
+    Two ways to hand out calls: :meth:`submit`, whose futures the caller collects while it works
+    on (the packing build deals packed strata into batches meanwhile), and :meth:`run`, a few calls
+    at once (the class index's passes). The threads change where a call runs, never what it writes.
+
+    Example:
+        >>> with KernelThreads(2, name="shardwise-example") as kernel_threads:
+        ...     futures = [kernel_threads.submit(pow, 2, k) for k in range(4)]
+        >>> [future.result() for future in futures]
+        [1, 2, 4, 8]
+    """
+
+    def __init__(self, threads: int, *, name: str, with_caller: bool = False) -> None:
+        self._pool = Pool(threads - 1 if with_caller else threads, name=name) if threads > 1 else None
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``function(*args)`` on one of the threads (no pool: here, now); its future."""
+        if self._pool is not None:
+            return self._pool.submit(function, *args)
+        done: Future[Any] = Future()
+        done.set_result(function(*args))
+        return done
+
+    def run(self, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        """Run ``calls``: the first here, the others on the threads (no pool: here, in turn); raise what any raised."""
+        pool = self._pool
+        futures = [pool.submit(function, *args) for function, args in calls[1:]] if pool is not None else []
+        try:
+            function, args = calls[0]
+            function(*args)
+            if pool is None:
+                for function, args in calls[1:]:
+                    function(*args)
+        finally:
+            for future in futures:
+                future.result()
+
+    def __enter__(self) -> KernelThreads:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel=kind is not None)
 
 
 def reset_in_child(owner: object, reset: Callable[[Any], None]) -> None:

@@ -22,17 +22,15 @@ import contextlib
 import ctypes
 import os
 import sys
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
 from ..files import NpyWriter
 from ..offsets import offsets_from_counts
-from ..threads import Pool
+from ..threads import KernelThreads
 
 CHUNK = 1 << 22
 """Samples per task of :func:`write_pieces` (16 MB of int32 lengths)."""
@@ -42,33 +40,15 @@ DEAL = 512
 """Strata per call of the chain kernel (its batch keys are buffered: O(DEAL * window / 8))."""
 
 
-@contextlib.contextmanager
-def _pool(threads: int) -> Iterator[Pool | None]:
-    """``threads`` threads (None: this one alone); on an error or an interrupt, the tasks not started are dropped."""
-    if threads <= 1:
-        yield None
-        return
-    pool = Pool(threads, name="shardwise-build")
-    try:
-        yield pool
-    except BaseException:
-        pool.shutdown(cancel=True)
-        raise
-    pool.shutdown()
+def _threads(threads: int) -> KernelThreads:
+    """``threads`` threads besides this one, which waits or deals (one: this one alone, no pool)."""
+    return KernelThreads(threads, name="shardwise-build")
 
 
 def _chunk(lengths: np.ndarray, c: int) -> np.ndarray:
     """Chunk ``c`` of ``lengths``: a view of the map, or a native-order copy (the kernels read native integers)."""
     part = np.asarray(lengths[c * CHUNK : (c + 1) * CHUNK])
     return part if part.dtype.isnative else part.astype(part.dtype.newbyteorder("="))
-
-
-def _run(pool: Pool | None, function: Callable[..., Any], *args: Any) -> Future[Any]:
-    if pool is not None:
-        return pool.submit(function, *args)
-    done: Future[Any] = Future()
-    done.set_result(function(*args))
-    return done
 
 
 def allocate(path: Path) -> None:
@@ -100,8 +80,8 @@ def piece_counts(jit: ModuleType, lengths: np.ndarray, max_len: int, threads: in
     """``(chunks, 2, max_len + 1)`` int64: :func:`~.pieces.piece_counts` of every ``CHUNK`` of ``lengths``."""
     chunks = max(1, -(-lengths.size // CHUNK))
     counts = np.zeros((chunks, 2, max_len + 1), dtype=np.int64)
-    with _pool(threads) as pool:
-        tasks = [_run(pool, jit.count_pieces, _chunk(lengths, c), max_len, counts[c]) for c in range(chunks)]
+    with _threads(threads) as pool:
+        tasks = [pool.submit(jit.count_pieces, _chunk(lengths, c), max_len, counts[c]) for c in range(chunks)]
         for c, task in enumerate(tasks):
             task.result()
             if on_chunk is not None:
@@ -116,13 +96,13 @@ def fill_pieces(jit: ModuleType, lengths: np.ndarray, max_len: int, counts: np.n
     offsets = offsets_from_counts(total.sum(axis=0))
     before = np.cumsum(counts, axis=0) - counts  # each chunk's items of every class in the chunks before it
     sample, start = np.asarray(sample), np.asarray(start)  # plain views of the maps (what the kernels take)
-    with _pool(threads) as pool:
+    with _threads(threads) as pool:
         tasks = []
         for c in range(counts.shape[0]):
             short = offsets[:-1] + before[c, 0]
             pieces = offsets[:-1] + total[0] + before[c, 1]
             part = _chunk(lengths, c)
-            tasks.append(_run(pool, jit.fill_pieces, part, c * CHUNK, max_len, sample, start, short, pieces))
+            tasks.append(pool.submit(jit.fill_pieces, part, c * CHUNK, max_len, sample, start, short, pieces))
         for c, task in enumerate(tasks):
             task.result()
             if on_chunk is not None:
@@ -153,8 +133,8 @@ def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_stra
     sizes = np.zeros((4, num_strata), dtype=np.int64)
     carry = np.zeros((2, max(rows_per_batch or 1, 1)), dtype=np.int64)
     handed = 0
-    with _pool(threads) as pool, contextlib.closing(rows), contextlib.closing(keys):
-        packed = [_run(pool, jit.pack_strata, counts, phase, num_strata, max_len, s, firsts[s : s + TASK], slot_rows,
+    with _threads(threads) as pool, contextlib.closing(rows), contextlib.closing(keys):
+        packed = [pool.submit(jit.pack_strata, counts, phase, num_strata, max_len, s, firsts[s : s + TASK], slot_rows,
                        num_rows[s : s + TASK]) for s in range(0, num_strata, TASK)]  # fmt: skip
         for first in range(0, num_strata, DEAL):  # the chain, a range at a time as soon as its strata are packed
             last = min(first + DEAL, num_strata)
