@@ -83,23 +83,41 @@ def write_floor_shards(root: Path, n: int, shards: int) -> list[Path]:
     return paths
 
 
+def as_arrow(paths: list[Path]) -> list[Path]:
+    """An uncompressed Arrow IPC file (one record batch) of each Parquet shard, beside it: the same rows, no decode."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrows = []
+    for path in paths:
+        table = pq.read_table(path).combine_chunks()
+        arrows.append(path.with_suffix(".arrow"))
+        with pa.OSFile(str(arrows[-1]), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    return arrows
+
+
 def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
-               launch: Any) -> list[tuple[str, str, str]]:
+               launch: Any, fmt: str = "parquet") -> list[tuple[str, str, str]]:
     """Rank 0 of W=2 (2 workers): shardwise's cold and warm epochs as fractions of the in-memory floor, ``rounds`` x.
 
-    ``launch(world_size, spec)``: the ranks' reports (``bench_sharded_sources.launch``).
+    ``launch(world_size, spec)``: the ranks' reports (``bench_sharded_sources.launch``). ``fmt``: the
+    shards shardwise reads, ``"parquet"`` (decoded once a node into the cache) or ``"arrow"`` (the
+    same rows as uncompressed Arrow IPC files, read as downloaded: what a cold epoch costs without
+    the decode); the floor holds the same rows either way.
     """
     root = Path(spec["root"])
     paths = write_floor_shards(root / "floor", n, shards)
-    for path in paths:
+    served = paths if fmt == "parquet" else as_arrow(paths)
+    for path in served:
         fs.put(str(path), f"bench/floor/{path.name}")
-    base = {**spec, "urls": [f"s3://bench/floor/{p.name}" for p in paths], "local_shards": [str(p) for p in paths],
+    base = {**spec, "urls": [f"s3://bench/floor/{p.name}" for p in served], "local_shards": [str(p) for p in paths],
             "warm": True, "memory_epoch": False}
     figures: dict[str, list[float]] = {}
     for round_ in range(rounds):  # interleaved: the floor, then shardwise from an empty cache
         floor = launch(2, {**base, "loader": "memory"})[0]
         served = time.process_time()  # this process's CPU while the ranks run: moto's server, mostly
-        ours = launch(2, {**base, "loader": "shardwise", "cache": f"cache-floor-{round_}"})[0]
+        ours = launch(2, {**base, "loader": "shardwise", "cache": f"cache-floor-{fmt}-{round_}"})[0]
         figures.setdefault("server cpu", []).append(time.process_time() - served)
         for label in ("cold", "warm"):
             if f"cpu_{label}" in ours and f"cpu_{label}" in floor:  # ranks that report their CPU (_rank_loop)
@@ -111,7 +129,7 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
             figures.setdefault(f"floor first {label}", []).append(floor[f"startup_{label}"])
             figures.setdefault(f"epoch {label}", []).append(ours[f"epoch_{label}"])
             figures.setdefault(f"floor epoch {label}", []).append(floor[f"epoch_{label}"])
-    what = f"rank 0 of W=2, 2 workers, {n:,} samples in {shards} shards, {rounds} round(s)"
+    what = f"rank 0 of W=2, 2 workers, {n:,} samples in {shards} {fmt.capitalize()} shards, {rounds} round(s)"
 
     def shown(key: str, form: str) -> str:
         values = figures[key]

@@ -9,6 +9,7 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   floor is torch's ``DistributedSampler`` over the same rows held in memory, same loader, same
   run; each epoch starts on both ranks at once. Printed: shardwise's epoch as a fraction of the
   floor's (seconds, start-up included), both epochs' seconds and the seconds to the first batch.
+  ``--floor-format arrow``: the same rows as uncompressed Arrow IPC shards, which need no decode.
 - **The shuffle by layout** (``_sharded_figures.shuffle_rows``): one epoch's global order of the
   default plan, of the window plan (window 8, the default before plan 2) and of a uniform
   shuffle, on 41 even shards, 41 shards cut at uniform random points and 53 shards spread 1:1000:
@@ -148,6 +149,9 @@ def main() -> None:
     parser.add_argument("--floor-samples", type=int, default=None,
                         help="samples of the in-memory floor figures, in 41 uneven shards (default 200,000; quick: "
                              "20,000)")
+    parser.add_argument("--floor-format", choices=("parquet", "arrow"), default="parquet",
+                        help="the floor figures' shards: Parquet (decoded once a node) or the same rows as Arrow IPC "
+                             "files (no decode: what the decode costs a cold epoch)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds of the floor figures, each the floor then shardwise (default 2; quick: 1)")
     parser.add_argument("--loaders", default=",".join(NAMES),
@@ -174,7 +178,7 @@ def main() -> None:
         spec = {"root": tmp, "options": storage_options(endpoint), "window": args.window, "batch": BATCH,
                 "workers": 2, "endpoint": endpoint}
         fs = make_bucket(endpoint, "bench")
-        rows.extend(floor_rows(spec, fs, args.floor_samples, 41, args.rounds, launch))
+        rows.extend(floor_rows(spec, fs, args.floor_samples, 41, args.rounds, launch, args.floor_format))
         rows.extend(bytes_rows(spec, fs, gauge, args.floor_samples // 4, 41, launch))
     if args.quick:
         print_table(rows)
