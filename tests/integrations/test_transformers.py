@@ -1,4 +1,8 @@
-"""HF transformers Trainer: 2 real processes (torchrun, gloo) running examples/transformers_trainer.py."""
+"""HF transformers Trainer: 2 real processes (torchrun, gloo) running examples/transformers_trainer.py.
+
+The three multi-process Trainer tests read the runs of one module fixture (``trainer_runs``): 4 launches of
+trainer_phases.py, each running the example once per phase, instead of 10 launches of the example.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "transformers_trainer.py"
+PHASES = Path(__file__).with_name("trainer_phases.py")  # several runs of EXAMPLE in one launch
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 WORKERS_CONTEXT = () if fork_is_safe() else ("--mp-context", "forkserver")  # gh-112275: see lockstep.worker_context
 BATCH, PER_EPOCH = 4, 12  # 96 samples, 4 per batch, 2 ranks: 12 batches per rank and epoch
@@ -63,25 +68,97 @@ def _waste(batches: list[list[int]], lengths: np.ndarray) -> float:
     return 1 - sum(int(lengths[b].sum()) for b in batches) / padded
 
 
+def _records(out: Path, phase: str, world_size: int) -> list[tuple[int, int, list[int]]]:
+    """Every batch trained, over all ranks: (global step before it, epoch, samples)."""
+    records = []
+    for rank in range(world_size):
+        saved = json.loads((out / f"{phase}-rank{rank}.json").read_text())
+        records += [(batch[0], epoch, batch[1:]) for batch, epoch in zip(saved["seen"], saved["epochs"], strict=True)]
+    return records
+
+
+def _states(out: Path) -> dict[int, dict[str, Any]]:
+    """shardwise_sampler.json of every checkpoint, by global step."""
+    folders = (out / "checkpoints").glob("checkpoint-*")
+    return {int(folder.name.split("-")[1]): json.loads((folder / "shardwise_sampler.json").read_text()) for folder in folders}
+
+
+# The chain test's links: (world size, resumed from (link, step)); "replay" resumes from "plain", a copy of
+# run's checkpoint-2 as a plain Trainer saves it (without shardwise_sampler.json): it replays 2 steps of 2
+# batches, with the warning. World size 1 saves checkpoint-12 4 steps into epoch 1 (8 steps an epoch).
+CHAIN = ("--strategy", "random", "--grad-accum", "2", "--save-steps", "2")  # 6 optimizer steps an epoch on 2 ranks
+LINKS: dict[str, tuple[int, tuple[str, int] | None]] = {
+    "run": (2, None), "replay": (2, ("run", 2)), "same": (2, ("replay", 4)), "one": (1, ("replay", 4)),
+    "two": (2, ("one", 12)),
+}  # fmt: skip
+
+
+def _launch_phases(spec: Path, world_size: int, phases: list[list[str]]) -> None:
+    """One launch of ``world_size`` ranks running the example once per phase, in turn (trainer_phases.py)."""
+    spec.write_text(json.dumps(phases))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size), "--standalone",
+               str(PHASES), str(spec)]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, (phases, result.stderr[-4000:])
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The example's runs of the three Trainer tests below, each test in its own folder, in 4 launches.
+
+    A launch costs ~10 s of process starts and imports (a phase ~1 s), so the runs of one world size that
+    do not depend on each other share one launch: the first runs (2 ranks), the resumes from them (2 ranks),
+    the resumes on 1 rank, then the chain's last links (2 ranks). Every resume still runs in processes
+    started after its checkpoint was written, as a separate launch per run did.
+    """
+    base = tmp_path_factory.mktemp("trainer")
+    two, group, chain = base / "two_ranks", base / "group_by_length", base / "chain"
+
+    def link(name: str) -> list[str]:
+        origin = LINKS[name][1]
+        if origin is None:
+            return ["--out", str(chain / name), *CHAIN]
+        parent, step = origin
+        folder = chain / "plain" if name == "replay" else chain / parent / "checkpoints" / f"checkpoint-{step}"
+        return ["--out", str(chain / name), *CHAIN, "--resume", str(folder)]
+
+    five, gbl = str(two / "checkpoints" / "checkpoint-5"), ("--strategy", "group_by_length", "--grad-accum", "2")
+    _launch_phases(base / "first.json", 2, [
+        ["--out", str(two), "--strategy", "random", "--save-steps", "5", "--workers", "2", *WORKERS_CONTEXT],
+        ["--out", str(group), *gbl, "--save-steps", "2"],
+        link("run"),
+    ])  # fmt: skip
+    plain = chain / "plain"  # checkpoint-2 as a plain Trainer saves it: without shardwise_sampler.json
+    shutil.copytree(chain / "run" / "checkpoints" / "checkpoint-2", plain)
+    (plain / "shardwise_sampler.json").unlink()
+    _launch_phases(base / "resumed.json", 2, [["--out", str(two), "--strategy", "random", "--resume", five],
+                                              link("replay")])  # fmt: skip
+    _launch_phases(base / "one.json", 1, [
+        ["--out", str(two), "--strategy", "random", "--phase", "elastic", "--resume", five],
+        ["--out", str(group), *gbl, "--workers", "2", *WORKERS_CONTEXT,
+         "--resume", str(group / "checkpoints" / "checkpoint-2")],
+        link("one"),
+    ])  # fmt: skip
+    _launch_phases(base / "last.json", 2, [link("same"), link("two")])
+    return {"two_ranks": two, "group_by_length": group, "chain": chain}
+
+
 @pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_trainer_two_ranks_every_sample_once_and_resume_without_replay(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)
+def test_trainer_two_ranks_every_sample_once_and_resume_without_replay(trainer_runs: dict[str, Path]) -> None:
     """random: every sample once per epoch, equal steps, new order; a mid-epoch checkpoint resumes exactly, on 2 or 1 ranks."""
-    _launch(tmp_path, 2, "--strategy", "random", "--save-steps", "5", "--workers", "2", *WORKERS_CONTEXT)
+    tmp_path = trainer_runs["two_ranks"]  # run: 2 ranks, 2 workers, --save-steps 5
     run = _seen(tmp_path, "run")
     assert len(run[0]) == len(run[1]) == 2 * PER_EPOCH
     first, second = _epochs(run)
     assert Counter(first) == Counter(second) == Counter(range(96))
     assert first != second
     # The checkpoint after 5 steps: the resumed run (no workers, new processes) trains exactly the rest.
-    _launch(tmp_path, 2, "--strategy", "random", "--resume", str(tmp_path / "checkpoints" / "checkpoint-5"))
     resumed = _seen(tmp_path, "resume")
     assert [rank[5:] for rank in run] == resumed
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-5" / "shardwise_sampler.json").read_text())
     assert (state["sampler"]["epoch"], state["sampler"]["consumed"], state["world_size"]) == (0, 5 * BATCH * 2, 2)
     # The same checkpoint on ONE process: the rest of epoch 0 is exactly the samples the 2 ranks had not trained.
-    _launch(tmp_path, 1, "--strategy", "random", "--phase", "elastic",
-            "--resume", str(tmp_path / "checkpoints" / "checkpoint-5"))  # fmt: skip
     elastic = _seen(tmp_path, "elastic", world_size=1)[0]
     rest = 96 // BATCH - 5 * 2  # batches of 4 left in epoch 0 at world size 1
     before = [i for rank in run for batch in rank[:5] for i in batch]
@@ -91,13 +168,13 @@ def test_trainer_two_ranks_every_sample_once_and_resume_without_replay(tmp_path:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)
+def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(trainer_runs: dict[str, Path]) -> None:
     """group_by_length: BucketBatchSampler, less padding than LengthGroupedSampler; resume on 1 rank continues the plan."""
     import torch
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    _launch(tmp_path, 2, "--strategy", "group_by_length", "--grad-accum", "2", "--save-steps", "2")
+    tmp_path = trainer_runs["group_by_length"]  # run: 2 ranks, --grad-accum 2 --save-steps 2
     run = _seen(tmp_path, "run")
     assert len(run[0]) == len(run[1]) == 2 * PER_EPOCH
     first, second = _epochs(run)
@@ -114,50 +191,22 @@ def test_trainer_group_by_length_pads_less_and_resumes_at_another_world_size(tmp
 
     # checkpoint-2 (2 optimizer steps x 2 accumulated batches per rank), resumed on ONE process with
     # 2 workers: it trains the rest of the global plan in plan order, i.e. the 2 ranks' batches interleaved.
-    _launch(tmp_path, 1, "--strategy", "group_by_length", "--grad-accum", "2", "--workers", "2", *WORKERS_CONTEXT,
-            "--resume", str(tmp_path / "checkpoints" / "checkpoint-2"))  # fmt: skip
     resumed = _seen(tmp_path, "resume", world_size=1)[0]
     assert resumed == [run[rank][step] for step in range(4, 2 * PER_EPOCH) for rank in (0, 1)]
     final: dict[str, Any] = json.loads((tmp_path / "resume-rank0.json").read_text())
     assert final["global_step"] == 2 + (2 * 2 * PER_EPOCH - 8) // 2  # the step budget follows the world size
 
 
-def _records(out: Path, phase: str, world_size: int) -> list[tuple[int, int, list[int]]]:
-    """Every batch trained, over all ranks: (global step before it, epoch, samples)."""
-    records = []
-    for rank in range(world_size):
-        saved = json.loads((out / f"{phase}-rank{rank}.json").read_text())
-        records += [(batch[0], epoch, batch[1:]) for batch, epoch in zip(saved["seen"], saved["epochs"], strict=True)]
-    return records
-
-
-def _states(out: Path) -> dict[int, dict[str, Any]]:
-    """shardwise_sampler.json of every checkpoint, by global step."""
-    folders = (out / "checkpoints").glob("checkpoint-*")
-    return {int(folder.name.split("-")[1]): json.loads((folder / "shardwise_sampler.json").read_text()) for folder in folders}
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-def test_trainer_resume_chains_from_a_plain_checkpoint_across_world_sizes(tmp_path: Path) -> None:
+def test_trainer_resume_chains_from_a_plain_checkpoint_across_world_sizes(trainer_runs: dict[str, Path]) -> None:
     """plain -> shardwise -> shardwise on 2 ranks, and on 2 -> 1 -> 2, accumulating 2: nothing lost or repeated, states exact."""
-    options = ("--strategy", "random", "--grad-accum", "2", "--save-steps", "2")  # 6 optimizer steps an epoch on 2 ranks
-    _launch(tmp_path / "run", 2, *options)
-    plain = tmp_path / "plain"  # checkpoint-2 as a plain Trainer saves it: without shardwise_sampler.json
-    shutil.copytree(tmp_path / "run" / "checkpoints" / "checkpoint-2", plain)
-    (plain / "shardwise_sampler.json").unlink()
-    # link: (world size, resumed from (link, step)); "replay" replays 2 steps of 2 batches, with the warning.
-    links: dict[str, tuple[int, tuple[str, int] | None]] = {
-        "run": (2, None), "replay": (2, ("run", 2)), "same": (2, ("replay", 4)), "one": (1, ("replay", 4)),
-        "two": (2, ("one", 12)),  # world size 1 saves checkpoint-12 4 steps into epoch 1 (8 steps an epoch)
-    }  # fmt: skip
+    tmp_path, links = trainer_runs["chain"], LINKS  # each link's run in tmp_path / link (see LINKS and trainer_runs)
     history: dict[str, list[tuple[int, int, list[int]]]] = {"run": _records(tmp_path / "run", "run", 2)}
     for name, (world_size, origin) in links.items():
         if origin is None:
             continue
         parent, step = origin
-        folder = plain if name == "replay" else tmp_path / parent / "checkpoints" / f"checkpoint-{step}"
-        _launch(tmp_path / name, world_size, *options, "--resume", str(folder))
         # What the chain trained: the parent's history before the checkpoint, then this link's batches.
         history[name] = [r for r in history[parent] if r[0] < step] + _records(tmp_path / name, "resume", world_size)
 
