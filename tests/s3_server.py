@@ -9,6 +9,7 @@ well under one, and a loader that downloads one object at a time only shows its 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -45,11 +46,21 @@ def storage_options(endpoint: str) -> dict[str, Any]:
 
 
 class Gauge:
-    """GET requests the server is answering now, the most at once (what a test asserts concurrency by), bytes sent."""
+    """GET requests the server is answering now, the most at once (what a test asserts concurrency by), bytes sent,
+    and every request by method (``requests["HEAD"]``; a listing is a ``"LIST"``: a GET of the bucket)."""
 
     def __init__(self) -> None:
         self.now = self.peak = self.sent = 0  # sent: bytes of every GET response body
+        self.requests: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+
+    def seen(self, environ: Any) -> None:
+        """Count one request (its method; ``LIST`` for a GET of the bucket itself: S3's ListObjects)."""
+        method = environ["REQUEST_METHOD"]
+        if method == "GET" and environ.get("PATH_INFO", "").strip("/").count("/") == 0:
+            method = "LIST"
+        with self._lock:
+            self.requests[method] += 1
 
     def count(self, body: list[bytes]) -> list[bytes]:
         """Add a GET response's body to ``sent``; returns it."""
@@ -71,6 +82,8 @@ def _delayed(app: Any, latency: float, gauge: Gauge | None) -> Any:
     """A WSGI app that answers like ``app`` after sleeping ``latency`` seconds (the request's thread only)."""
 
     def delayed(environ: Any, start_response: Any) -> Any:
+        if gauge is not None:
+            gauge.seen(environ)
         if gauge is None or environ["REQUEST_METHOD"] != "GET":
             time.sleep(latency)
             return app(environ, start_response)

@@ -1,0 +1,92 @@
+"""What a ShardedSource costs at start-up on a real S3 server: a listing a folder, not a HEAD a shard.
+
+Every rank builds its source, and each source takes every shard's identity (URL, size, ETag) to
+check the node's index against (``metadata.stat_shards``). One ``HEAD`` a shard, in a row, is 1e5
+round trips a rank at 1e5 shards; a listing reports size and ETag of 1,000 objects a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
+from shardwise.data.sharded.fetch import identity
+from shardwise.data.sharded.metadata import LISTED, stat_shards
+from tests.data.shards import put_parquet_shards
+from tests.s3_server import Gauge, make_bucket, s3_endpoint, storage_options
+
+pa = pytest.importorskip("pyarrow")
+pytest.importorskip("s3fs")
+BUCKET = "startup"
+
+
+def _table(first: int, count: int) -> Any:
+    return pa.table({"id": list(range(first, first + count))})
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    gauge = Gauge()
+    with s3_endpoint(gauge=gauge) as endpoint:
+        fs = make_bucket(endpoint, BUCKET)
+        local = tmp_path_factory.mktemp("shards")
+        # Two folders of 2 * LISTED shards each, and one of LISTED - 1 (below the listing threshold).
+        for folder, count in (("a", 2 * LISTED), ("b", 2 * LISTED), ("few", LISTED - 1)):
+            (local / folder).mkdir()
+            put_parquet_shards(fs, local / folder, f"{BUCKET}/{folder}/{{s}}.parquet", [3] * count, _table)
+        yield {"endpoint": endpoint, "fs": fs, "gauge": gauge}
+
+
+def _urls(folder: str, count: int) -> list[str]:
+    return [f"s3://{BUCKET}/{folder}/{s}.parquet" for s in range(count)]
+
+
+def _source(s3: dict[str, Any], tmp_path: Path, urls: list[str]) -> ShardedSource:
+    cache = ShardCache(tmp_path / "cache", prefetch_threads=0, storage_options=storage_options(s3["endpoint"]))
+    return ShardedSource(urls, cache=cache, index_dir=tmp_path / "index")
+
+
+def test_a_rank_lists_each_folder_once_instead_of_a_head_a_shard(s3: dict[str, Any], tmp_path: Path) -> None:
+    """The second source on a node (the index built): 2 listings and 2 HEADs for 32 shards in 2 folders, not 32 HEADs."""
+    urls = _urls("a", 2 * LISTED) + _urls("b", 2 * LISTED)
+    first = _source(s3, tmp_path, urls)  # builds the node's index (reads every footer)
+    gauge = s3["gauge"]
+    before = dict(gauge.requests)
+    second = _source(s3, tmp_path, urls)
+    spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
+    assert spent.get("LIST") == 2, spent
+    assert spent.get("HEAD") == 2, spent  # one a folder: the listing checked against info once
+    assert spent.get("GET", 0) == 0, spent  # the index is the node's: no footer read again
+    assert second.data_fingerprint == first.data_fingerprint
+    assert [second[i]["id"] for i in (0, 47, 48, 95)] == [0, 47, 0, 47]  # ids start again in each folder
+
+
+def test_the_listing_reports_every_shard_as_info_does(s3: dict[str, Any]) -> None:
+    """Same (URL, size, ETag) from the listing as from a HEAD each: a download checked against it is not refused."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**storage_options(s3["endpoint"]))
+    urls = _urls("a", 2 * LISTED) + _urls("few", LISTED - 1)
+    assert stat_shards(urls, lambda url: fs) == [identity(url, fs.info(url)) for url in urls]
+
+
+def test_a_shard_the_listing_lacks_is_a_shard_error_naming_it(s3: dict[str, Any], tmp_path: Path) -> None:
+    missing = f"s3://{BUCKET}/a/gone.parquet"
+    with pytest.raises(ShardError, match=f"shard {missing} does not exist"):
+        _source(s3, tmp_path, [*_urls("a", LISTED), missing])
+
+
+def test_a_few_shards_of_a_folder_cost_a_head_each_and_no_listing(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Below LISTED shards a folder is not listed (it may hold far more objects than the shards asked for)."""
+    urls = _urls("few", LISTED - 1)
+    _source(s3, tmp_path, urls)
+    gauge = s3["gauge"]
+    before = dict(gauge.requests)
+    _source(s3, tmp_path, urls)
+    spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
+    assert spent.get("LIST", 0) == 0, spent
+    assert spent.get("HEAD") == LISTED - 1, spent
