@@ -20,7 +20,8 @@ from shardwise._core.packing import (
     stratum_layouts,
 )
 from shardwise._core.packing.rows import pack_histogram
-from shardwise.index.workers import ENV_WORKERS, MAX_WORKERS, build_workers, map_tasks
+from shardwise._core.threads import ENV_WORKERS
+from shardwise.index.workers import MAX_WORKERS, build_workers, map_tasks
 from shardwise.samplers.packed_build import PARALLEL_FROM, write_layouts
 
 

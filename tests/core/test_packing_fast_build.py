@@ -10,7 +10,7 @@ import pytest
 from shardwise._core.packing import Balance, fast_build, fill_pieces, piece_counts
 from shardwise._core.packing import compiled as compiled_module
 from shardwise._core.packing.compiled import ENV_NUMBA, kernels
-from shardwise.index.workers import ENV_WORKERS
+from shardwise._core.threads import ENV_WORKERS
 from shardwise.samplers import packed_build
 from tests.core.test_packing_build import random_histogram
 

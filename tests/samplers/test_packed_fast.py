@@ -10,7 +10,7 @@ import pytest
 
 import shardwise
 from shardwise._core.packing.compiled import ENV_NUMBA
-from shardwise.index.workers import ENV_WORKERS
+from shardwise._core.threads import ENV_WORKERS
 from shardwise.samplers.packed_build import SHARED_FROM
 
 

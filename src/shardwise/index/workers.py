@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from .._core.errors import check_int
-from .._core.threads import usable_cpus
+from .._core.threads import build_threads, usable_cpus
 
-ENV_WORKERS = "SHARDWISE_BUILD_WORKERS"
 MAX_WORKERS = 7
 """Extra processes at most by default (a build's pure-Python step scales to about 8 cores)."""
 _SRC = str(Path(__file__).resolve().parents[2])  # the directory holding the shardwise package
@@ -45,12 +44,7 @@ def build_workers() -> int:
     Raises:
         ValueError: ``SHARDWISE_BUILD_WORKERS`` is not a non-negative integer.
     """
-    value = os.environ.get(ENV_WORKERS, "").strip()
-    if value:
-        if not value.isdigit():
-            raise ValueError(f"{ENV_WORKERS} should be a non-negative integer, but got {ENV_WORKERS}={value!r}")
-        return int(value)
-    return max(0, min(usable_cpus() - 1, MAX_WORKERS))
+    return build_threads(max(1, min(usable_cpus(), MAX_WORKERS + 1))) - 1
 
 
 def serve() -> None:
