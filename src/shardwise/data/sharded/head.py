@@ -346,7 +346,7 @@ def read_rows(final: Path, rows: Sequence[int], columns: list[str] | None, count
 def early_rows(final: Path, derived: Path | None, rows: Sequence[int], columns: list[str] | None, count: int,
                timeout: float) -> Any:
     """Rows ``rows`` of a shard on its way to the cache (``final``: its downloaded name; ``derived``: the file made
-    from it, if any), from its pieces, while the shard is not yet whole.
+    from it, if any), from its pieces, or from the downloaded file while ``derived`` is being made.
 
     Waits (at most ``timeout`` seconds) while a promise of this node holds ``rows`` and is not kept
     yet. Returns a ``pyarrow.Table``, or ``None``: open the shard whole (it is there, or the rows
@@ -356,12 +356,8 @@ def early_rows(final: Path, derived: Path | None, rows: Sequence[int], columns: 
     while True:
         if derived is not None and derived.exists():
             return None
-        if final.exists():
-            # Whole: read it whole, or wait for the file being derived from it. Reading the rows' row
-            # groups here instead decodes ~100x the rows asked for, batch after batch, while the one
-            # decode that serves them all is under way: it cost a cold rank's workers ~0.3-0.7 CPU-s
-            # an epoch on 2 cores (docs/benchmarks/sharded-sources.md), more than the waits it saved.
-            return None
+        if final.exists():  # whole, not yet derived (or nothing to derive: read it whole)
+            return None if derived is None else read_rows(final, rows, columns, count)
         ledger = Ledger.read(final)
         if ledger is None or not ledger.promised.issuperset(rows):
             return None
