@@ -8,10 +8,10 @@ dataset costs a listing of each folder of remote shards (``stat_shards``: ~100 r
 shards) or one ``HEAD`` (local: ``stat``) a shard.
 
 Cost at indexing (16 shards at a time: :data:`READERS`): a Parquet shard's footer (one or two
-ranged reads); an Arrow IPC or WebDataset shard read whole once. A length or label column is read whole, its own column chunks only
-(Parquet): an integer column costs its own bytes, but the lengths of a list or string column
-(token ids, text) cost that column's bytes, most of a dataset of token ids; store lengths as an
-integer column where start-up reads matter.
+ranged reads); an Arrow IPC or WebDataset shard read whole once. A length or label column is
+read whole, its own column chunks only (Parquet): an integer column costs its own bytes, but the
+lengths of a list or string column (token ids, text) cost that column's bytes, most of a dataset
+of token ids; store lengths as an integer column where start-up reads matter.
 """
 
 from __future__ import annotations
