@@ -19,11 +19,11 @@ pytestmark = [
 N = 96
 
 
-def _loader(kind: str, num_workers: int) -> Any:
+def _loader(kind: str, num_workers: int, context: str | None = None) -> Any:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     world = {"num_replicas": 2, "rank": 1, "seed": 5}
-    extra: dict[str, Any] = {"num_workers": num_workers}
+    extra: dict[str, Any] = {"num_workers": num_workers, "multiprocessing_context": context}
     data = list(range(N))
     if kind == "index":
         return StatefulDataLoader(data, sampler=shardwise.ShardedSampler(N, **world), batch_size=4, **extra)
@@ -44,8 +44,12 @@ def _batches(loader: Any, count: int | None = None) -> list[list[int]]:
 def _continue(kind: str, num_workers: int, state: dict[str, Any], queue: Any) -> None:
     import warnings
 
+    from tests.lockstep import worker_context
+
     warnings.filterwarnings("ignore")
-    loader = _loader(kind, num_workers)
+    # A spawned process spawns its workers by default, each importing torch again (~5 s a test): fork them
+    # (or use a fork server that has imported torch, where fork is unsafe: lockstep.worker_context).
+    loader = _loader(kind, num_workers, worker_context() if num_workers else None)
     loader.load_state_dict(state)
     rest = _batches(loader)
     queue.put((rest, _batches(loader)))  # the rest of this epoch, then the whole next epoch
