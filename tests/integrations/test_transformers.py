@@ -1,7 +1,7 @@
 """HF transformers Trainer: 2 real processes (torchrun, gloo) running examples/transformers_trainer.py.
 
 The three multi-process Trainer tests read the runs of one module fixture (``trainer_runs``): 4 launches of
-trainer_phases.py, each running the example once per phase, instead of 10 launches of the example.
+example_phases.py, each running the example once per phase, instead of 10 launches of the example.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "transformers_trainer.py"
-PHASES = Path(__file__).with_name("trainer_phases.py")  # several runs of EXAMPLE in one launch
+PHASES = Path(__file__).with_name("example_phases.py")  # several runs of an example in one launch
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 WORKERS_CONTEXT = () if fork_is_safe() else ("--mp-context", "forkserver")  # gh-112275: see lockstep.worker_context
 BATCH, PER_EPOCH = 4, 12  # 96 samples, 4 per batch, 2 ranks: 12 batches per rank and epoch
@@ -94,10 +94,10 @@ LINKS: dict[str, tuple[int, tuple[str, int] | None]] = {
 
 
 def _launch_phases(spec: Path, world_size: int, phases: list[list[str]]) -> None:
-    """One launch of ``world_size`` ranks running the example once per phase, in turn (trainer_phases.py)."""
+    """One launch of ``world_size`` ranks running the example once per phase, in turn (example_phases.py)."""
     spec.write_text(json.dumps(phases))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size), "--standalone",
-               str(PHASES), str(spec)]  # fmt: skip
+               str(PHASES), EXAMPLE.stem, str(spec)]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, (phases, result.stderr[-4000:])
 
