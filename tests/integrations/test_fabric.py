@@ -1,4 +1,7 @@
-"""Lightning Fabric: 2 real processes (ddp, gloo) running examples/fabric_ddp.py, every shardwise sampler kind."""
+"""Lightning Fabric: 2 real processes (ddp, gloo) running examples/fabric_ddp.py, every shardwise sampler kind.
+
+The two multi-process tests read the runs of one module fixture (``fabric_runs``): 2 launches instead of 3.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ pytest.importorskip("lightning.fabric")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fabric_ddp.py"
+PHASES = Path(__file__).with_name("example_phases.py")  # several runs of an example in one launch
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 ONCE_PER_EPOCH = ("ShardedSampler", "shard", "BucketBatchSampler", "ScheduledBatchSampler", "shard_batches")
 
@@ -40,13 +44,34 @@ def _planned(example: ModuleType, kind: str, rank: int) -> list[list[int]]:
     return batches
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(180)
-def test_fabric_setup_dataloaders_deals_every_sampler_kind_as_planned(tmp_path: Path) -> None:
-    """Fabric(devices=2, strategy="ddp"), default setup_dataloaders: each rank trains its share of the plan, new each epoch."""
-    command = [sys.executable, str(EXAMPLE), "--out", str(tmp_path)]
+@pytest.fixture(scope="module")
+def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The example's uninterrupted run and its --save run, then its --resume run (new processes).
+
+    The first two are phases of one torchrun launch (example_phases.py: the example's main() twice in the
+    same 2 ranks, ~10 s of process starts and imports saved); --resume starts the example as its docstring
+    does, Fabric's launcher starting rank 1.
+    """
+    base = tmp_path_factory.mktemp("fabric")
+    setup, resume = base / "setup", base / "resume"
+    for folder in (setup, resume):
+        folder.mkdir()
+    (base / "phases.json").write_text(json.dumps([["--out", str(setup)], ["--out", str(resume), "--save"]]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               str(PHASES), EXAMPLE.stem, str(base / "phases.json")]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, ("run, --save", result.stderr[-4000:])
+    command = [sys.executable, str(EXAMPLE), "--out", str(resume), "--resume"]
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
+    assert result.returncode == 0, ("--resume", result.stderr[-4000:])
+    return {"setup": setup, "resume": resume}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_fabric_setup_dataloaders_deals_every_sampler_kind_as_planned(fabric_runs: dict[str, Path]) -> None:
+    """Fabric(devices=2, strategy="ddp"), default setup_dataloaders: each rank trains its share of the plan, new each epoch."""
+    tmp_path = fabric_runs["setup"]  # the example's run without --save or --resume
     ranks = [json.loads((tmp_path / f"run-rank{rank}.json").read_text()) for rank in (0, 1)]
     example = _example()
     assert set(ranks[0]) == set(example.KINDS)
@@ -61,17 +86,14 @@ def test_fabric_setup_dataloaders_deals_every_sampler_kind_as_planned(tmp_path: 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_fabric_resume_in_a_new_run_continues_every_sampler_kind_exactly(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_fabric_resume_in_a_new_run_continues_every_sampler_kind_exactly(fabric_runs: dict[str, Path]) -> None:
     """--save stops each kind mid-epoch 1 or after epoch 0's loop; --resume (new processes) trains the rest exactly.
 
     Fabric's epoch count restarts at 0 in the new run: without load_state_dict moving it, the first
     iter(loader) would set epoch 0 and the resumed run would train epoch 0 again.
     """
-    for phase in ("--save", "--resume"):
-        command = [sys.executable, str(EXAMPLE), "--out", str(tmp_path), phase]
-        result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
-        assert result.returncode == 0, (phase, result.stderr[-4000:])
+    tmp_path = fabric_runs["resume"]  # --save, then --resume from its checkpoints
     example = _example()
     for rank in (0, 1):
         saved, resumed = (
