@@ -101,6 +101,8 @@ def test_the_first_batch_comes_while_every_whole_shard_is_held(s3: dict[str, Any
     assert isinstance(first[0]["tokens"], np.ndarray)
     assert first[0]["tokens"].tolist() == _table(shard * ROWS, ROWS)["tokens"][row].as_py()
     assert gate.sent - before <= 1.05 * sum(s3["sizes"])  # the pieces are not fetched again with the rest
+    # every shard decoded: no ledger of pieces is left (one stays while its shard is decoded)
+    assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".partledger")]
 
 
 def test_a_shard_rewritten_before_its_pieces_are_fetched_is_refused(s3: dict[str, Any], tmp_path: Path) -> None:
@@ -116,3 +118,19 @@ def test_a_shard_rewritten_before_its_pieces_are_fetched_is_refused(s3: dict[str
     fs.put(str(path), f"{BUCKET}/changed/{rewritten}.parquet")
     with pytest.raises(ShardError, match=f"shard s3://{BUCKET}/changed/{rewritten}.parquet .*changed since it was"):
         next(iter(loader))
+
+
+def test_a_shard_whole_but_not_yet_decoded_serves_only_the_rows_promised(tmp_path: Path) -> None:
+    """While the decoded file is made, the promised rows (a pass's first) come from the whole Parquet; any other
+    row waits for the decoded file (read here, each batch would decode its rows' row groups, ~100x the rows)."""
+    from shardwise.data.sharded import head
+
+    final, derived = tmp_path / "shard.parquet", tmp_path / "shard.arrow"
+    pq.write_table(_table(0, ROWS), final, row_group_size=GROUP)
+    head.promise(final, [3, 40])
+    rows = head.early_rows(final, derived, [40, 3], None, ROWS, timeout=5)
+    assert rows is not None and rows["id"].to_pylist() == [40, 3]
+    assert head.early_rows(final, derived, [3, 41], None, ROWS, timeout=5) is None  # 41 not promised: wait
+    assert head.early_rows(final, None, [3], None, ROWS, timeout=5) is None  # nothing derived: the shard whole
+    derived.touch()
+    assert head.early_rows(final, derived, [3], None, ROWS, timeout=5) is None  # decoded: read it

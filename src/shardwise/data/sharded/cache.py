@@ -202,8 +202,9 @@ class ShardCache:
         return self._get(url, size, sample, derived, version, wait=True)
 
     def _get(self, url: str, size: int, sample: int | None, derived: Derived | None, version: str | None, *,
-             wait: bool) -> str:
-        """:meth:`path`; ``wait=False``: raise ``fetch.Busy`` at once if another process holds its lock."""
+             wait: bool, keep_ledger: bool = False) -> str:
+        """:meth:`path`; ``wait=False``: raise ``fetch.Busy`` at once if another process holds its lock;
+        ``keep_ledger``: a download keeps the ledger of the shard's pieces (:meth:`_make` removes it)."""
         if is_local(url):
             path = local_path(url)
             if not os.path.isfile(path):
@@ -224,14 +225,16 @@ class ShardCache:
                     with self._serial if self.budget_bytes is not None else contextlib.nullcontext():
                         self._make(url, size, sample, derived, version, final)
             elif not complete(final, size):
-                self._download(url, final, size, sample, version)
+                self._download(url, final, size, sample, version, keep_ledger)
         self._evict(keep=final.name)
         return str(final)
 
     def _make(self, url: str, size: int, sample: int | None, derived: Derived, version: str | None,
               final: Path) -> None:
         """Make ``final`` from the shard (downloaded if needed, deleted after); the caller holds ``final``'s lock."""
-        shard = self._get(url, size, sample, None, version, wait=True)
+        # The ledger of the shard's pieces stays until the derived file is in place: the rows it
+        # promised (a pass's first batch) are read from the whole shard meanwhile, others wait.
+        shard = self._get(url, size, sample, None, version, wait=True, keep_ledger=True)
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
         try:
             derived.make(shard, str(part))
@@ -240,14 +243,16 @@ class ShardCache:
             Path(shard).unlink(missing_ok=True)
             self._make_room(os.stat(part).st_size, keep=final.name)
             os.replace(part, final)
+            heads.ledger_path(Path(shard)).unlink(missing_ok=True)
         finally:
             part.unlink(missing_ok=True)
         remove_leftovers(final)
 
-    def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None) -> None:
+    def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None,
+                  keep_ledger: bool) -> None:
         self._make_room(size, keep=final.name)  # before the download is renamed into place (see _make)
         copied = download(self.filesystem(url), url, final, size, version, sample, retries=self.retries,
-                          backoff=self.backoff, timeout=self.timeout)
+                          backoff=self.backoff, timeout=self.timeout, keep_ledger=keep_ledger)
         with self._mutex:
             self.fetched_bytes += copied
 

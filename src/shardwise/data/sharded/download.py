@@ -20,7 +20,7 @@ from typing import Any
 
 from .fetch import PART, check_unchanged, for_sample, remove_leftovers
 from .formats import ShardError
-from .head import fetch_rest
+from .head import fetch_rest, ledger_path
 
 _CLIENT_ERRORS = (  # (module, name): the base of a storage client's transport errors that are no OSError
     ("aiohttp", "ClientError"),  # s3fs, gcsfs, adlfs and fsspec's http: ServerDisconnectedError, ClientPayloadError...
@@ -46,10 +46,12 @@ def transient_errors() -> tuple[type[BaseException], ...]:
 
 
 def download(fs: Any, url: str, final: Path, size: int, version: str | None, sample: int | None, *,
-             retries: int, backoff: float, timeout: float = 600.0) -> int:
+             retries: int, backoff: float, timeout: float = 600.0, keep_ledger: bool = False) -> int:
     """Fetch shard ``url`` into ``final`` (renamed into place whole), checked against its size and ``version``.
 
-    Returns the bytes downloaded. The caller holds ``final``'s file lock.
+    Returns the bytes downloaded. The caller holds ``final``'s file lock. ``keep_ledger``: the ledger
+    of its pieces stays (NOTE [ Head first ]: the rows promised are read from ``final`` while a file
+    is derived from it); the caller removes it.
 
     Raises:
         ShardError: the shard is missing or changed (at once), or could not be fetched whole
@@ -77,7 +79,7 @@ def download(fs: Any, url: str, final: Path, size: int, version: str | None, sam
             if length != size:  # the same identity: a truncated transfer
                 raise OSError(f"shard {url} {for_sample(sample)}has {length} bytes, but its metadata says {size}")
             os.replace(filled, final)  # atomic: readers see the whole shard or nothing
-            remove_leftovers(final)
+            remove_leftovers(final, keep=ledger_path(final) if keep_ledger else None)
             return copied
         except FileNotFoundError as error:
             raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)") from error

@@ -98,14 +98,15 @@ def shard_key(name: str) -> str:
     return name.partition("-")[0]
 
 
-def remove_leftovers(final: Path) -> None:
-    """Delete the temporary files of ``final`` that killed processes left (the caller holds its lock).
+def remove_leftovers(final: Path, keep: Path | None = None) -> None:
+    """Delete the temporary files of ``final`` that killed processes left (the caller holds its lock), but ``keep``.
 
     A name prefix, not a glob: a shard's file name may hold ``[`` or ``*``.
     """
     prefix = final.name + PART
+    kept = None if keep is None else keep.name
     for entry in os.scandir(final.parent):
-        if entry.name.startswith(prefix):
+        if entry.name.startswith(prefix) and entry.name != kept:
             Path(entry.path).unlink(missing_ok=True)
 
 

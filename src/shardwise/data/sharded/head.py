@@ -346,7 +346,7 @@ def read_rows(final: Path, rows: Sequence[int], columns: list[str] | None, count
 def early_rows(final: Path, derived: Path | None, rows: Sequence[int], columns: list[str] | None, count: int,
                timeout: float) -> Any:
     """Rows ``rows`` of a shard on its way to the cache (``final``: its downloaded name; ``derived``: the file made
-    from it, if any), from its pieces, or from the downloaded file while ``derived`` is being made.
+    from it, if any), from its pieces, or, rows promised, from the downloaded file while ``derived`` is being made.
 
     Waits (at most ``timeout`` seconds) while a promise of this node holds ``rows`` and is not kept
     yet. Returns a ``pyarrow.Table``, or ``None``: open the shard whole (it is there, or the rows
@@ -356,17 +356,19 @@ def early_rows(final: Path, derived: Path | None, rows: Sequence[int], columns: 
     while True:
         if derived is not None and derived.exists():
             return None
-        if final.exists():  # whole, not yet derived (or nothing to derive: read it whole)
-            return None if derived is None else read_rows(final, rows, columns, count)
         ledger = Ledger.read(final)
-        if ledger is None or not ledger.promised.issuperset(rows):
+        promised = ledger is not None and ledger.promised.issuperset(rows)
+        if final.exists():  # whole, not yet derived (or nothing to derive: read it whole)
+            # Promised rows (a pass's first) are read from it while the derived file is made; others wait
+            # for that file: read here, each batch would decode its rows' row groups (~100x the rows asked
+            # for) while the one decode that serves them all is under way.
+            return read_rows(final, rows, columns, count) if promised and derived is not None else None
+        if ledger is None or not promised:
             return None
         if ledger.ranges:  # the footer is in (recorded first): the rows' row groups may be too
             table = read_rows(final, rows, columns, count)
             if table is not None:
                 return table
-        if ledger.settled:
-            return None
-        if time.monotonic() > deadline:
+        if ledger.settled or time.monotonic() > deadline:
             return None
         time.sleep(_POLL)
