@@ -1,10 +1,11 @@
 """Lightning: every shardwise sampler under real ``Trainer(strategy="ddp", devices=2)`` runs on CPU.
 
-Each test starts two real gloo ranks (``run_distributed``) and runs several ``Trainer.fit`` calls
-inside them: Lightning's DDP strategy finds the process group already initialised (``LOCAL_RANK``
-set, processes created externally, as under torchrun) and joins it, so one process start serves
-many fits. DDP all-reduces gradients every step, so ranks with different step counts would time
-out rather than hang. Every rank returns what it saw; the assertions run in the test process.
+Each test starts two real gloo ranks (``run_distributed``; three tests share one start, the module
+fixture ``fits``) and runs several ``Trainer.fit`` calls inside them: Lightning's DDP strategy finds the
+process group already initialised (``LOCAL_RANK`` set, processes created externally, as under torchrun)
+and joins it, so one process start serves many fits. DDP all-reduces gradients every step, so ranks
+with different step counts would time out rather than hang. Every rank returns what it saw; the
+assertions run in the test process.
 """
 
 from __future__ import annotations
@@ -199,13 +200,26 @@ def _resume(rank: int, world_size: int, directory: str, stop_at: int) -> dict[st
     return {"first": whole.seen, "whole": rest.seen, "second": resumed.seen}
 
 
+def _three_tests(rank: int, world_size: int, names: list[str], directory: str) -> dict[str, Any]:
+    """What the next three tests check, from one process start: _two_stream last (its seed_everything stays)."""
+    return {"every": _fit_every_sampler(rank, world_size, names), "resume": _resume(rank, world_size, directory, 2),
+            "two_stream": _two_stream(rank, world_size)}  # fmt: skip
+
+
 # -- tests ---------------------------------------------------------------------------------------
 
 
-def test_every_sampler_with_default_settings_and_without_distributed_sampler() -> None:
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Per rank, the results of _fit_every_sampler, _resume and _two_stream, run in one pair of ranks (not 3)."""
+    return run_distributed(_three_tests, 2, INDEX + BATCH, str(tmp_path_factory.mktemp("lightning")), timeout=400)
+
+
+@pytest.mark.timeout(480)
+def test_every_sampler_with_default_settings_and_without_distributed_sampler(fits: list[dict[str, Any]]) -> None:
     """Every shardwise sampler, in the hook or passed to fit, with or without Lightning's sampler: exact shares."""
     names = INDEX + BATCH
-    results = run_distributed(_fit_every_sampler, 2, names, timeout=200)
+    results = [rank["every"] for rank in fits]  # _fit_every_sampler(names)
     for name in names:
         for mode in ("hook", "fit", "nodist"):
             for rank in (0, 1):
@@ -220,9 +234,10 @@ def test_every_sampler_with_default_settings_and_without_distributed_sampler() -
         assert results[rank]["stateful/fit"] == {e: expected("TwoStreamBatchSampler", rank, e) for e in (0, 1)}
 
 
-def test_two_stream_scenario_with_and_without_seed_everything() -> None:
+@pytest.mark.timeout(480)
+def test_two_stream_scenario_with_and_without_seed_everything(fits: list[dict[str, Any]]) -> None:
     """Two-stream 120 samples, 24 primary, 4+4, 2 ranks, 3 epochs: primary once per epoch, disjoint, orders differ."""
-    results = run_distributed(_two_stream, 2, timeout=150)
+    results = [rank["two_stream"] for rank in fits]  # _two_stream
     for run in ("seeded=False", "seeded=True"):
         ranks = [results[0][run], results[1][run]]
         orders = []
@@ -239,9 +254,10 @@ def test_two_stream_scenario_with_and_without_seed_everything() -> None:
     assert results[0]["seeded=False"] == results[0]["seeded=True"]
 
 
-def test_mid_epoch_resume_with_stateful_dataloader_sees_the_uninterrupted_batches(tmp_path: Any) -> None:
+@pytest.mark.timeout(480)
+def test_mid_epoch_resume_with_stateful_dataloader_sees_the_uninterrupted_batches(fits: list[dict[str, Any]]) -> None:
     """StatefulDataLoader + Lightning checkpoint mid-epoch: the resumed run equals the uninterrupted one, every rank."""
-    ranks = run_distributed(_resume, 2, str(tmp_path), 2, timeout=200)
+    ranks = [rank["resume"] for rank in fits]  # _resume(directory, stop_at=2)
     for rank in (0, 1):
         run = ranks[rank]
         assert len(run["first"]) == 2
