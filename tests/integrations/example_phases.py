@@ -4,7 +4,8 @@
         EXAMPLE PHASES.json
 
 EXAMPLE names a script of examples/ (``transformers_trainer``, ``fabric_ddp``); PHASES.json is a list of its
-command lines (without the script). Each rank calls the example's ``main()`` once per phase, in order, so
+command lines (without the script), or of copy steps between them: ``{"copy": folder, "to": folder,
+"without": name}`` copies a checkpoint folder without one file (rank 0; every rank waits for it). Each rank calls the example's ``main()`` once per phase, in order, so
 it imports torch and the framework once for all of them (most of a launch's time). Every phase is the
 example's own run: its parser, model, trainer, checkpoints and output files; between phases the process
 group stays up (the example's ``destroy_process_group`` runs after the last phase only), so the next
@@ -21,6 +22,8 @@ from __future__ import annotations
 import importlib
 import json
 import multiprocessing
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,15 +43,27 @@ def _keep_the_group(*args: Any, **kwargs: Any) -> None:
     """Stands in for ``destroy_process_group`` at the end of every phase but the last one."""
 
 
+def _copy(step: dict[str, str]) -> None:
+    """A copy step: rank 0 copies ``step["copy"]`` to ``step["to"]`` without ``step["without"]``; all ranks wait."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        shutil.copytree(step["copy"], step["to"])
+        (Path(step["to"]) / step["without"]).unlink()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def main() -> None:
     name, spec = sys.argv[1:]
     example = importlib.import_module(name)
-    phases: list[list[str]] = json.loads(Path(spec).read_text())
+    phases: list[list[str] | dict[str, str]] = json.loads(Path(spec).read_text())
     if name in PRELOAD:
         multiprocessing.set_forkserver_preload(PRELOAD[name])
     destroy = torch.distributed.destroy_process_group
     try:
         for number, argv in enumerate(phases):
+            if isinstance(argv, dict):
+                _copy(argv)
+                continue
             torch.distributed.destroy_process_group = destroy if number == len(phases) - 1 else _keep_the_group
             sys.argv = [example.__file__, *argv]
             example.main()

@@ -10,7 +10,6 @@ import functools
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -93,7 +92,7 @@ LINKS: dict[str, tuple[int, tuple[str, int] | None]] = {
 }  # fmt: skip
 
 
-def _launch_phases(spec: Path, world_size: int, phases: list[list[str]]) -> None:
+def _launch_phases(spec: Path, world_size: int, phases: list[Any]) -> None:
     """One launch of ``world_size`` ranks running the example once per phase, in turn (example_phases.py)."""
     spec.write_text(json.dumps(phases))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size), "--standalone",
@@ -104,12 +103,13 @@ def _launch_phases(spec: Path, world_size: int, phases: list[list[str]]) -> None
 
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The example's runs of the three Trainer tests below, each test in its own folder, in 4 launches.
+    """The example's runs of the three Trainer tests below, each test in its own folder, in 3 launches.
 
-    A launch costs ~10 s of process starts and imports (a phase ~1 s), so the runs of one world size that
-    do not depend on each other share one launch: the first runs (2 ranks), the resumes from them (2 ranks),
-    the resumes on 1 rank, then the chain's last links (2 ranks). Every resume still runs in processes
-    started after its checkpoint was written, as a separate launch per run did.
+    A launch costs ~10 s of process starts and imports (a phase ~1 s), so runs of one world size share a
+    launch: the first runs and the chain's "replay" (2 ranks), the resumes on 1 rank, then the other
+    resumes on 2 ranks. Every resume runs in processes started after its checkpoint was written, as a
+    launch per run did, except "replay", which resumes the copy of "run"'s checkpoint in the processes
+    that wrote it (a plain checkpoint: Trainer replays, shardwise warns).
     """
     base = tmp_path_factory.mktemp("trainer")
     two, group, chain = base / "two_ranks", base / "group_by_length", base / "chain"
@@ -123,23 +123,24 @@ def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         return ["--out", str(chain / name), *CHAIN, "--resume", str(folder)]
 
     five, gbl = str(two / "checkpoints" / "checkpoint-5"), ("--strategy", "group_by_length", "--grad-accum", "2")
+    # "plain": checkpoint-2 as a plain Trainer saves it, without shardwise_sampler.json (a copy step).
+    plain = {"copy": str(chain / "run" / "checkpoints" / "checkpoint-2"), "to": str(chain / "plain"),
+             "without": "shardwise_sampler.json"}  # fmt: skip
     _launch_phases(base / "first.json", 2, [
         ["--out", str(two), "--strategy", "random", "--save-steps", "5", "--workers", "2", *WORKERS_CONTEXT],
         ["--out", str(group), *gbl, "--save-steps", "2"],
         link("run"),
+        plain,
+        link("replay"),
     ])  # fmt: skip
-    plain = chain / "plain"  # checkpoint-2 as a plain Trainer saves it: without shardwise_sampler.json
-    shutil.copytree(chain / "run" / "checkpoints" / "checkpoint-2", plain)
-    (plain / "shardwise_sampler.json").unlink()
-    _launch_phases(base / "resumed.json", 2, [["--out", str(two), "--strategy", "random", "--resume", five],
-                                              link("replay")])  # fmt: skip
     _launch_phases(base / "one.json", 1, [
         ["--out", str(two), "--strategy", "random", "--phase", "elastic", "--resume", five],
         ["--out", str(group), *gbl, "--workers", "2", *WORKERS_CONTEXT,
          "--resume", str(group / "checkpoints" / "checkpoint-2")],
         link("one"),
     ])  # fmt: skip
-    _launch_phases(base / "last.json", 2, [link("same"), link("two")])
+    _launch_phases(base / "last.json", 2, [["--out", str(two), "--strategy", "random", "--resume", five],
+                                           link("same"), link("two")])  # fmt: skip
     return {"two_ranks": two, "group_by_length": group, "chain": chain}
 
 
