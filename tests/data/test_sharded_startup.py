@@ -90,3 +90,32 @@ def test_a_few_shards_of_a_folder_cost_a_head_each_and_no_listing(s3: dict[str, 
     spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
     assert spent.get("LIST", 0) == 0, spent
     assert spent.get("HEAD") == LISTED - 1, spent
+
+
+def test_an_http_folder_listed_as_a_web_page_falls_back_to_a_head_a_shard(tmp_path: Path) -> None:
+    """http.server lists the folder as HTML (no sizes, no ETags): every identity is the one info reports."""
+    import functools
+    import http.server
+    import threading
+
+    import fsspec
+
+    from tests.data.test_sharded_http import RangeHandler
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    for s in range(LISTED + 1):
+        pq.write_table(_table(3 * s, 3), tmp_path / f"{s}.parquet")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        urls = [f"http://127.0.0.1:{server.server_address[1]}/{s}.parquet" for s in range(LISTED + 1)]
+        fs = fsspec.filesystem("http")
+        assert stat_shards(urls, lambda url: fs) == [identity(url, fs.info(url)) for url in urls]
+        source = ShardedSource(urls, cache=ShardCache(tmp_path / "cache", prefetch_threads=0),
+                               index_dir=tmp_path / "index")
+        assert [source[i]["id"] for i in (0, 3 * LISTED + 2)] == [0, 3 * LISTED + 2]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

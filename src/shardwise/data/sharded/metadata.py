@@ -100,8 +100,8 @@ def _listed(folder: str, members: list[str], filesystem: Callable[[str], Any]) -
     try:
         fs.invalidate_cache(folder)  # a listing cached earlier would report old ETags
         entries = fs.ls(folder, detail=True)
-    except (OSError, NotImplementedError, ValueError):  # no listing (HTTP without an index page, ...): info each
-        return {}
+    except Exception:  # a shortcut: any failure (HTTP without an index page, a client's own error type, no
+        return {}  # permission to list) falls back to one info a shard
     finally:
         fs.invalidate_cache(folder)
     by_name = {entry.get("name"): entry for entry in entries if isinstance(entry, dict)}
