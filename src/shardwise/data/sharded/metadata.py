@@ -73,7 +73,8 @@ def stat_shards(urls: list[str], filesystem: Callable[[str], Any]) -> list[Ident
     requests a rank, not 1e5 in a row. The listing is trusted only where it reports the same
     identity as ``info`` for the folder's first shard (one ``HEAD``); a shard it does not list, and
     every shard of a filesystem without listings, costs its own ``info``. Local shards: a ``stat``
-    each. The listing is dropped from the filesystem's cache afterwards (a dict an object).
+    each. The listing is dropped from the filesystem's cache afterwards (a dict an object). A folder
+    holding far more objects than the shards asked for costs its whole listing (1,000 a request).
     """
     listed: dict[str, Identity] = {}
     folders: dict[str, list[str]] = {}
