@@ -2,15 +2,18 @@
 
 Used by ``shardwise demo`` and by the test suite. Nothing here may hang: the group's collective
 timeout makes a rank that waits on a missing peer raise, and the parent kills every rank that is
-still running when the deadline passes and raises ``TimeoutError``.
+still running when the deadline passes and raises ``TimeoutError``. Nothing outlives the call:
+each rank leads a process group of its own, killed once the rank is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
 import queue
+import signal
 import tempfile
 import time
 import traceback
@@ -32,6 +35,11 @@ def _child(
 ) -> None:
     import torch.distributed as dist
 
+    if hasattr(os, "setsid"):
+        # A process group of its own, which the parent kills once the rank is gone: what the rank
+        # started (DataLoader workers, a fork server, a resource tracker) goes with it, also when the
+        # rank was killed (a fork server's workers keep it alive, and it them, past their rank).
+        os.setsid()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         dist.init_process_group(
@@ -120,6 +128,7 @@ def run_distributed(
                 if process.is_alive():
                     process.kill()
                     process.join()
+                _kill_group(process.pid)
             results.close()
     if failures:
         # A rank that died without a result (killed, crashed) is usually why the others failed in a
@@ -129,6 +138,14 @@ def run_distributed(
         also = f"\nother ranks that failed (last line of each):{others}" if others else ""
         raise RuntimeError(f"rank {first} of {world_size} failed in {fn.__name__}:\n{failures[first]}{also}")
     return [values[rank] for rank in range(world_size)]
+
+
+def _kill_group(pid: int | None) -> None:
+    """Kill what is left of a finished rank's process group (its leader, the rank, has exited)."""
+    if pid is None or not hasattr(os, "killpg"):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _drain(results: Any, values: dict[int, Any], failures: dict[int, str]) -> bool:
