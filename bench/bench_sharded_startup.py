@@ -13,7 +13,8 @@ Printed: seconds and the server's requests by method (``LIST``: a listing), for 
 checkout and, with ``--before SRC``, for another ``src`` directory side by side (``git archive
 <commit> src | tar -x -C DIR``, then ``--before DIR/src``), with the ratio before/now.
 
-Run: ``python bench/bench_sharded_startup.py --shards 400 --latency 0.02 --before before-abc1234/src`` (~1 min).
+Run: ``python bench/bench_sharded_startup.py --shards 400 --latency 0.02 --before before-abc1234/src`` (~1 min);
+``--quick``: 40 shards, 5 ms a request.
 """
 
 from __future__ import annotations
@@ -58,10 +59,14 @@ def phase(src: Path, spec: dict[str, Any], gauge: Any) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=400)
-    parser.add_argument("--latency", type=float, default=0.02, help="seconds before the server answers a request")
+    parser.add_argument("--quick", action="store_true", help="a smoke-sized run: 40 shards, 5 ms a request (~15 s)")
+    parser.add_argument("--shards", type=int, default=None, help="shards in the folder (default 400; quick: 40)")
+    parser.add_argument("--latency", type=float, default=None,
+                        help="seconds before the server answers a request (default 0.02; quick: 0.005)")
     parser.add_argument("--before", type=Path, default=None, metavar="SRC", help="another src directory, side by side")
     args = parser.parse_args()
+    args.shards = args.shards or (40 if args.quick else 400)
+    args.latency = args.latency if args.latency is not None else (0.005 if args.quick else 0.02)
     if args.before is not None and not (args.before / "shardwise").is_dir():
         parser.error(f"--before {args.before}: no shardwise package in it")
     import pyarrow as pa
