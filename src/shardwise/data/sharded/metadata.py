@@ -16,10 +16,12 @@ of token ids; store lengths as an integer column where start-up reads matter.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +128,12 @@ def read_metadata(stats: list[Identity], fmt: Format, length_column: str | None,
     key = hashlib.blake2b(json.dumps([options, stats]).encode(), digest_size=16).hexdigest()
 
     def build(directory: Path) -> None:
-        facts = _read_facts(stats, fmt, (length_column, label_column), filesystem)
-        common: list[str] | None = None  # the columns every shard has
-        for (url, _, _), (_, names, _) in zip(stats, facts, strict=True):
+        counts: list[int] = []
+        values: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])  # the length and label columns, shard by shard
+        common: list[str] | None = None  # the columns every shard read so far has
+        for (url, _, _), (rows, names, asked) in zip(
+                stats, _read_facts(stats, fmt, (length_column, label_column), filesystem), strict=True):
+            counts.append(rows)
             common = names if common is None else [name for name in common if name in names]
             missing = [(option, column) for option, column in (("length_column", length_column),
                        ("label_column", label_column)) if column is not None and column not in names]
@@ -139,12 +144,14 @@ def read_metadata(stats: list[Identity], fmt: Format, length_column: str | None,
                     f"{option} should name a column of the shards, but got {option}={column!r}, which shard "
                     f"{url} does not have; its {what} are {names}"
                 )
-        np.save(directory / "counts.npy", np.asarray([rows for rows, _, _ in facts], dtype=np.int64))
+            for kept, got in zip(values, asked, strict=True):
+                kept.append(got)
+        np.save(directory / "counts.npy", np.asarray(counts, dtype=np.int64))
         np.save(directory / "names.npy", np.asarray(common or [], dtype=str))
         np.save(directory / "bytes.npy", np.asarray([size for _, size, _ in stats], dtype=np.int64))
-        for name, asked, at in (("lengths", length_column, 0), ("labels", label_column, 1)):
-            if asked is not None:
-                np.save(directory / f"{name}.npy", np.concatenate([values[at] for _, _, values in facts]))
+        for name, wanted, kept in (("lengths", length_column, values[0]), ("labels", label_column, values[1])):
+            if wanted is not None:
+                np.save(directory / f"{name}.npy", np.concatenate(kept))
 
     return build_or_open(KIND, key, build, cache_dir=index_dir)
 
@@ -155,14 +162,18 @@ Facts = tuple[int, list[str], list[np.ndarray]]  # rows, column names, the asked
 
 
 def _read_facts(stats: list[Identity], fmt: Format, columns: tuple[str | None, ...],
-                filesystem: Callable[[str], Any]) -> list[Facts]:
+                filesystem: Callable[[str], Any]) -> Iterator[Facts]:
     """Each shard's :data:`Facts`, in order, read :data:`READERS` at a time (1e5 remote shards one after another:
-    hours of round trips). Raises the error of the first shard, in order, that could not be read."""
-    if len(stats) < 2:
-        return [_facts(url, fmt, columns, filesystem) for url, _, _ in stats]
+    hours of round trips), at most ``4 * READERS`` ahead of the caller. Raises the error of the first
+    shard, in order, that could not be read; the reads not started are dropped when the caller stops."""
     with KernelThreads(min(READERS, len(stats)), name="shardwise-index-read") as readers:
-        futures = [readers.submit(_facts, url, fmt, columns, filesystem) for url, _, _ in stats]
-        return [future.result() for future in futures]
+        ahead: collections.deque[Future[Facts]] = collections.deque()
+        for url, _, _ in stats:
+            ahead.append(readers.submit(_facts, url, fmt, columns, filesystem))
+            if len(ahead) >= 4 * READERS:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
 
 
 def _facts(url: str, fmt: Format, columns: tuple[str | None, ...], filesystem: Callable[[str], Any]) -> Facts:
