@@ -114,8 +114,9 @@ def _listed(folder: str, members: list[str], filesystem: Callable[[str], Any]) -
         if entry is not None and entry.get("type") == "file" and entry.get("size") is not None:
             found[url] = identity(url, entry)
     first = members[0]
-    if found.get(first) != _stat(first, filesystem):  # another version field than info's: trust info alone
-        return {}
+    checked = _stat(first, filesystem)
+    if found.get(first) != checked:  # another version field than info's: trust info alone (the first is taken)
+        return {first: checked}
     return found
 
 
@@ -145,7 +146,8 @@ def read_metadata(stats: list[Identity], fmt: Format, length_column: str | None,
                     f"{url} does not have; its {what} are {names}"
                 )
             for kept, got in zip(values, asked, strict=True):
-                kept.append(got)
+                if got is not None:
+                    kept.append(got)
         np.save(directory / "counts.npy", np.asarray(counts, dtype=np.int64))
         np.save(directory / "names.npy", np.asarray(common or [], dtype=str))
         np.save(directory / "bytes.npy", np.asarray([size for _, size, _ in stats], dtype=np.int64))
@@ -158,7 +160,7 @@ def read_metadata(stats: list[Identity], fmt: Format, length_column: str | None,
 
 READERS = 16
 """Shards whose metadata is read at once when the index is built (their round trips to storage overlap)."""
-Facts = tuple[int, list[str], list[np.ndarray]]  # rows, column names, the asked columns' values (in order)
+Facts = tuple[int, list[str], list[np.ndarray | None]]  # rows, column names, each asked column's values, else None
 
 
 def _read_facts(stats: list[Identity], fmt: Format, columns: tuple[str | None, ...],
@@ -182,13 +184,13 @@ def _facts(url: str, fmt: Format, columns: tuple[str | None, ...], filesystem: C
     try:
         with fs.open(url, "rb") as handle:
             rows, names = shard_facts(handle, fmt)
-            values = []
+            values: list[np.ndarray | None] = []
             for column in columns:
                 if column is not None and column in names:  # one it lacks is refused by the caller, naming it
                     handle.seek(0)
                     values.append(read_column(handle, fmt, column))
                 else:
-                    values.append(np.empty(0))
+                    values.append(None)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ShardError(f"could not read the metadata of shard {url} as {fmt.value}: {error}") from error
     return rows, names, values
