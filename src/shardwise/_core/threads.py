@@ -174,7 +174,7 @@ class Pool:
 
 
 class KernelThreads:
-    """``threads`` threads running calls of compiled kernels, which release the GIL; a context manager.
+    """``threads`` threads running calls that release the GIL (compiled kernels, reads from storage); a context manager.
 
     One thread (or fewer): no pool is started and every call runs at once on the calling thread.
     More: a :class:`Pool` of ``threads`` threads, or ``threads - 1`` with ``with_caller`` (the
@@ -182,8 +182,9 @@ class KernelThreads:
     waits for the calls handed out; on an error or an interrupt, those not started are dropped.
 
     Two ways to hand out calls: :meth:`submit`, whose futures the caller collects while it works
-    on (the packing build deals packed strata into batches meanwhile), and :meth:`run`, a few calls
-    at once (the class index's passes). The threads change where a call runs, never what it writes.
+    on (the packing build deals packed strata into batches meanwhile; the sharded index reads shard
+    footers, ``data.sharded.metadata``), and :meth:`run`, a few calls at once (the class index's
+    passes). The threads change where a call runs, never what it writes.
 
     Example:
         >>> with KernelThreads(2, name="shardwise-example") as kernel_threads:
