@@ -261,3 +261,43 @@ def test_a_reader_and_a_prefetch_thread_make_decoded_files_one_at_a_time(s3: dic
     cache.close()
     assert most[0] == 1
     assert all((tmp_path / cache.name(url, derived)).exists() for url in (urls[0], urls[2]))
+
+
+def _seen_making(shard: str | memoryview, output: str) -> None:
+    """decode_parquet, recording what it was given and which files the cache held meanwhile (module level: picklable)."""
+    directory = Path(output).parent
+    _MADE.append((type(shard).__name__, sorted(p.name for p in directory.iterdir())))
+    decode_parquet(shard, output)
+
+
+_MADE: list[tuple[str, list[str]]] = []
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_shard_kept_decoded_is_fetched_into_memory_never_written(
+        s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_memory: bool) -> None:
+    """A shard up to cache.IN_MEMORY bytes is decoded from its bytes: the Parquet is never on the node's disk (it was
+    written, synced, read back and deleted: twice the disk writes of its decoded file). A larger one is downloaded
+    and decoded from its file, as before; both serve the same rows, and leave only the decoded file."""
+    from shardwise.data.sharded import cache as caching
+
+    if not in_memory:
+        monkeypatch.setattr(caching, "IN_MEMORY", 0)
+    _MADE.clear()
+    urls = [f"s3://{BUCKET}/train/shard-{s}.parquet" for s in range(2)]
+    sizes = [int(s3["fs"].info(url)["size"]) for url in urls]
+    derived = Derived("seen.arrow", _seen_making)
+    cache = ShardCache(tmp_path, storage_options=storage_options(s3["endpoint"]))
+    for url, size in zip(urls, sizes, strict=True):
+        table = pa.ipc.open_file(cache.path(url, size, derived=derived)).read_all()
+        first = sum(SIZES[: urls.index(url)])
+        assert table["id"].to_pylist() == list(range(first, first + SIZES[urls.index(url)]))
+    kinds = {kind for kind, _ in _MADE}
+    parquet_seen = [name for _, names in _MADE for name in names if name.endswith(".parquet")]
+    if in_memory:
+        assert kinds == {"memoryview"} and parquet_seen == []
+    else:
+        assert kinds == {"str"} and len(parquet_seen) == 2
+    assert sorted(_files(tmp_path)) == sorted(cache.name(url, derived) for url in urls)
+    assert not [p.name for p in tmp_path.iterdir() if ".part" in p.name and not p.name.endswith(".lock")]
+    assert cache.fetched_bytes == sum(sizes)

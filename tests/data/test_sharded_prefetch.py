@@ -80,9 +80,9 @@ def test_no_prefetch_threads_fetches_only_what_is_read(slow: dict[str, Any], tmp
 GROWTH = 5  # the derived file is this many times the shard (as an uncompressed decode of a Parquet shard can be)
 
 
-def _inflate(shard: str, output: str) -> None:
+def _inflate(shard: str | memoryview, output: str) -> None:
     """A derived file ``GROWTH`` times the shard's size (module level: picklable)."""
-    data = Path(shard).read_bytes()
+    data = bytes(shard) if isinstance(shard, memoryview) else Path(shard).read_bytes()
     Path(output).write_bytes(data * GROWTH)
 
 

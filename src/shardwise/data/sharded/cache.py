@@ -39,7 +39,7 @@ from ..._core import threads
 from ..._core.errors import check_int, check_path, check_seconds
 from . import budget as budgeting
 from . import head as heads
-from .download import download
+from .download import download, fetch
 from .fetch import (
     PART,
     Busy,
@@ -59,6 +59,8 @@ from .formats import ShardError
 
 __all__ = ["PART", "Derived", "ShardCache", "default_cache_dir", "is_local", "local_path"]
 
+IN_MEMORY = 256 << 20
+"""Bytes up to which a shard kept derived is fetched into memory and never written (larger: downloaded to disk)."""
 _RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
 _Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
 Head = tuple[str, int, "str | None", "Sequence[int]"]  # a shard the plan reads first: url, size, version, its rows
@@ -231,19 +233,35 @@ class ShardCache:
 
     def _make(self, url: str, size: int, sample: int | None, derived: Derived, version: str | None,
               final: Path) -> None:
-        """Make ``final`` from the shard (downloaded if needed, deleted after); the caller holds ``final``'s lock."""
-        # The ledger of the shard's pieces stays until the derived file is in place: the rows it
-        # promised (a pass's first batch) are read from the whole shard meanwhile, others wait.
-        shard = self._get(url, size, sample, None, version, wait=True, keep_ledger=True)
+        """Make ``final`` from the shard (fetched into memory, or from its downloaded file); the caller holds
+        ``final``'s lock."""
+        shard = self.directory / self.name(url, None, version)
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
         try:
-            derived.make(shard, str(part))
-            # The derived file stands for the shard from now on: the shard goes, and room is made, before
-            # the derived file is visible, so that the node's files never pass the budget, not even briefly.
-            Path(shard).unlink(missing_ok=True)
-            self._make_room(os.stat(part).st_size, keep=final.name)
-            os.replace(part, final)
-            heads.ledger_path(Path(shard)).unlink(missing_ok=True)
+            if size <= IN_MEMORY and not complete(shard, size):
+                # In memory, never written: on disk, the shard would be written, synced, read back and deleted.
+                # Meanwhile the rows its pieces hold are read from them (NOTE [ Head first ] in head.py).
+                with locked(shard, url, sample, self.timeout):
+                    data, copied = fetch(self.filesystem(url), url, shard, size, version, sample,
+                                         retries=self.retries, backoff=self.backoff, timeout=self.timeout)
+                    with self._mutex:
+                        self.fetched_bytes += copied
+                    derived.make(memoryview(data), str(part))
+                    del data
+                    self._make_room(os.stat(part).st_size, keep=final.name)
+                    os.replace(part, final)
+                    remove_leftovers(shard)  # its pieces (sparse file, ledger): the derived file is in place
+            else:
+                # The ledger of the shard's pieces stays until the derived file is in place: the rows it
+                # promised (a pass's first batch) are read from the whole shard meanwhile, others wait.
+                self._get(url, size, sample, None, version, wait=True, keep_ledger=True)
+                derived.make(str(shard), str(part))
+                # The derived file stands for the shard from now on: the shard goes, and room is made, before
+                # the derived file is visible, so that the node's files never pass the budget, not even briefly.
+                shard.unlink(missing_ok=True)
+                self._make_room(os.stat(part).st_size, keep=final.name)
+                os.replace(part, final)
+                heads.ledger_path(shard).unlink(missing_ok=True)
         finally:
             part.unlink(missing_ok=True)
         remove_leftovers(final)

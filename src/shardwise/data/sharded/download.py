@@ -15,12 +15,15 @@ import http.client
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .fetch import PART, check_unchanged, for_sample, remove_leftovers
 from .formats import ShardError
-from .head import fetch_rest, ledger_path
+from .head import fetch_rest, fetch_whole, ledger_path
+
+T = TypeVar("T")
 
 _CLIENT_ERRORS = (  # (module, name): the base of a storage client's transport errors that are no OSError
     ("aiohttp", "ClientError"),  # s3fs, gcsfs, adlfs and fsspec's http: ServerDisconnectedError, ClientPayloadError...
@@ -59,8 +62,8 @@ def download(fs: Any, url: str, final: Path, size: int, version: str | None, sam
         Exception: any error that is not transient (:func:`transient_errors`), as it is, at once.
     """
     part = final.with_name(f"{final.name}{PART}{os.getpid()}")
-    delay = backoff
-    for attempt in range(retries + 1):
+
+    def attempt() -> int:
         try:
             # Pieces fetched first (NOTE [ Head first ] in head.py): only the rest, into their sparse file.
             rest = fetch_rest(fs, url, final, size, timeout)
@@ -74,24 +77,58 @@ def download(fs: Any, url: str, final: Path, size: int, version: str | None, sam
             with open(filled, "rb+") as target:
                 length = os.fstat(target.fileno()).st_size
                 os.fsync(target.fileno())
-            copied = length if rest is None else rest[1]
             check_unchanged(fs, url, version, sample)  # not retried: a rewritten shard stays rewritten
-            if length != size:  # the same identity: a truncated transfer
-                raise OSError(f"shard {url} {for_sample(sample)}has {length} bytes, but its metadata says {size}")
+            _check_length(url, sample, length, size)
             os.replace(filled, final)  # atomic: readers see the whole shard or nothing
             remove_leftovers(final, keep=ledger_path(final) if keep_ledger else None)
-            return copied
+            return length if rest is None else rest[1]
+        finally:
+            part.unlink(missing_ok=True)
+
+    return _retried(attempt, url, sample, retries, backoff)
+
+
+def fetch(fs: Any, url: str, final: Path, size: int, version: str | None, sample: int | None, *,
+          retries: int, backoff: float, timeout: float = 600.0) -> tuple[bytes | bytearray, int]:
+    """Shard ``url`` whole in memory, checked against its size and ``version``: ``(its bytes, bytes fetched)``.
+
+    What :func:`download` does, without a file: its pieces fetched first are read from ``final``'s
+    sparse file (NOTE [ Head first ]), the rest fetched with one ranged ``GET`` each (a ranged
+    ``GET`` of the whole shard when it has none: no ``HEAD`` first). The sparse file and its ledger
+    stay (readers of the rows promised read them until the caller's file is in place); the caller
+    removes them. The caller holds ``final``'s file lock. Raises as :func:`download` does.
+    """
+
+    def attempt() -> tuple[bytes | bytearray, int]:
+        data, fetched = fetch_whole(fs, url, final, size, timeout)
+        check_unchanged(fs, url, version, sample)  # not retried: a rewritten shard stays rewritten
+        _check_length(url, sample, len(data), size)
+        return data, fetched
+
+    return _retried(attempt, url, sample, retries, backoff)
+
+
+def _check_length(url: str, sample: int | None, length: int, size: int) -> None:
+    """Raise ``OSError`` (retried) for a transfer of another length than the shard's (the same identity: truncated)."""
+    if length != size:
+        raise OSError(f"shard {url} {for_sample(sample)}has {length} bytes, but its metadata says {size}")
+
+
+def _retried(attempt: Callable[[], T], url: str, sample: int | None, retries: int, backoff: float) -> T:
+    """``attempt()``, again after a transient error, at most ``retries`` more times (backoff doubled, at most 8 s)."""
+    delay = backoff
+    for tried in range(retries + 1):
+        try:
+            return attempt()
         except FileNotFoundError as error:
             raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)") from error
         except ShardError:
             raise
         except transient_errors() as error:
-            if attempt == retries:
+            if tried == retries:
                 raise ShardError(
-                    f"could not fetch shard {url} {for_sample(sample)}after {attempt + 1} attempts: {error}"
+                    f"could not fetch shard {url} {for_sample(sample)}after {tried + 1} attempts: {error}"
                 ) from error
             time.sleep(delay)
             delay = min(2 * delay, 8.0)
-        finally:
-            part.unlink(missing_ok=True)
     raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises

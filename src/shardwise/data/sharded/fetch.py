@@ -137,12 +137,14 @@ class Derived:
     Attributes:
         tag: names what the file is made from and how (a changed shard or option makes another
             tag, hence another file): letters, digits, ``_`` and ``.``.
-        make: ``make(shard_path, output_path)`` writes the file (picklable: DataLoader workers call
-            it). ``OSError`` and ``ValueError`` mean the shard is unreadable.
+        make: ``make(shard, output_path)`` writes the file from ``shard``, the path of the whole
+            shard or (one up to ``cache.IN_MEMORY`` bytes, never written to disk) a ``memoryview`` of
+            its bytes; picklable: DataLoader workers call it. ``OSError`` and ``ValueError`` mean the
+            shard is unreadable.
     """
 
     tag: str
-    make: Callable[[str, str], None]
+    make: Callable[[str | memoryview, str], None]
 
 
 def default_cache_dir() -> Path:

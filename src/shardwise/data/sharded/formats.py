@@ -162,8 +162,8 @@ def missing_columns(columns: list[str], names: list[str]) -> list[str]:
     return [c for c in columns if c not in names and c.split(".", 1)[0] not in names]
 
 
-def _parquet_table(path: str, columns: list[str] | None) -> Any:
-    """A whole Parquet file, memory-mapped, as a table of ``columns`` (``None``: all).
+def _parquet_table(source: str | memoryview, columns: list[str] | None) -> Any:
+    """A whole Parquet file (a path, memory-mapped, or its bytes) as a table of ``columns`` (``None``: all).
 
     Read through ``ParquetFile``, not ``parquet.read_table``: the latter goes through
     ``pyarrow.dataset``, whose import pulls in pandas: seconds and tens of MiB in every fresh
@@ -171,27 +171,34 @@ def _parquet_table(path: str, columns: list[str] | None) -> Any:
     returns empty columns for names the file lacks, so they are refused here, as ``read_table``
     refuses them (a ``ValueError``).
     """
-    parquet = pyarrow().parquet.ParquetFile(path, memory_map=True)
+    pa = pyarrow()
+    if isinstance(source, str):
+        parquet = pa.parquet.ParquetFile(source, memory_map=True)
+    else:
+        parquet = pa.parquet.ParquetFile(pa.BufferReader(pa.py_buffer(source)))
     if columns is not None:
         names = parquet.schema_arrow.names
         missing = missing_columns(columns, names)
         if missing:
-            raise ValueError(f"no column {missing[0]!r} in {path}; its columns are {names}")
+            where = source if isinstance(source, str) else "the shard"
+            raise ValueError(f"no column {missing[0]!r} in {where}; its columns are {names}")
     # One thread: a DataLoader worker is already one of a process per core; Arrow's thread pools in
     # every worker cost private memory and, on shards of a few row groups, time.
     return parquet.read(columns=columns, use_threads=False)
 
 
-def decode_parquet(path: str, output: str, columns: list[str] | None = None) -> None:
-    """Write Parquet shard ``path``'s ``columns`` (``None``: all) to ``output`` as an uncompressed Arrow IPC file.
+def decode_parquet(source: str | memoryview, output: str, columns: list[str] | None = None) -> None:
+    """Write Parquet shard ``source``'s ``columns`` (``None``: all) to ``output`` as an uncompressed Arrow IPC file.
 
-    The node cache keeps this in the shard's place (``ShardedSource(decode="node")``): every
-    worker then memory-maps the decoded columns instead of decoding the shard again. One record
-    batch a shard when it fits (a column's offsets are 32-bit), so that rows are cut from numpy
-    views of it; written whole, then synced (the cache renames it into place).
+    ``source``: the shard's path, or its bytes (the node cache fetches a shard it keeps decoded into
+    memory: ``ShardCache._make``). The node cache keeps this in the shard's place
+    (``ShardedSource(decode="node")``): every worker then memory-maps the decoded columns instead of
+    decoding the shard again. One record batch a shard when it fits (a column's offsets are 32-bit),
+    so that rows are cut from numpy views of it; written whole, then synced (the cache renames it
+    into place).
     """
     pa = pyarrow()
-    table = _parquet_table(path, columns)
+    table = _parquet_table(source, columns)
     with contextlib.suppress(pa.ArrowInvalid, pa.ArrowCapacityError):  # 2 GiB in a string column: a batch a row group
         table = table.combine_chunks()
     with open(output, "wb") as sink:

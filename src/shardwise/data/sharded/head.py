@@ -271,11 +271,9 @@ def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Seque
     return fetched
 
 
-def fetch_rest(fs: Any, url: str, final: Path, size: int, timeout: float) -> tuple[Path, int] | None:
-    """Fetch the ranges of shard ``url`` that ``final``'s pieces lack, into their sparse file (under its lock).
-
-    Returns ``(sparse file, bytes fetched)``, or ``None`` when no piece is recorded (fetch it whole).
-    """
+def _pieces_held(final: Path, size: int, timeout: float) -> list[Range] | None:
+    """The ranges of ``final``'s pieces in its sparse file, from now on the only ones (the rest's fetch starts:
+    ``W``, under the pieces' lock); ``None``: no piece recorded, or their sparse file is gone or of another size."""
     if not ledger_path(final).exists():  # no piece (and no lock file made for nothing)
         return None
     with pieces_lock(final, timeout):
@@ -284,22 +282,57 @@ def fetch_rest(fs: Any, url: str, final: Path, size: int, timeout: float) -> tup
             return None
         _append(ledger_path(final), "W\n")  # from now on, no process fetches pieces: they would be fetched twice
     try:
-        fd = os.open(sparse_path(final), os.O_RDWR)
+        held = os.path.getsize(sparse_path(final)) == size
     except FileNotFoundError:
         return None
+    return ledger.ranges if held else None
+
+
+def _range(fs: Any, url: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of shard ``url`` (one ranged GET); a short answer is an ``OSError`` (retried)."""
+    data = fs.cat_file(url, start=start, end=end)
+    if len(data) != end - start:
+        raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
+    return bytes(data)
+
+
+def fetch_rest(fs: Any, url: str, final: Path, size: int, timeout: float) -> tuple[Path, int] | None:
+    """Fetch the ranges of shard ``url`` that ``final``'s pieces lack, into their sparse file (under its lock).
+
+    Returns ``(sparse file, bytes fetched)``, or ``None`` when no piece is recorded (fetch it whole).
+    """
+    held = _pieces_held(final, size, timeout)
+    if held is None:
+        return None
     fetched = 0
+    fd = os.open(sparse_path(final), os.O_RDWR)
     try:
-        if os.fstat(fd).st_size != size:
-            return None
-        for start, end in gaps(ledger.ranges, size):
-            data = fs.cat_file(url, start=start, end=end)
-            if len(data) != end - start:
-                raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
-            os.pwrite(fd, data, start)
-            fetched += len(data)
+        for start, end in gaps(held, size):
+            fetched += os.pwrite(fd, _range(fs, url, start, end), start)
     finally:
         os.close(fd)
     return sparse_path(final), fetched
+
+
+def fetch_whole(fs: Any, url: str, final: Path, size: int, timeout: float) -> tuple[bytes | bytearray, int]:
+    """Shard ``url`` in memory: ``final``'s pieces read from their sparse file, the rest fetched (one ranged GET a
+    gap; the whole shard in one when it has no piece). Returns ``(its bytes, bytes fetched)``."""
+    held = _pieces_held(final, size, timeout)
+    if held is None:
+        data = fs.cat_file(url, start=0, end=size)  # ranged: s3fs HEADs a shard first when asked for it whole
+        return data, len(data)
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    with open(sparse_path(final), "rb", buffering=0) as sparse:
+        for start, end in _merged(held):
+            sparse.seek(start)
+            if sparse.readinto(view[start:end]) != end - start:
+                raise OSError(f"the pieces of shard {url} in {sparse_path(final)} are short")
+    fetched = 0
+    for start, end in gaps(held, size):
+        view[start:end] = _range(fs, url, start, end)
+        fetched += end - start
+    return buffer, fetched
 
 
 def read_rows(final: Path, rows: Sequence[int], columns: list[str] | None, count: int) -> Any:
