@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import numpy as np
 from _common import shuffle_quality, uneven_sizes
 
 EPOCHS = 2  # orders averaged per shuffle figure
+BATCH = 32  # the loaders' batch (bench_sharded_sources.BATCH)
 
 
 def spread_sizes(n: int, shards: int, spread: float = 1000.0, seed: int = 0) -> np.ndarray:
@@ -95,6 +97,44 @@ def as_arrow(paths: list[Path]) -> list[Path]:
         with pa.OSFile(str(arrows[-1]), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
     return arrows
+
+
+class _Listening:
+    """Sample counts of uneven shards, and a source's ear for the plan (``follow_plan``) that does nothing."""
+
+    def __init__(self, sizes: np.ndarray) -> None:
+        self.shard_sizes = sizes
+
+    def __len__(self) -> int:
+        return int(self.shard_sizes.sum())
+
+    def follow_plan(self, permutation: Any, positions: np.ndarray) -> None:
+        pass
+
+
+def sampler_rows(n: int, shards: int, epochs: int = 5) -> list[tuple[str, str, str]]:
+    """The sampler's CPU a index in the main process (rank 0 of W=2, ``BatchSampler(32)``, best of ``epochs``):
+    ``LocalitySampler`` over a listening source (what a ``ShardedSource`` is to it) and over the counts alone,
+    against torch's ``DistributedSampler`` over ``n`` samples."""
+    from torch.utils.data import BatchSampler, DistributedSampler
+
+    from shardwise import LocalitySampler
+
+    sizes = uneven_sizes(n, shards)
+    samplers = {"shardwise, listening source": LocalitySampler(_Listening(sizes), seed=0, num_replicas=2, rank=0),
+                "shardwise, counts alone": LocalitySampler(sizes, seed=0, num_replicas=2, rank=0),
+                "DistributedSampler": DistributedSampler(range(n), num_replicas=2, rank=0, seed=0)}
+    rows = []
+    for name, sampler in samplers.items():
+        best = math.inf
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            began = time.process_time()
+            count = sum(len(batch) for batch in BatchSampler(sampler, BATCH, drop_last=False))
+            best = min(best, time.process_time() - began)
+        rows.append((f"sampler CPU a index in the main process, rank 0 of W=2, {n:,} samples in {shards} shards, "
+                     f"BatchSampler({BATCH}), best of {epochs} epochs", name, f"{best / count * 1e6:.2f} us"))
+    return rows
 
 
 def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,

@@ -10,6 +10,9 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   run; each epoch starts on both ranks at once. Printed: shardwise's epoch as a fraction of the
   floor's (seconds, start-up included), both epochs' seconds and the seconds to the first batch.
   ``--floor-format arrow``: the same rows as uncompressed Arrow IPC shards, which need no decode.
+- **The sampler** (``_sharded_figures.sampler_rows``): its CPU a index in the main process, over a
+  source that listens to the plan as ``ShardedSource`` does, over the counts alone, and torch's
+  ``DistributedSampler``'s, in this process (rank 0 of W=2, batch 32, best of 5 epochs).
 - **The shuffle by layout** (``_sharded_figures.shuffle_rows``): one epoch's global order of the
   default plan, of the window plan (window 8, the default before plan 2) and of a uniform
   shuffle, on 41 even shards, 41 shards cut at uniform random points and 53 shards spread 1:1000:
@@ -73,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server:
 from _common import shuffle_quality, uneven_sizes
 from _rank_figures import NAMES, launch, quality_text, rank_figures
 from _scratch_venvs import available, scratch_setup
-from _sharded_figures import bytes_rows, floor_rows, shuffle_rows
+from _sharded_figures import bytes_rows, floor_rows, sampler_rows, shuffle_rows
 
 BATCH = 32
 
@@ -169,6 +172,7 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 2)
     print(f"bench_sharded_sources.py {' '.join(sys.argv[1:])}: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     rows: list[tuple[str, str, str]] = shuffle_rows(args.floor_samples, args.window)
+    rows.extend(sampler_rows(args.floor_samples, 41))
     from tests.s3_server import Gauge
 
     gauge = Gauge()

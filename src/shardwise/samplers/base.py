@@ -328,9 +328,11 @@ class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
             units = source(positions)
             if len(units) != stop - first:
                 raise RuntimeError(f"{type(self).__name__} produced {len(units)} units for {stop - first} positions")
-            live.done_chunks += live.current_len
-            live.current, live.current_len = iter(units), len(units)
-            yield live.current
+            pieces = getattr(units, "pieces", None)  # a chunk handed out in pieces, each pulled as the last ends
+            for piece in (units,) if pieces is None else pieces():
+                live.done_chunks += live.current_len
+                live.current, live.current_len = iter(piece), len(piece)
+                yield live.current
             first, size = stop, min(2 * size, self._CHUNK)
 
     # -- description ---------------------------------------------------------------------------
