@@ -233,3 +233,18 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
                      f"budget = the {count_kept} largest kept shards ({budget / total:.0%} of the Parquet)",
                      "shardwise", f"{(gauge.sent - before) / total:.3f}"))
     return rows
+
+
+def bytes_spread(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, launch: Any,
+                 runs: int) -> tuple[str, str, str]:
+    """:func:`bytes_rows` at 4 ranks a node, ``runs`` times (each its own cache): min / median / max, and the runs
+    over 1.05."""
+    root = Path(spec["root"])
+    figures = []
+    for run in range(runs):
+        (root / f"spread-{run}").mkdir()
+        row = bytes_rows({**spec, "root": str(root / f"spread-{run}")}, fs, gauge, n, shards, launch, ranks=(4,))[0]
+        figures.append(float(row[2]))
+    return (f"bytes one node fetches in an epoch / the dataset, 4 ranks a node, {runs} runs: min / median / max "
+            "(runs over 1.05)", "shardwise",
+            f"{min(figures):.3f} / {np.median(figures):.3f} / {max(figures):.3f} ({sum(f > 1.05 for f in figures)})")

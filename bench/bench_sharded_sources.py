@@ -10,6 +10,8 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   run; each epoch starts on both ranks at once. Printed: shardwise's epoch as a fraction of the
   floor's (seconds, start-up included), both epochs' seconds and the seconds to the first batch.
   ``--floor-format arrow``: the same rows as uncompressed Arrow IPC shards, which need no decode.
+  ``--bytes-repeat N``: the 4-ranks-a-node bytes figure N times more (min / median / max; the
+  ranks race for the budget, so one run can miss what most runs show); ``--no-floor``: only those.
 - **The sampler** (``_sharded_figures.sampler_rows``): its CPU a index in the main process, over a
   source that listens to the plan as ``ShardedSource`` does, over the counts alone, and torch's
   ``DistributedSampler``'s, in this process (rank 0 of W=2, batch 32, best of 5 epochs).
@@ -76,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server:
 from _common import shuffle_quality, uneven_sizes
 from _rank_figures import NAMES, launch, quality_text, rank_figures
 from _scratch_venvs import available, scratch_setup
-from _sharded_figures import bytes_rows, floor_rows, sampler_rows, shuffle_rows
+from _sharded_figures import bytes_rows, bytes_spread, floor_rows, sampler_rows, shuffle_rows
 
 BATCH = 32
 
@@ -155,6 +157,9 @@ def main() -> None:
     parser.add_argument("--floor-format", choices=("parquet", "arrow"), default="parquet",
                         help="the floor figures' shards: Parquet (decoded once a node) or the same rows as Arrow IPC "
                              "files (no decode: what the decode costs a cold epoch)")
+    parser.add_argument("--bytes-repeat", type=int, default=1,
+                        help="runs of the 4-ranks-a-node bytes figure (its spread: the ranks race for the budget)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the in-memory floor (the bytes figures only)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds of the floor figures, each the floor then shardwise (default 2; quick: 1)")
     parser.add_argument("--loaders", default=",".join(NAMES),
@@ -182,8 +187,11 @@ def main() -> None:
         spec = {"root": tmp, "options": storage_options(endpoint), "window": args.window, "batch": BATCH,
                 "workers": 2, "endpoint": endpoint}
         fs = make_bucket(endpoint, "bench")
-        rows.extend(floor_rows(spec, fs, args.floor_samples, 41, args.rounds, launch, args.floor_format))
+        if not args.no_floor:
+            rows.extend(floor_rows(spec, fs, args.floor_samples, 41, args.rounds, launch, args.floor_format))
         rows.extend(bytes_rows(spec, fs, gauge, args.floor_samples // 4, 41, launch))
+        if args.bytes_repeat > 1:
+            rows.append(bytes_spread(spec, fs, gauge, args.floor_samples // 4, 41, launch, args.bytes_repeat))
     if args.quick:
         print_table(rows)
         return

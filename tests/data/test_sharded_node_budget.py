@@ -63,3 +63,49 @@ def test_a_rank_ahead_keeps_the_shards_a_rank_behind_still_reads(endpoint: str, 
         behind.join(30)
         if behind.is_alive():
             behind.kill()
+
+
+def _prefetching(directory: str, endpoint: str, ready: Any, done: Any) -> None:
+    """Another rank of the node, prefetching shard 0 (the soonest it reads): its reservation published as its
+    prefetch thread publishes one while it fetches; stays until ``done``."""
+    from shardwise.data.sharded import budget
+    from shardwise.data.sharded.fetch import shard_key
+
+    cache = ShardCache(directory, budget_bytes=int(3.5 * SIZE), prefetch_threads=0,
+                       storage_options=storage_options(endpoint))
+    cache.follow([(url, SIZE, None) for url in URLS])  # its reading order: shard 0 first
+    budget.reserve(Path(directory), shard_key(cache.name(URLS[0])), SIZE)
+    ready.set()
+    done.wait(60)
+
+
+def test_a_shard_another_rank_is_prefetching_takes_its_room(endpoint: str, tmp_path: Path) -> None:
+    """Another process of the node is fetching shard 0, read before shard 3: with shards 1 and 2 kept, a budget of
+    3.5 shards has no room for shard 3 (each rank saw room for its own prefetches only: the node's ranks placed
+    their shards at once and evicted shards still read; 4 ranks a node fetched up to 1.23x the dataset). Once that
+    process is gone, its reservation no longer counts and is removed."""
+    from shardwise.data.sharded import budget
+
+    context = mp.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    other = context.Process(target=_prefetching, args=(str(tmp_path), endpoint, ready, done), daemon=True)
+    other.start()
+    try:
+        assert ready.wait(60), "the other rank did not start"
+        cache = ShardCache(tmp_path, budget_bytes=int(3.5 * SIZE), prefetch_threads=1,
+                           storage_options=storage_options(endpoint))
+        for url in URLS[1:3]:
+            cache.path(url, SIZE)
+        cache.follow([(url, SIZE, None) for url in URLS[1:]])  # shards 1, 2, 3
+        cache.close()
+        kept = {path.name.partition("-")[0] for path in tmp_path.iterdir() if path.suffix == ".bin"}
+        assert cache.name(URLS[3]).partition("-")[0] not in kept  # shard 0's room is taken
+        assert cache.fetched_bytes == 2 * SIZE
+        assert len(budget.node_inflight(tmp_path, {})) == 1
+    finally:
+        done.set()
+        other.join(30)
+        if other.is_alive():
+            other.kill()
+    assert budget.node_inflight(tmp_path, {}) == {}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(budget.FETCHING)]

@@ -10,7 +10,9 @@ node fetched 1.13x the dataset under the minimum budget, ``bench/bench_sharded_s
 prefetch may make room only by evicting shards the plan reads later than the one fetched (or never);
 eviction takes the shards the plan no longer reads first (least recently used first), then the ones
 it reads last. Shards pinned by a reader between its download and its open are never evicted by this
-process. Pure functions over the directory listing;
+process. A prefetch counts the shards every process of the node is prefetching (``reserve``,
+``node_inflight``: an empty file a prefetch, checked and made under the node's ``room_lock``). Pure
+functions over the directory listing;
 :class:`~shardwise.data.sharded.cache.ShardCache` holds the state.
 """
 
@@ -18,13 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
+
+from filelock import FileLock
 
 from .fetch import shard_key, temporary
 
 PLAN = ".plan-"  # a process's reading order, one file a process that follows a plan: .plan-<pid>
+FETCHING = ".fetching-"  # a prefetch under way: .fetching-<pid>-<shard key>-<bytes>, an empty file
 
 
 class Cached(NamedTuple):
@@ -81,6 +86,47 @@ def evict(files: list[Cached], budget: int, upcoming: Mapping[str, int], pinned:
             continue
         Path(f.path).unlink(missing_ok=True)  # readers that opened or mapped it keep their copy
         total -= f.size
+
+
+@contextlib.contextmanager
+def room_lock(directory: Path, timeout: float) -> Iterator[None]:
+    """The node's lock on its prefetch reservations: a process checks for room and reserves it atomically, so
+    that two processes never both take the same room (each saw the other's shard not yet fetched)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(directory / ".room.lock"), timeout=timeout):
+        yield
+
+
+def reserve(directory: Path, key: str, size: int) -> Path:
+    """Publish that this process is prefetching shard ``key`` (``size`` bytes) to the node's other processes."""
+    path = directory / f"{FETCHING}{os.getpid()}-{key}-{size}"
+    path.touch()
+    return path
+
+
+def node_inflight(directory: Path, own: Mapping[str, int]) -> dict[str, int]:
+    """``own`` (shard key -> bytes this process is prefetching) with every other live process's reservations.
+
+    Without them, each rank of a node saw room for its own prefetches only: 4 ranks a node fetched
+    up to 1.23x the dataset under the minimum budget, placing shards at once and so evicting shards
+    the plan still read (``bench/bench_sharded_sources.py``, about one run in four). A reservation of
+    a process that is gone is removed.
+    """
+    merged = dict(own)
+    if not directory.is_dir():
+        return merged
+    for entry in os.scandir(directory):
+        if not entry.name.startswith(FETCHING):
+            continue
+        pid, _, rest = entry.name[len(FETCHING):].partition("-")
+        key, _, size = rest.partition("-")
+        if not pid.isdigit() or not size.isdigit() or int(pid) == os.getpid():
+            continue
+        if not alive(int(pid)):  # killed while prefetching: nothing will come of it
+            Path(entry.path).unlink(missing_ok=True)
+            continue
+        merged[key] = max(merged.get(key, 0), int(size))
+    return merged
 
 
 def write_plan(directory: Path, keys: list[str]) -> None:

@@ -372,12 +372,17 @@ class ShardCache:
         if head is not None:  # its pieces first, then the rest (download.download): no byte fetched twice
             head.wait(self.timeout)
         key = shard_key(self.name(url))
-        with self._mutex:
+        reserved: Path | None = None
+        # Under a budget, the room is checked and reserved under the node's lock: the node's ranks prefetch at once.
+        room = budgeting.room_lock(self.directory, self.timeout) if self.budget_bytes is not None else None
+        with self._mutex, room or contextlib.nullcontext():
             if key in self._inflight:
                 return True
             if not self._room_for(key, size):  # it would evict a shard read sooner
                 return False
             self._inflight[key] = size
+            if room is not None:
+                reserved = budgeting.reserve(self.directory, key, size)
         try:
             # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
             self._get(url, size, None, self._derived, version, wait=False)
@@ -388,6 +393,8 @@ class ShardCache:
         finally:
             with self._mutex:
                 del self._inflight[key]
+            if reserved is not None:
+                reserved.unlink(missing_ok=True)
         return False
 
     def close(self) -> None:
@@ -404,7 +411,8 @@ class ShardCache:
         if self.budget_bytes is None:
             return True
         return budgeting.has_room(budgeting.cached_files(self.directory), key, size, self.budget_bytes,
-                                  budgeting.node_upcoming(self.directory, self._upcoming), self._inflight,
+                                  budgeting.node_upcoming(self.directory, self._upcoming),
+                                  budgeting.node_inflight(self.directory, self._inflight),
                                   self._pinned)
 
     def _evict(self, keep: str) -> None:  # keep: a file name
