@@ -7,8 +7,9 @@ process) still reads shard 0; this rank is done with it and prefetches shard 3. 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,24 @@ def endpoint() -> Iterator[str]:
         yield url
 
 
+@contextlib.contextmanager
+def _other_rank(target: Callable[..., None], directory: Path, endpoint: str) -> Iterator[None]:
+    """``target(directory, endpoint, ready, done)`` in a spawned process (another rank of the node) while the block
+    runs, once it is ready."""
+    context = mp.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    other = context.Process(target=target, args=(str(directory), endpoint, ready, done), daemon=True)
+    other.start()
+    try:
+        assert ready.wait(60), "the other rank did not start"
+        yield
+    finally:
+        done.set()
+        other.join(30)
+        if other.is_alive():
+            other.kill()
+
+
 def _behind(directory: str, endpoint: str, ready: Any, done: Any) -> None:
     """The rank behind: has shards 0-2 in the cache and still reads shard 0 first; stays until ``done``."""
     cache = ShardCache(directory, budget_bytes=int(3.5 * SIZE), prefetch_threads=0,
@@ -44,12 +63,7 @@ def _behind(directory: str, endpoint: str, ready: Any, done: Any) -> None:
 
 def test_a_rank_ahead_keeps_the_shards_a_rank_behind_still_reads(endpoint: str, tmp_path: Path) -> None:
     """This rank is done with shard 0; the other process still reads it: prefetching shard 3 does not evict it."""
-    context = mp.get_context("spawn")
-    ready, done = context.Event(), context.Event()
-    behind = context.Process(target=_behind, args=(str(tmp_path), endpoint, ready, done), daemon=True)
-    behind.start()
-    try:
-        assert ready.wait(60), "the other rank did not start"
+    with _other_rank(_behind, tmp_path, endpoint):
         cache = ShardCache(tmp_path, budget_bytes=int(3.5 * SIZE), prefetch_threads=1,
                            storage_options=storage_options(endpoint))
         cache.follow([(url, SIZE, None) for url in URLS[1:]])  # shards 1, 2, 3: done with shard 0
@@ -58,11 +72,6 @@ def test_a_rank_ahead_keeps_the_shards_a_rank_behind_still_reads(endpoint: str, 
         assert cache.name(URLS[0]).partition("-")[0] in kept  # not evicted: the other rank reads it next
         assert cache.name(URLS[3]).partition("-")[0] not in kept  # no room for it until shard 0 is done
         assert cache.fetched_bytes == 0
-    finally:
-        done.set()
-        behind.join(30)
-        if behind.is_alive():
-            behind.kill()
 
 
 def _prefetching(directory: str, endpoint: str, ready: Any, done: Any) -> None:
@@ -86,12 +95,7 @@ def test_a_shard_another_rank_is_prefetching_takes_its_room(endpoint: str, tmp_p
     process is gone, its reservation no longer counts and is removed."""
     from shardwise.data.sharded import budget
 
-    context = mp.get_context("spawn")
-    ready, done = context.Event(), context.Event()
-    other = context.Process(target=_prefetching, args=(str(tmp_path), endpoint, ready, done), daemon=True)
-    other.start()
-    try:
-        assert ready.wait(60), "the other rank did not start"
+    with _other_rank(_prefetching, tmp_path, endpoint):
         cache = ShardCache(tmp_path, budget_bytes=int(3.5 * SIZE), prefetch_threads=1,
                            storage_options=storage_options(endpoint))
         for url in URLS[1:3]:
@@ -102,10 +106,5 @@ def test_a_shard_another_rank_is_prefetching_takes_its_room(endpoint: str, tmp_p
         assert cache.name(URLS[3]).partition("-")[0] not in kept  # shard 0's room is taken
         assert cache.fetched_bytes == 2 * SIZE
         assert len(budget.node_inflight(tmp_path, {})) == 1
-    finally:
-        done.set()
-        other.join(30)
-        if other.is_alive():
-            other.kill()
     assert budget.node_inflight(tmp_path, {}) == {}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(budget.FETCHING)]
