@@ -162,7 +162,42 @@ def missing_columns(columns: list[str], names: list[str]) -> list[str]:
     return [c for c in columns if c not in names and c.split(".", 1)[0] not in names]
 
 
-def _parquet_table(source: str | memoryview, columns: list[str] | None) -> Any:
+def decode_pool() -> Any:
+    """The memory pool a shard is decoded into for the cache: pyarrow's jemalloc pool where it has one, else ``None``
+    (the default pool).
+
+    The default (mimalloc) returns a decoded shard's memory to the system at once, so the next
+    shard's decode faults it in again: inside a cold epoch on 2 cores that made the node's decode
+    cost 1.9-2.2 CPU-s instead of ~0.8 (docs/sharded.md). Only the decode's own buffers come from
+    it (the table is written to the cache and freed): the process's default pool is left alone.
+    """
+    try:
+        return pyarrow().jemalloc_memory_pool()
+    except (NotImplementedError, AttributeError):  # a pyarrow built without it (Windows wheels)
+        return None
+
+
+def _with_pool(parquet: Any, source: str | memoryview, pool: Any) -> None:
+    """Give ``parquet`` (a ``ParquetFile``) a reader that allocates from ``pool``; on any failure keep its own.
+
+    ``ParquetFile`` takes no pool: its reader, ``pyarrow._parquet.ParquetReader(memory_pool=...)``,
+    does (private, present in every pyarrow this supports; anything else keeps the default pool).
+    """
+    pa = pyarrow()
+    try:
+        from pyarrow._parquet import ParquetReader
+
+        reader = ParquetReader(memory_pool=pool)
+        if isinstance(source, str):
+            reader.open(pa.memory_map(source), use_memory_map=True)
+        else:
+            reader.open(pa.BufferReader(pa.py_buffer(source)))
+    except Exception:  # an optimisation only: the default reader reads the same rows
+        return
+    parquet.reader = reader
+
+
+def _parquet_table(source: str | memoryview, columns: list[str] | None, pool: Any = None) -> Any:
     """A whole Parquet file (a path, memory-mapped, or its bytes) as a table of ``columns`` (``None``: all).
 
     Read through ``ParquetFile``, not ``parquet.read_table``: the latter goes through
@@ -182,6 +217,8 @@ def _parquet_table(source: str | memoryview, columns: list[str] | None) -> Any:
         if missing:
             where = source if isinstance(source, str) else "the shard"
             raise ValueError(f"no column {missing[0]!r} in {where}; its columns are {names}")
+    if pool is not None:
+        _with_pool(parquet, source, pool)
     # One thread: a DataLoader worker is already one of a process per core; Arrow's thread pools in
     # every worker cost private memory and, on shards of a few row groups, time.
     return parquet.read(columns=columns, use_threads=False)
@@ -195,10 +232,10 @@ def decode_parquet(source: str | memoryview, output: str, columns: list[str] | N
     (``ShardedSource(decode="node")``): every worker then memory-maps the decoded columns instead of
     decoding the shard again. One record batch a shard when it fits (a column's offsets are 32-bit),
     so that rows are cut from numpy views of it; written whole, then synced (the cache renames it
-    into place).
+    into place). Decoded into :func:`decode_pool`.
     """
     pa = pyarrow()
-    table = _parquet_table(source, columns)
+    table = _parquet_table(source, columns, decode_pool())
     with contextlib.suppress(pa.ArrowInvalid, pa.ArrowCapacityError):  # 2 GiB in a string column: a batch a row group
         table = table.combine_chunks()
     with open(output, "wb") as sink:
