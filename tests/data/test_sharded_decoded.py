@@ -306,9 +306,9 @@ def test_a_shard_kept_decoded_is_fetched_into_memory_never_written(
 @pytest.mark.parametrize("pooled", [True, False])
 def test_a_shard_is_decoded_into_its_own_pool_else_the_default(
         s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pooled: bool) -> None:
-    """The decode allocates from pyarrow's jemalloc pool where it has one (the default pool gave a decoded shard's
-    memory back at once: ~2.5x the decode's CPU inside a cold epoch), the process's default pool untouched; where
-    the pooled reader cannot be made, the default one decodes the same rows."""
+    """The decode allocates from pyarrow's jemalloc pool where it has one (in the default pool, the decodes of a
+    cold epoch cost ~2.5x the CPU), the process's default pool untouched; where the pooled reader cannot be made,
+    the default one decodes the same rows."""
     from shardwise.data.sharded import formats
 
     pool = formats.decode_pool()

@@ -166,10 +166,11 @@ def decode_pool() -> Any:
     """The memory pool a shard is decoded into for the cache: pyarrow's jemalloc pool where it has one, else ``None``
     (the default pool).
 
-    The default (mimalloc) returns a decoded shard's memory to the system at once, so the next
-    shard's decode faults it in again: inside a cold epoch on 2 cores that made the node's decode
-    cost 1.9-2.2 CPU-s instead of ~0.8 (docs/sharded.md). Only the decode's own buffers come from
-    it (the table is written to the cache and freed): the process's default pool is left alone.
+    Measured inside a cold epoch on 2 cores (docs/sharded.md), the node's decodes cost 1.9-2.2 CPU-s
+    in the default pool (mimalloc) and ~0.8 in jemalloc; why was not established (decoded alone,
+    the two cost about the same, and jemalloc takes more page faults). Only the decode's own buffers
+    come from it (the table is written to the cache and freed): the process's default pool is left
+    alone.
     """
     try:
         return pyarrow().jemalloc_memory_pool()
