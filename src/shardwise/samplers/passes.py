@@ -16,7 +16,10 @@ from .._core.plan import Even, pass_end
 from .delivery import LoaderDriver
 
 UnitSource = Callable[[np.ndarray], list[Any]]
-"""Turns an array of plan positions (each in ``[0, total)``) into the units at those positions."""
+"""Turns an array of plan positions (each in ``[0, total)``) into the units at those positions.
+
+A list with a ``pieces()`` method is handed out one piece (a list) at a time, each pulled as the
+last ends (``LocalitySampler``: its source hears where the reading is at each piece)."""
 
 
 class LivePass:

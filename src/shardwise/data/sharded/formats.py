@@ -178,21 +178,24 @@ def decode_pool() -> Any:
         return None
 
 
+def _readable(source: str | memoryview) -> Any:
+    """What a Parquet reader opens: a path (memory-mapped by the reader), or an Arrow reader over the bytes."""
+    pa = pyarrow()
+    return source if isinstance(source, str) else pa.BufferReader(pa.py_buffer(source))
+
+
 def _with_pool(parquet: Any, source: str | memoryview, pool: Any) -> None:
     """Give ``parquet`` (a ``ParquetFile``) a reader that allocates from ``pool``; on any failure keep its own.
 
     ``ParquetFile`` takes no pool: its reader, ``pyarrow._parquet.ParquetReader(memory_pool=...)``,
-    does (private, present in every pyarrow this supports; anything else keeps the default pool).
+    does (private, present in every pyarrow this supports; anything else keeps the default pool). It
+    opens the file with the footer ``parquet`` parsed already, not parsing it again.
     """
-    pa = pyarrow()
     try:
         from pyarrow._parquet import ParquetReader
 
         reader = ParquetReader(memory_pool=pool)
-        if isinstance(source, str):
-            reader.open(pa.memory_map(source), use_memory_map=True)
-        else:
-            reader.open(pa.BufferReader(pa.py_buffer(source)))
+        reader.open(_readable(source), use_memory_map=True, metadata=parquet.metadata)
     except Exception:  # an optimisation only: the default reader reads the same rows
         return
     parquet.reader = reader
@@ -207,11 +210,7 @@ def _parquet_table(source: str | memoryview, columns: list[str] | None, pool: An
     returns empty columns for names the file lacks, so they are refused here, as ``read_table``
     refuses them (a ``ValueError``).
     """
-    pa = pyarrow()
-    if isinstance(source, str):
-        parquet = pa.parquet.ParquetFile(source, memory_map=True)
-    else:
-        parquet = pa.parquet.ParquetFile(pa.BufferReader(pa.py_buffer(source)))
+    parquet = pyarrow().parquet.ParquetFile(_readable(source), memory_map=True)
     if columns is not None:
         names = parquet.schema_arrow.names
         missing = missing_columns(columns, names)
