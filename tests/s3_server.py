@@ -47,11 +47,13 @@ def storage_options(endpoint: str) -> dict[str, Any]:
 
 class Gauge:
     """GET requests the server is answering now, the most at once (what a test asserts concurrency by), bytes sent,
-    and every request by method (``requests["HEAD"]``; a listing is a ``"LIST"``: a GET of the bucket)."""
+    every request by method (``requests["HEAD"]``; a listing is a ``"LIST"``: a GET of the bucket), and the
+    ``Range`` of every ranged GET."""
 
     def __init__(self) -> None:
         self.now = self.peak = self.sent = 0  # sent: bytes of every GET response body
         self.requests: collections.Counter[str] = collections.Counter()
+        self.ranges: list[str] = []  # the Range header of every ranged GET, in order
         self._lock = threading.Lock()
 
     def seen(self, environ: Any) -> None:
@@ -61,6 +63,8 @@ class Gauge:
             method = "LIST"
         with self._lock:
             self.requests[method] += 1
+            if method == "GET" and environ.get("HTTP_RANGE"):
+                self.ranges.append(environ["HTTP_RANGE"])
 
     def count(self, body: list[bytes]) -> list[bytes]:
         """Add a GET response's body to ``sent``; returns it."""

@@ -105,6 +105,23 @@ def test_the_first_batch_comes_while_every_whole_shard_is_held(s3: dict[str, Any
     assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".partledger")]
 
 
+def test_a_piece_of_the_first_row_group_brings_the_magic_before_it(s3: dict[str, Any], tmp_path: Path) -> None:
+    """The 4 bytes before a shard's first row group (Parquet's magic) come in that row group's GET: the rest of the
+    shard is then fetched without a request for 4 bytes, every byte once, and the shard is the one written."""
+    from shardwise.data.sharded import head
+
+    gate: Gate = s3["gate"]
+    url, size, final = f"s3://{BUCKET}/train/0.parquet", s3["sizes"][0], tmp_path / "0.parquet"
+    asked = len(gate.ranges)
+    head.promise(final, [0])
+    pieces = head.fetch_pieces(s3["fs"], url, size, None, [0], final, timeout=10)
+    data, rest = head.fetch_whole(s3["fs"], url, final, size, timeout=10)
+    assert bytes(data) == (s3["local"] / "0.parquet").read_bytes()
+    assert pieces + rest == size
+    assert len(gate.ranges) - asked == 3  # the footer, the first row group with the magic, the rest
+    assert "bytes=0-3" not in gate.ranges[asked:]
+
+
 def test_a_shard_rewritten_before_its_pieces_are_fetched_is_refused(s3: dict[str, Any], tmp_path: Path) -> None:
     """Rewritten after indexing (another content and ETag): ShardError naming it before any of its rows is served."""
     fs = s3["fs"]

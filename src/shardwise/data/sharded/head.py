@@ -47,6 +47,9 @@ HEAD_ROWS = 32
 """Positions of a pass whose rows are fetched first (a first batch of up to 32 samples)."""
 SMALL = 1 << 18
 """Bytes up to which a shard is fetched whole at once, never in pieces (its footer's read would be most of it)."""
+HOLE = 1 << 12
+"""Bytes of a hole beside a piece, no process holding them, up to which they come in the piece's ``GET`` (a Parquet
+file's 4-byte magic before its first row group): fetched once, recorded, never a request of their own."""
 SPARSE = PART + "sparse"
 LEDGER = PART + "ledger"
 _TAIL = 1 << 16  # bytes of a shard's tail read for its footer (more when the footer is longer)
@@ -236,6 +239,13 @@ def _footer(fs: Any, url: str, size: int, final: Path, ledger: Ledger) -> tuple[
     return start, tail, False
 
 
+def _holes(wanted: Sequence[Range], have: Sequence[Range], size: int) -> list[Range]:
+    """The holes of at most :data:`HOLE` bytes beside a range of ``wanted`` that neither it nor ``have`` covers."""
+    starts, ends = {start for start, _ in wanted}, {end for _, end in wanted}
+    return [(start, end) for start, end in gaps([*have, *wanted], size)
+            if end - start <= HOLE and (end in starts or start in ends)]
+
+
 def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
                   ledger: Ledger) -> int:
     tail_start, tail, held = _footer(fs, url, size, final, ledger)
@@ -248,6 +258,7 @@ def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Seque
         for gap_start, gap_end in gaps(have, last):  # only what no process fetched yet
             if max(gap_start, first) < min(gap_end, last):
                 wanted.append((max(gap_start, first), min(gap_end, last)))
+    wanted = _merged([*wanted, *_holes(wanted, have, size)])
     # All at once: an async filesystem (s3fs, http) sends them together, one round trip in all.
     found = fs.cat_ranges([url] * len(wanted), [a for a, _ in wanted], [b for _, b in wanted]) if wanted else []
     for (start, end), data in zip(wanted, found, strict=True):
