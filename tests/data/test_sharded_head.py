@@ -122,6 +122,32 @@ def test_a_piece_of_the_first_row_group_brings_the_magic_before_it(s3: dict[str,
     assert "bytes=0-3" not in gate.ranges[asked:]
 
 
+def test_pieces_another_process_fetched_or_a_shard_decoded_take_no_request(s3: dict[str, Any],
+                                                                           tmp_path: Path) -> None:
+    """Pieces asked for again (another rank promised the same rows) or of a shard whose decoded file is in place
+    (another rank made it first): no request at all, not even the check; nothing left behind for the latter."""
+    from shardwise.data.sharded import head
+    from shardwise.data.sharded.fetch import identity, version_of
+
+    gate: Gate = s3["gate"]
+    fs, url, size = s3["fs"], f"s3://{BUCKET}/train/1.parquet", s3["sizes"][1]
+    version = version_of(identity(url, fs.info(url)))
+    final = tmp_path / "1.parquet"
+    head.promise(final, [5])
+    assert head.fetch_pieces(fs, url, size, version, [5], final, timeout=10) > 0
+    before = sum(gate.requests.values())
+    head.promise(final, [5])
+    assert head.fetch_pieces(fs, url, size, version, [5], final, timeout=10) == 0
+    assert sum(gate.requests.values()) == before
+    final, derived = tmp_path / "other" / "1.parquet", tmp_path / "other" / "1.arrow"
+    derived.parent.mkdir()
+    derived.touch()
+    head.promise(final, [5])
+    assert head.fetch_pieces(fs, url, size, version, [5], final, timeout=10, derived=derived) == 0
+    assert sum(gate.requests.values()) == before
+    assert not head.sparse_path(final).exists()
+
+
 def test_a_shard_rewritten_before_its_pieces_are_fetched_is_refused(s3: dict[str, Any], tmp_path: Path) -> None:
     """Rewritten after indexing (another content and ETag): ShardError naming it before any of its rows is served."""
     fs = s3["fs"]

@@ -354,8 +354,9 @@ class ShardCache:
         """Fetch a shard's footer and the row groups of the rows the plan reads first (NOTE [ Head first ])."""
         url, size, version, rows = head
         final = self.directory / self.name(url, None, version)
+        derived = None if self._derived is None else self.directory / self.name(url, self._derived, version)
         try:
-            copied = heads.fetch_pieces(self.filesystem(url), url, size, version, rows, final, self.timeout)
+            copied = heads.fetch_pieces(self.filesystem(url), url, size, version, rows, final, self.timeout, derived)
             with self._mutex:
                 self.fetched_bytes += copied
         except Exception as error:  # recorded; the promise is settled: its readers fetch the shard whole

@@ -196,20 +196,22 @@ def pieces_lock(final: Path, timeout: float) -> FileLock:
 
 
 def fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Sequence[int], final: Path,
-                 timeout: float) -> int:
+                 timeout: float, derived: Path | None = None) -> int:
     """Fetch the footer and the row groups of ``rows`` of shard ``url``, and of every row a process of the node
     promised in the ledger, into ``final``'s sparse file (NOTE).
 
     Records each range in the ledger once the shard is checked against ``version``, then ``D``,
     always (a failure leaves the reader to fetch the whole shard and raise). Nothing is fetched
-    once the rest's download has started (``W``: its readers wait for the whole shard). Returns
-    the bytes fetched.
+    once the rest's download has started (``W``: its readers wait for the whole shard), once the
+    shard, or ``derived`` (the file made from it), is in place, or when another process fetched
+    every piece asked for (no request then, not even the check). Returns the bytes fetched.
     """
     fetched = 0
     try:
         with pieces_lock(final, timeout):
             ledger = Ledger.read(final) or Ledger("")
-            if ledger.whole or final.exists() or (ledger.ranges and not sparse_path(final).exists()):
+            if (ledger.whole or final.exists() or (derived is not None and derived.exists())
+                    or (ledger.ranges and not sparse_path(final).exists())):
                 return 0  # whole, or on its way; (ranges of a sparse file gone: leave it to the whole download)
             # The rows every process of the node promised so far, not only this one's: the node's ranks
             # start a pass together, and a rank whose pieces came after another's whole download started
@@ -258,6 +260,8 @@ def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Seque
         for gap_start, gap_end in gaps(have, last):  # only what no process fetched yet
             if max(gap_start, first) < min(gap_end, last):
                 wanted.append((max(gap_start, first), min(gap_end, last)))
+    if held and not wanted:
+        return 0  # every piece asked for is in, fetched and checked by another process
     wanted = _merged([*wanted, *_holes(wanted, have, size)])
     # All at once: an async filesystem (s3fs, http) sends them together, one round trip in all.
     found = fs.cat_ranges([url] * len(wanted), [a for a, _ in wanted], [b for _, b in wanted]) if wanted else []
