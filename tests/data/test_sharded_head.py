@@ -166,14 +166,14 @@ def test_a_shard_rewritten_before_its_pieces_are_fetched_is_refused(s3: dict[str
 def test_a_shard_whole_but_not_yet_decoded_serves_only_the_rows_promised(tmp_path: Path) -> None:
     """While the decoded file is made, the promised rows (a pass's first) come from the whole Parquet; any other
     row waits for the decoded file (read here, each batch would decode its rows' row groups, ~100x the rows)."""
-    from shardwise.data.sharded import head
+    from shardwise.data.sharded import early, head
 
     final, derived = tmp_path / "shard.parquet", tmp_path / "shard.arrow"
     pq.write_table(_table(0, ROWS), final, row_group_size=GROUP)
     head.promise(final, [3, 40])
-    rows = head.early_rows(final, derived, [40, 3], None, ROWS, timeout=5)
+    rows = early.early_rows(final, derived, [40, 3], None, ROWS, timeout=5)
     assert rows is not None and rows["id"].to_pylist() == [40, 3]
-    assert head.early_rows(final, derived, [3, 41], None, ROWS, timeout=5) is None  # 41 not promised: wait
-    assert head.early_rows(final, None, [3], None, ROWS, timeout=5) is None  # nothing derived: the shard whole
+    assert early.early_rows(final, derived, [3, 41], None, ROWS, timeout=5) is None  # 41 not promised: wait
+    assert early.early_rows(final, None, [3], None, ROWS, timeout=5) is None  # nothing derived: the shard whole
     derived.touch()
-    assert head.early_rows(final, derived, [3], None, ROWS, timeout=5) is None  # decoded: read it
+    assert early.early_rows(final, derived, [3], None, ROWS, timeout=5) is None  # decoded: read it

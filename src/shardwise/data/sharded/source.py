@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
 from ..._core.locality import split_wrap
 from ...index.cache import CacheDir
+from . import early
 from . import head as heads
 from .cache import Derived, Head, ShardCache
 from .fetch import is_local, version_of
@@ -289,7 +290,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         directory = self.cache.directory
         derived = None if self._decoded is None else directory / self.cache.name(url, self._decoded, version)
         try:
-            return heads.early_rows(directory / self.cache.name(url, None, version), derived, rows, self.columns,
+            return early.early_rows(directory / self.cache.name(url, None, version), derived, rows, self.columns,
                                     int(self.shard_sizes[shard]), self.cache.timeout)
         except (OSError, ValueError) as error:
             raise ShardError(f"shard {url} (needed for sample {sample}) is not a readable {self.format.value} "
