@@ -142,17 +142,20 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
     """Rank 0 of W=2 (2 workers): shardwise's cold and warm epochs as fractions of the in-memory floor, ``rounds`` x.
 
     ``launch(world_size, spec)``: the ranks' reports (``bench_sharded_sources.launch``). ``fmt``: the
-    shards shardwise reads, ``"parquet"`` (decoded once a node into the cache) or ``"arrow"`` (the
-    same rows as uncompressed Arrow IPC files, read as downloaded: what a cold epoch costs without
-    the decode); the floor holds the same rows either way.
+    shards shardwise reads, ``"parquet"`` (on S3, decoded as ``spec["decode"]`` says), ``"arrow"`` (the
+    same rows as uncompressed Arrow IPC files on S3, read as downloaded: what a cold epoch costs
+    without the decode) or ``"local"`` (the Parquet files where they were written); the floor holds
+    the same rows either way.
     """
     root = Path(spec["root"])
     paths = write_floor_shards(root / "floor", n, shards)
-    served = paths if fmt == "parquet" else as_arrow(paths)
-    for path in served:
-        fs.put(str(path), f"bench/floor/{path.name}")
-    base = {**spec, "urls": [f"s3://bench/floor/{p.name}" for p in served], "local_shards": [str(p) for p in paths],
-            "warm": True, "memory_epoch": False}
+    served = as_arrow(paths) if fmt == "arrow" else paths
+    urls = [str(p) for p in paths]
+    if fmt != "local":
+        for path in served:
+            fs.put(str(path), f"bench/floor/{path.name}")
+        urls = [f"s3://bench/floor/{p.name}" for p in served]
+    base = {**spec, "urls": urls, "local_shards": [str(p) for p in paths], "warm": True, "memory_epoch": False}
     figures: dict[str, list[float]] = {}
     for round_ in range(rounds):  # interleaved: the floor, then shardwise from an empty cache
         floor = launch(2, {**base, "loader": "memory"})[0]
@@ -169,7 +172,9 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
             figures.setdefault(f"floor first {label}", []).append(floor[f"startup_{label}"])
             figures.setdefault(f"epoch {label}", []).append(ours[f"epoch_{label}"])
             figures.setdefault(f"floor epoch {label}", []).append(floor[f"epoch_{label}"])
-    what = f"rank 0 of W=2, 2 workers, {n:,} samples in {shards} {fmt.capitalize()} shards, {rounds} round(s)"
+    kind = {"parquet": "Parquet", "arrow": "Arrow IPC", "local": "local Parquet"}[fmt]
+    decode = f", decode={spec['decode']!r}" if fmt != "arrow" and spec.get("decode", "node") != "node" else ""
+    what = f"rank 0 of W=2, 2 workers, {n:,} samples in {shards} {kind} shards{decode}, {rounds} round(s)"
 
     def shown(key: str, form: str) -> str:
         values = figures[key]

@@ -9,7 +9,9 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   floor is torch's ``DistributedSampler`` over the same rows held in memory, same loader, same
   run; each epoch starts on both ranks at once. Printed: shardwise's epoch as a fraction of the
   floor's (seconds, start-up included), both epochs' seconds and the seconds to the first batch.
-  ``--floor-format arrow``: the same rows as uncompressed Arrow IPC shards, which need no decode.
+  ``--floor-format arrow``: the same rows as uncompressed Arrow IPC shards, which need no decode;
+  ``--floor-format local``: the Parquet shards read from local disk (no S3); ``--decode worker``:
+  ``ShardedSource(decode="worker")`` (each worker decodes each Parquet shard it opens).
   ``--bytes-repeat N``: the 4-ranks-a-node bytes figure N times more (min / median / max; the
   ranks race for the budget, so one run can miss what most runs show); ``--no-floor``: only those.
 - **The sampler** (``_sharded_figures.sampler_rows``): its CPU a index in the main process, over a
@@ -154,9 +156,12 @@ def main() -> None:
     parser.add_argument("--floor-samples", type=int, default=None,
                         help="samples of the in-memory floor figures, in 41 uneven shards (default 200,000; quick: "
                              "20,000)")
-    parser.add_argument("--floor-format", choices=("parquet", "arrow"), default="parquet",
-                        help="the floor figures' shards: Parquet (decoded once a node) or the same rows as Arrow IPC "
-                             "files (no decode: what the decode costs a cold epoch)")
+    parser.add_argument("--floor-format", choices=("parquet", "arrow", "local"), default="parquet",
+                        help="the floor figures' shards: Parquet on S3, the same rows as Arrow IPC files on S3 (no "
+                             "decode: what the decode costs a cold epoch), or the Parquet files on local disk")
+    parser.add_argument("--decode", choices=("node", "worker"), default="node",
+                        help="ShardedSource(decode=) of the floor figures: Parquet decoded once a node, or by each "
+                             "worker for each shard it opens")
     parser.add_argument("--bytes-repeat", type=int, default=1,
                         help="runs of the 4-ranks-a-node bytes figure (its spread: the ranks race for the budget)")
     parser.add_argument("--no-floor", action="store_true", help="skip the in-memory floor (the bytes figures only)")
@@ -188,7 +193,8 @@ def main() -> None:
                 "workers": 2, "endpoint": endpoint}
         fs = make_bucket(endpoint, "bench")
         if not args.no_floor:
-            rows.extend(floor_rows(spec, fs, args.floor_samples, 41, args.rounds, launch, args.floor_format))
+            rows.extend(floor_rows({**spec, "decode": args.decode}, fs, args.floor_samples, 41, args.rounds, launch,
+                                   args.floor_format))
         rows.extend(bytes_rows(spec, fs, gauge, args.floor_samples // 4, 41, launch))
         if args.bytes_repeat > 1:
             rows.append(bytes_spread(spec, fs, gauge, args.floor_samples // 4, 41, launch, args.bytes_repeat))

@@ -1,4 +1,5 @@
-"""Suite-wide settings: the shared index cache lives in a per-run temporary directory, never in ~/.cache."""
+"""Suite-wide settings: the shared index cache and the node cache live in per-run temporary directories, never in
+~/.cache."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_index_cache() -> Iterator[None]:
-    """Samplers built without ``cache_dir`` (and spawned ranks, which inherit the variable) share one run-local cache."""
-    if os.environ.get("SHARDWISE_CACHE_DIR"):
-        yield
-        return
-    path = tempfile.mkdtemp(prefix="shardwise-test-cache-")
-    os.environ["SHARDWISE_CACHE_DIR"] = path
+    """Samplers built without ``cache_dir`` and sources without a ``ShardCache`` (and spawned ranks, which inherit
+    the variables) share run-local caches: the index cache, and the node cache of shards and their decoded files."""
+    names = [name for name in ("SHARDWISE_CACHE_DIR", "SHARDWISE_SHARD_CACHE") if not os.environ.get(name)]
+    paths = {name: tempfile.mkdtemp(prefix=f"{name.lower()}-") for name in names}
+    os.environ.update(paths)
     try:
         yield
     finally:
-        os.environ.pop("SHARDWISE_CACHE_DIR", None)
-        shutil.rmtree(path, ignore_errors=True)
+        for name, path in paths.items():
+            os.environ.pop(name, None)
+            shutil.rmtree(path, ignore_errors=True)

@@ -316,13 +316,35 @@ def test_retries_are_bounded_and_named(s3: dict[str, Any], tmp_path: Path) -> No
 
 
 def test_local_shards_are_read_in_place(s3: dict[str, Any], tmp_path: Path) -> None:
-    """Local paths are not copied into the cache; the source reads them where they are."""
+    """Local paths are not copied into the cache; with ``decode="worker"`` the source reads them where they are."""
     paths = [str(s3["local"] / f"{s}.parquet") for s in range(len(SIZES))]
     cache = ShardCache(tmp_path / "cache")
-    source = ShardedSource(paths, cache=cache, index_dir=tmp_path / "index")
+    source = ShardedSource(paths, cache=cache, index_dir=tmp_path / "index", decode="worker")
     ids = list(LocalitySampler(source, window=3, num_replicas=1, rank=0, seed=2))
     assert [source[i]["id"] for i in ids] == ids
     assert not (tmp_path / "cache").exists()
+
+
+def test_local_parquet_is_decoded_once_a_node(s3: dict[str, Any], tmp_path: Path) -> None:
+    """By default each local Parquet shard is decoded once into the node cache (prefetched in plan order), never
+    copied: two epochs with 2 workers read every sample from one decoded file a shard, made in the first."""
+    paths = [str(s3["local"] / f"{s}.parquet") for s in range(len(SIZES))]
+    source = ShardedSource(paths, cache=ShardCache(tmp_path / "cache"), index_dir=tmp_path / "index",
+                           output_format="numpy")
+    sampler = LocalitySampler(source, window=3, num_replicas=1, rank=0, seed=2)
+    loader = DataLoader(source, sampler=sampler, batch_size=8, num_workers=2, collate_fn=lambda rows: rows,
+                        multiprocessing_context="fork", timeout=60)
+    twin = LocalitySampler(source.shard_sizes, window=3, num_replicas=1, rank=0, seed=2)  # the plan, counts alone
+    made: dict[str, int] = {}
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        twin.set_epoch(epoch)
+        assert [int(row["id"]) for batch in loader for row in batch] == list(twin)
+        # inode numbers: a file made again is another file renamed into place (reading one touches its mtime)
+        kept = {p.name: p.stat().st_ino for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")}
+        assert made in ({}, kept)  # the second epoch made nothing again
+        made = kept
+    assert len(made) == len(SIZES) and all(name.endswith(".arrow") for name in made)
 
 
 def test_mixture_and_class_balanced_over_sources(s3: dict[str, Any], tmp_path: Path) -> None:

@@ -7,12 +7,13 @@ opens it) and renames it into place: a reader sees a whole shard or none, and a 
 halfway leaves only a temporary file that nobody opens (the next download overwrites it).
 Transient errors are retried with bounded exponential backoff; a missing or changed shard fails
 at once; every wait (the lock, the retries) is bounded, so a failure is an error, never a hang. A
-local shard is read in place, its size and modification time checked when it is opened.
+local shard is read in place (or its derived file, below, made from it where it lies), its size and
+modification time checked whenever it is opened.
 
 A shard can be kept *derived* instead (:class:`Derived`: a Parquet shard decoded once into an
 uncompressed Arrow IPC file that every worker memory-maps): the first process that needs it
-downloads the shard, makes the derived file under that file's lock, renames it into place and
-deletes the download. Its name carries the shard's version (``version``: a hash of its ETag or
+fetches the shard (a local one is read where it lies), makes the derived file under that file's
+lock and renames it into place. Its name carries the shard's version (``version``: a hash of its ETag or
 modification time, from the caller) and a tag of how it is made, so a changed shard is never read
 through a stale copy, downloaded or derived.
 
@@ -212,7 +213,8 @@ class ShardCache:
             if not os.path.isfile(path):
                 raise ShardError(f"shard {url} {for_sample(sample)}does not exist (was it moved or deleted?)")
             check_unchanged(self.filesystem(url), url, version, sample)  # a stat: size and modification time
-            return path
+            if derived is None:
+                return path  # read in place
         final = self.directory / self.name(url, derived, version)
         # A derived file is renamed into place whole: existing means complete.
         if final.exists() if derived is not None else complete(final, size):
@@ -238,7 +240,11 @@ class ShardCache:
         shard = self.directory / self.name(url, None, version)
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
         try:
-            if size <= IN_MEMORY and not complete(shard, size):
+            if is_local(url):  # made from the file where it lies: nothing fetched, nothing deleted
+                derived.make(local_path(url), str(part))
+                self._make_room(os.stat(part).st_size, keep=final.name)
+                os.replace(part, final)
+            elif size <= IN_MEMORY and not complete(shard, size):
                 # In memory, never written: on disk, the shard would be written, synced, read back and deleted.
                 # Meanwhile the rows its pieces hold are read from them (NOTE [ Head first ] in head.py).
                 with locked(shard, url, sample, self.timeout):
@@ -286,7 +292,8 @@ class ShardCache:
         whole shard, and readers of those rows wait for them, not for the whole shard (NOTE [ Head
         first ] in ``head.py``). Promised now, before this returns; ignored without prefetch threads.
         """
-        remote = [shard for shard in shards if not is_local(shard[0])]
+        # Local shards are read in place, unless a file is derived from each (decoded once a node, ahead too).
+        remote = [shard for shard in shards if derived is not None or not is_local(shard[0])]
         self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
         if self.budget_bytes is not None:  # the node's other ranks evict by it too
             budgeting.write_plan(self.directory, list(self._upcoming))

@@ -65,8 +65,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
         length_column: a column giving each sample's length (integers, or strings/lists whose
             lengths are taken), served as ``lengths`` for bucketing and packing.
         label_column: an integer column served as ``labels`` for class-balanced batches.
-        cache: the node cache of remote shards (:class:`ShardCache`); default: one in the default
-            directory, without a byte budget.
+        cache: the node cache of remote shards and of decoded Parquet shards (:class:`ShardCache`);
+            default: one in the default directory, without a byte budget.
         storage_options: fsspec options for the URLs (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``).
         index_dir: where the metadata index lives (``shardwise.index`` cache); ``False``: in memory.
         open_shards: shards kept open (decoded) per process; raised to ``window + 1`` when a
@@ -79,12 +79,13 @@ class ShardedSource(Dataset[dict[str, Any]]):
             one buffer each, where lists pickle element by element (a batch of 32 samples of 300
             ints: 0.35 ms to convert, pickle and unpickle as numpy, 0.62 ms as lists).
             :meth:`with_format` gives a copy in another format.
-        decode: where remote Parquet shards are decoded: ``"node"`` (default: once per node, by
-            whichever process fetches the shard first, into an uncompressed Arrow IPC file the
-            cache keeps in the shard's place and every worker memory-maps; the cache's
-            ``budget_bytes`` counts these files, which are larger than the Parquet they come
-            from) or ``"worker"`` (the cache keeps the Parquet file; each DataLoader worker
-            decodes each shard it opens, each epoch). Local shards are read in place either way.
+        decode: where Parquet shards are decoded: ``"node"`` (default: once per node, by
+            whichever process needs the shard first, usually a prefetch thread, into an
+            uncompressed Arrow IPC file the cache keeps and every worker memory-maps; local
+            shards too, read where they lie; the cache's ``budget_bytes`` counts these files,
+            which are larger than the Parquet they come from) or ``"worker"`` (each DataLoader
+            worker decodes each shard it opens, each epoch: the cache keeps a remote Parquet
+            file as fetched, and a local one is read in place, nothing written).
 
     Example:
         >>> source = ShardedSource(["s3://bucket/train-0.parquet", "s3://bucket/train-1.parquet"])  # doctest: +SKIP
@@ -306,7 +307,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
             self._readers.move_to_end(shard)
             return reader
         url = self.urls[shard]
-        decoded = None if is_local(url) else self._decoded
+        decoded = self._decoded
         fmt, columns = (Format.ARROW, None) if decoded is not None else (self.format, self.columns)
         for attempt in range(_OPEN_ATTEMPTS):
             try:
@@ -349,8 +350,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
         """
         # read by workers pickled after this
         self.open_shards = max(self.open_shards, permutation.mixed_shards(positions) + 1)
-        if positions.size == 0 or is_local(self.urls[0]):
-            return
+        if positions.size == 0 or (is_local(self.urls[0]) and self._decoded is None):
+            return  # local shards read in place: nothing to fetch or make ahead
         order = permutation.upcoming_shards(positions, _PREFETCH_AHEAD)
         head: list[Head] = []
         if permutation is not self._pass and self.format is Format.PARQUET:  # a pass starts: its first rows first
