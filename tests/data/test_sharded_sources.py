@@ -347,6 +347,20 @@ def test_local_parquet_is_decoded_once_a_node(s3: dict[str, Any], tmp_path: Path
     assert len(made) == len(SIZES) and all(name.endswith(".arrow") for name in made)
 
 
+def test_a_cache_directory_that_cannot_be_made_names_the_fix(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Local Parquet is decoded into the cache by default: a cache folder that cannot be made says how to place it,
+    or to read the shards in place."""
+    paths = [str(s3["local"] / f"{s}.parquet") for s in range(len(SIZES))]
+    (tmp_path / "a-file").write_text("")
+    source = ShardedSource(paths, cache=ShardCache(tmp_path / "a-file" / "cache"), index_dir=tmp_path / "index")
+    with pytest.raises(ShardError, match=r"cannot be kept in the cache directory .*a-file/cache .*ShardCache\(directory="
+                                         r"\.\.\.\) a folder this process can write .*decode=\"worker\""):
+        source[0]
+    in_place = ShardedSource(paths, cache=ShardCache(tmp_path / "a-file" / "cache"), index_dir=tmp_path / "index",
+                             decode="worker")
+    assert in_place[0]["id"] == 0
+
+
 def test_mixture_and_class_balanced_over_sources(s3: dict[str, Any], tmp_path: Path) -> None:
     """MixtureSampler over a Parquet and a WebDataset source, ClassBalanced over a label column: unchanged samplers."""
     from shardwise import ClassBalancedBatchSampler, Mixture, MixtureSampler

@@ -13,9 +13,9 @@ modification time checked whenever it is opened.
 A shard can be kept *derived* instead (:class:`Derived`: a Parquet shard decoded once into an
 uncompressed Arrow IPC file that every worker memory-maps): the first process that needs it
 fetches the shard (a local one is read where it lies), makes the derived file under that file's
-lock and renames it into place. Its name carries the shard's version (``version``: a hash of its ETag or
-modification time, from the caller) and a tag of how it is made, so a changed shard is never read
-through a stale copy, downloaded or derived.
+lock and renames it into place. Its name carries the shard's version (``version``: a hash of its
+ETag or modification time, from the caller) and a tag of how it is made, so a changed shard is
+never read through a stale copy, downloaded or derived.
 
 The plan drives the cache (NOTE [ Locality-aware shuffle ]): :meth:`ShardCache.follow` receives
 the shards in the order the plan will read them; ``prefetch_threads`` background threads download
@@ -220,7 +220,13 @@ class ShardCache:
         if final.exists() if derived is not None else complete(final, size):
             touch(final)
             return str(final)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            instead = ", or ShardedSource(decode=\"worker\") to read local Parquet in place" if is_local(url) else ""
+            raise ShardError(f"shard {url} {for_sample(sample)}cannot be kept in the cache directory {self.directory} "
+                             f"({error}): give ShardCache(directory=...) a folder this process can write (or set "
+                             f"$SHARDWISE_SHARD_CACHE){instead}") from error
         with locked(final, url, sample, self.timeout if wait else None):
             if derived is not None:
                 if not final.exists():  # another process may have made it while we waited
