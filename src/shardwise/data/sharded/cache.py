@@ -192,7 +192,8 @@ class ShardCache:
              version: str | None = None) -> str:
         """A local path holding the whole shard ``url`` (``size`` bytes), downloading it if needed.
 
-        With ``derived`` (remote shards only), the path of the file derived from it, made if needed.
+        With ``derived``, the path of the file derived from it (from a local shard where it lies), made if
+        needed.
         ``version``: the shard's identity as indexed, hashed (``fetch.version_of``: URL, size, ETag or
         modification time). It names the copy, so that a shard rewritten at the same size is fetched
         again (:meth:`name`), and a download (or, local, the file opened) is checked against it.
@@ -248,8 +249,7 @@ class ShardCache:
         try:
             if is_local(url):  # made from the file where it lies: nothing fetched, nothing deleted
                 derived.make(local_path(url), str(part))
-                self._make_room(os.stat(part).st_size, keep=final.name)
-                os.replace(part, final)
+                self._place(part, final)
             elif size <= IN_MEMORY and not complete(shard, size):
                 # In memory, never written: on disk, the shard would be written, synced, read back and deleted.
                 # Meanwhile the rows its pieces hold are read from them (NOTE [ Head first ] in head.py).
@@ -260,23 +260,25 @@ class ShardCache:
                         self.fetched_bytes += copied
                     derived.make(memoryview(data), str(part))
                     del data
-                    self._make_room(os.stat(part).st_size, keep=final.name)
-                    os.replace(part, final)
+                    self._place(part, final)
                     remove_leftovers(shard)  # its pieces (sparse file, ledger): the derived file is in place
             else:
                 # The ledger of the shard's pieces stays until the derived file is in place: the rows it
                 # promised (a pass's first batch) are read from the whole shard meanwhile, others wait.
                 self._get(url, size, sample, None, version, wait=True, keep_ledger=True)
                 derived.make(str(shard), str(part))
-                # The derived file stands for the shard from now on: the shard goes, and room is made, before
-                # the derived file is visible, so that the node's files never pass the budget, not even briefly.
-                shard.unlink(missing_ok=True)
-                self._make_room(os.stat(part).st_size, keep=final.name)
-                os.replace(part, final)
+                shard.unlink(missing_ok=True)  # the derived file stands for it from now on
+                self._place(part, final)
                 heads.ledger_path(shard).unlink(missing_ok=True)
         finally:
             part.unlink(missing_ok=True)
         remove_leftovers(final)
+
+    def _place(self, part: Path, final: Path) -> None:
+        """Rename the derived file ``part`` into place as ``final``, room made first: the node's files never pass
+        the budget, not even briefly."""
+        self._make_room(os.stat(part).st_size, keep=final.name)
+        os.replace(part, final)
 
     def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None,
                   keep_ledger: bool) -> None:
@@ -289,7 +291,8 @@ class ShardCache:
     # -- the plan ------------------------------------------------------------------------------
     def follow(self, shards: Sequence[tuple[str, int, str | None]], derived: Derived | None = None,
                head: Sequence[Head] = ()) -> None:
-        """The remote shards ``(url, size, version)`` the plan reads next, in order: prefetch them, keep them.
+        """The shards ``(url, size, version)`` the plan reads next, in order: prefetch them, keep them (remote
+        ones; local ones too when a file is derived from each).
 
         Replaces the previous list: shards not in it are the first evicted. ``derived``: the file
         to keep in each shard's place (:class:`Derived`), made when the shard is prefetched.
@@ -299,12 +302,12 @@ class ShardCache:
         first ] in ``head.py``). Promised now, before this returns; ignored without prefetch threads.
         """
         # Local shards are read in place, unless a file is derived from each (decoded once a node, ahead too).
-        remote = [shard for shard in shards if derived is not None or not is_local(shard[0])]
-        self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(remote)}
+        kept = [shard for shard in shards if derived is not None or not is_local(shard[0])]
+        self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(kept)}
         if self.budget_bytes is not None:  # the node's other ranks evict by it too
             budgeting.write_plan(self.directory, list(self._upcoming))
         self._derived = derived
-        if not remote or not self.prefetch_threads:
+        if not kept or not self.prefetch_threads:
             return
         firsts = [item for item in head
                   if item[1] > heads.SMALL and not is_local(item[0]) and not self._whole(item[0], item[2])]
@@ -328,7 +331,7 @@ class ShardCache:
             threads.start(self._fetch_head, (url, size, version, tuple(rows)), done, name="shardwise-head")
         budget = self.budget_bytes
         planned = 0
-        for url, size, version in remote:
+        for url, size, version in kept:
             planned += size
             if budget is not None and planned > budget:
                 break  # prefetching beyond the budget would evict what is read sooner

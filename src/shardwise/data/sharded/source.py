@@ -48,7 +48,7 @@ _OPEN_ATTEMPTS = 3  # fetches of a shard that other processes evict before it is
 
 
 class Decode(enum.Enum):
-    """Where a remote Parquet shard is decoded: once per node into the cache, or by each worker that reads it."""
+    """Where a Parquet shard is decoded: once per node into the cache, or by each worker that reads it."""
 
     NODE = "node"
     WORKER = "worker"
@@ -154,7 +154,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
                                  f"no column {missing[0]!r} is in every shard; the columns every shard has are {names}")
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pass: Any = None  # the plan of the pass followed (follow_plan): a new one fetches its first rows first
-        self._decoded: Derived | None = None  # what the cache keeps of a remote shard instead of it
+        self._decoded: Derived | None = None  # what the cache keeps of a shard instead of it
         if self.format is Format.PARQUET and self.decode is Decode.NODE:
             # The cache names it by the shard's URL and version; the tag adds how it is made (the columns).
             tag = hashlib.blake2b(json.dumps(["parquet-to-arrow", self.columns]).encode(), digest_size=8).hexdigest()
@@ -307,12 +307,11 @@ class ShardedSource(Dataset[dict[str, Any]]):
             self._readers.move_to_end(shard)
             return reader
         url = self.urls[shard]
-        decoded = self._decoded
-        fmt, columns = (Format.ARROW, None) if decoded is not None else (self.format, self.columns)
+        fmt, columns = (Format.ARROW, None) if self._decoded is not None else (self.format, self.columns)
         for attempt in range(_OPEN_ATTEMPTS):
             try:
                 with self.cache.pinned(url):
-                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample, derived=decoded,
+                    path = self.cache.path(url, int(self.file_sizes[shard]), sample=sample, derived=self._decoded,
                                            version=self._version(shard))
                     reader = ShardReader(path, fmt, columns, functools.partial(table_rows, output=self.output_format))
                 break
