@@ -265,10 +265,8 @@ def _fetch_pieces(fs: Any, url: str, size: int, version: str | None, rows: Seque
     for (start, end), data in zip(wanted, found, strict=True):
         if isinstance(data, BaseException):  # fsspec returns a range's error in its place
             raise data
-        if len(data) != end - start:
-            raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
-        fetched += len(data)
-        pieces.append(((start, end), bytes(data)))
+        pieces.append(((start, end), _whole_range(url, start, end, data)))
+        fetched += end - start
     fd = os.open(sparse_path(final), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if os.fstat(fd).st_size < size:
@@ -302,7 +300,11 @@ def _pieces_held(final: Path, size: int, timeout: float) -> list[Range] | None:
 
 def _range(fs: Any, url: str, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of shard ``url`` (one ranged GET); a short answer is an ``OSError`` (retried)."""
-    data = fs.cat_file(url, start=start, end=end)
+    return _whole_range(url, start, end, fs.cat_file(url, start=start, end=end))
+
+
+def _whole_range(url: str, start: int, end: int, data: bytes) -> bytes:
+    """``data``, the answer for bytes ``[start, end)`` of shard ``url``; a short one is an ``OSError`` (retried)."""
     if len(data) != end - start:
         raise OSError(f"shard {url}: asked for bytes {start}-{end}, got {len(data)}")
     return bytes(data)
