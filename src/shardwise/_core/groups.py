@@ -111,11 +111,15 @@ def _walk_groups(
     low_mask = (np.uint64(1) << low) - np.uint64(1)
     high_mask = (np.uint64(1) << (bits - low)) - np.uint64(1)
     round_keys = [mix64(keys ^ salt) for salt in _ROUND_SALTS]
-    x = values.astype(np.uint64)
-    todo = np.arange(values.size)
+    # The first pass over every element as they are; only the walkers left outside their group (fewer
+    # than half) are gathered for the next passes: a gather of each per-element array costs about as
+    # much as a round, so gathering everything for the first pass as well made a walk ~1.6x slower.
+    x = rounds(values.astype(np.uint64), low, low_mask, high_mask, round_keys)
+    todo = np.flatnonzero(x >= limit)
     while todo.size:
-        x[todo] = rounds(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
-        todo = todo[x[todo] >= limit[todo]]
+        walked = rounds(x[todo], low[todo], low_mask[todo], high_mask[todo], [k[todo] for k in round_keys])
+        x[todo] = walked
+        todo = todo[walked >= limit[todo]]
     return x.astype(np.int64)
 
 
