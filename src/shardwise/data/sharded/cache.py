@@ -172,6 +172,10 @@ class ShardCache:
             return f"{prefix}-{derived.tag}"
         return f"{prefix}-{url.rstrip('/').rpartition('/')[2][-60:]}"
 
+    def kept(self, url: str, derived: Derived | None = None, version: str | None = None) -> Path:
+        """Where this cache keeps shard ``url`` whole (``derived``: the file derived from it), there yet or not."""
+        return self.directory / self.name(url, derived, version)
+
     @contextlib.contextmanager
     def pinned(self, url: str) -> Iterator[None]:
         """Within the block, this process never evicts ``url``'s shard: a reader opens what it just fetched.
@@ -216,7 +220,7 @@ class ShardCache:
             check_unchanged(self.filesystem(url), url, version, sample)  # a stat: size and modification time
             if derived is None:
                 return path  # read in place
-        final = self.directory / self.name(url, derived, version)
+        final = self.kept(url, derived, version)
         # A derived file is renamed into place whole: existing means complete.
         if final.exists() if derived is not None else complete(final, size):
             touch(final)
@@ -244,7 +248,7 @@ class ShardCache:
               final: Path) -> None:
         """Make ``final`` from the shard (fetched into memory, or from its downloaded file); the caller holds
         ``final``'s lock."""
-        shard = self.directory / self.name(url, None, version)
+        shard = self.kept(url, None, version)
         part = final.with_name(f"{final.name}{PART}{os.getpid()}")
         try:
             if is_local(url):  # made from the file where it lies: nothing fetched, nothing deleted
@@ -312,7 +316,7 @@ class ShardCache:
         firsts = [item for item in head
                   if item[1] > heads.SMALL and not is_local(item[0]) and not self._whole(item[0], item[2])]
         for url, _, version, rows in firsts:  # before any reader can ask: a reader of these rows waits for them
-            heads.promise(self.directory / self.name(url, None, version), rows)
+            heads.promise(self.kept(url, None, version), rows)
         pending = self._queue
         if pending is None or not all(thread.is_alive() for thread in self._threads):
             self.close()  # threads of a parent process do not survive a fork: start this process's own
@@ -339,9 +343,9 @@ class ShardCache:
 
     def _whole(self, url: str, version: str | None) -> bool:
         """Whether shard ``url`` is in the cache whole (downloaded, or derived as this process keeps it)."""
-        if (self.directory / self.name(url, None, version)).exists():
+        if self.kept(url, None, version).exists():
             return True
-        return self._derived is not None and (self.directory / self.name(url, self._derived, version)).exists()
+        return self._derived is not None and self.kept(url, self._derived, version).exists()
 
     def _prefetch(self, pending: queue.Queue[_Item | None]) -> None:
         # A shard whose lock another process of the node holds (its prefetch or a reader fetching
@@ -369,8 +373,8 @@ class ShardCache:
     def _fetch_head(self, head: Head, done: threading.Event) -> None:
         """Fetch a shard's footer and the row groups of the rows the plan reads first (NOTE [ Head first ])."""
         url, size, version, rows = head
-        final = self.directory / self.name(url, None, version)
-        derived = None if self._derived is None else self.directory / self.name(url, self._derived, version)
+        final = self.kept(url, None, version)
+        derived = None if self._derived is None else self.kept(url, self._derived, version)
         try:
             copied = heads.fetch_pieces(self.filesystem(url), url, size, version, rows, final, self.timeout, derived)
             with self._mutex:

@@ -288,10 +288,9 @@ class ShardedSource(Dataset[dict[str, Any]]):
         if shard in self._readers or self.format is not Format.PARQUET or is_local(self.urls[shard]):
             return None
         url, version = self.urls[shard], self._version(shard)
-        directory = self.cache.directory
-        derived = None if self._decoded is None else directory / self.cache.name(url, self._decoded, version)
+        derived = None if self._decoded is None else self.cache.kept(url, self._decoded, version)
         try:
-            return early.early_rows(directory / self.cache.name(url, None, version), derived, rows, self.columns,
+            return early.early_rows(self.cache.kept(url, None, version), derived, rows, self.columns,
                                     int(self.shard_sizes[shard]), self.cache.timeout)
         except (OSError, ValueError) as error:
             raise ShardError(f"shard {url} (needed for sample {sample}) is not a readable {self.format.value} "
