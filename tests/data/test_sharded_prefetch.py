@@ -113,6 +113,29 @@ def test_derived_files_under_a_budget_are_made_one_at_a_time(slow: dict[str, Any
     assert gauge.peak == 1
 
 
+def test_the_room_a_derived_file_takes_is_counted_from_the_files_made(slow: dict[str, Any], tmp_path: Path) -> None:
+    """The budget holds two derived files and two shards more: the third derived file does not fit.
+
+    Counted at its shard's size, it seemed to fit: it was fetched, made, and its placing evicted the
+    second shard, which the plan reads sooner (fetched again later). Counted at what the files made so
+    far grew to (``GROWTH`` times their shards), it is not fetched until there is room.
+    """
+    shards = slow["shards"]
+    size = shards[0][1]
+    derived = Derived("inflated", _inflate)
+    cache = ShardCache(tmp_path / "cache", budget_bytes=2 * GROWTH * size + 2 * size, prefetch_threads=4,
+                       storage_options=storage_options(slow["endpoint"]))  # fmt: skip
+    cache.follow(shards, derived)
+    names = [cache.directory / cache.name(url, derived) for url, _, _ in shards]
+    deadline = time.monotonic() + 30
+    while not all(name.exists() for name in names[:2]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(3 * LATENCY)  # a third download, wrongly started, would have arrived by now
+    cache.close()
+    assert [name.exists() for name in names] == [True] * 2 + [False] * 6
+    assert cache.fetched_bytes == shards[0][1] + shards[1][1]  # the two kept, once each, nothing else
+
+
 def test_a_client_error_neither_kills_the_prefetch_nor_escapes_the_reader(tmp_path: Path) -> None:
     """A server gone (botocore's EndpointConnectionError: no OSError): recorded by the thread, a ShardError for the reader."""
     from tests.s3_server import free_port

@@ -1,0 +1,96 @@
+"""A rank and its DataLoader workers fetch each shard once an epoch under the documented minimum budget.
+
+A real gloo rank with 2 forked DataLoader workers (``tests/lockstep.py``: an all-reduce a step),
+against moto's S3 server, which counts the bytes it sends; 24 uneven shards, ``window=4``. The
+budget is the documented minimum: the ``window + 6`` largest shards as the cache keeps them
+(decoded with ``decode="node"``, about 1.2x their Parquet here; the Parquet files with
+``decode="worker"``). With ``decode="node"`` the prefetch counted a shard's room at its Parquet
+size and made derived files in any order: it fetched 1.14-1.17x the dataset.
+
+Known limit (docs/sharded.md): several ranks a node, even stepping together, still fetch more on
+this layout (2 ranks: 1.08-1.24x, 4 ranks: 1.24-1.49x; ``RANKS`` below), where the benchmark's
+layout (41 shards, ``window=10``, the budget 76% of the data) holds 1.000-1.034x.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardwise.data.sharded import ShardCache, ShardedSource
+from shardwise.samplers.locality import LocalitySampler
+from shardwise.tools.launch import run_distributed
+from tests.data.shards import put_parquet_shards
+from tests.lockstep import lockstep_epochs, worker_context
+from tests.s3_server import Gauge, make_bucket, s3_endpoint, storage_options
+
+pa = pytest.importorskip("pyarrow")
+
+BUCKET = "node-bytes"
+SIZES = np.random.default_rng(5).integers(10, 300, size=24).tolist()  # uneven shards
+TOTAL = sum(SIZES)
+WINDOW = 4
+RANKS = 1  # ranks of the node
+
+
+def _table(first: int, count: int) -> Any:
+    """Token ids drawn at random, as in the benchmark: decoded, a shard is about its Parquet size."""
+    ids = np.arange(first, first + count)
+    rng = np.random.default_rng(first)
+    return pa.table({"id": ids, "tokens": [rng.integers(0, 50_000, size=int(i) % 97).tolist() for i in ids]})
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    local = tmp_path_factory.mktemp("parquet")
+    gauge = Gauge()
+    with s3_endpoint(0.0, gauge) as endpoint:
+        fs = make_bucket(endpoint, BUCKET)
+        put_parquet_shards(fs, local, f"{BUCKET}/train/shard-{{s:02d}}.parquet", SIZES, _table, row_group_size=32)
+        yield {"endpoint": endpoint, "gauge": gauge}
+
+
+def _source(endpoint: str, cache_dir: Path, **kwargs: Any) -> ShardedSource:
+    cache = ShardCache(cache_dir, storage_options=storage_options(endpoint), budget_bytes=kwargs.pop("budget", None))
+    # The shards by URL, not by folder: a listing's response would count as bytes sent (10% of this small dataset).
+    urls = [f"s3://{BUCKET}/train/shard-{s:02d}.parquet" for s in range(len(SIZES))]
+    return ShardedSource(urls, cache=cache, index_dir=cache_dir.parent / "index", output_format="numpy", **kwargs)
+
+
+def _ids(rows: list[dict[str, Any]]) -> torch.Tensor:
+    return torch.tensor([int(row["id"]) for row in rows])
+
+
+def _rank(rank: int, world_size: int, endpoint: str, cache_dir: str, budget: int, decode: str) -> list[int]:
+    """One rank of the node: an epoch in lockstep with the others; the ids it drew."""
+    source = _source(endpoint, Path(cache_dir), budget=budget, decode=decode)
+    sampler = LocalitySampler(source, window=WINDOW, seed=3)
+    loader = DataLoader(source, sampler=sampler, batch_size=8, num_workers=2, collate_fn=_ids,
+                        multiprocessing_context=worker_context())
+    return [i for batch in lockstep_epochs(loader, sampler, epochs=1)[0] for i in batch]
+
+
+@pytest.mark.parametrize("decode", ["node", "worker"])
+def test_a_rank_fetches_each_shard_once_under_the_minimum_budget(s3: dict[str, Any], tmp_path: Path, decode: str) -> None:
+    probe = _source(s3["endpoint"], tmp_path / "probe")  # builds the index too: its reads are not counted below
+    for first in (np.cumsum(SIZES) - np.asarray(SIZES)).tolist():
+        probe[int(first)]  # every shard decoded once: the sizes the cache keeps
+    if decode == "node":
+        kept = sorted(path.stat().st_size for path in (tmp_path / "probe").iterdir() if path.suffix == ".arrow")
+    else:
+        kept = sorted(probe.file_sizes.tolist())
+    assert len(kept) == len(SIZES)
+    budget = int(sum(kept[-(WINDOW + 6):]))
+    dataset = int(probe.file_sizes.sum())
+    assert budget < 0.7 * sum(kept)  # the budget holds well under the dataset: it is what is tested
+    before = s3["gauge"].sent
+    drawn = run_distributed(_rank, RANKS, s3["endpoint"], str(tmp_path / "cache"), budget, decode, timeout=300)
+    sent = s3["gauge"].sent - before
+    assert {i for ids in drawn for i in ids} == set(range(TOTAL))
+    assert sent <= 1.05 * dataset, f"the node fetched {sent / dataset:.3f}x the dataset"
