@@ -216,6 +216,18 @@ def _together() -> None:
         dist.barrier()
 
 
+def _step_together(spec: dict[str, Any]) -> Any:
+    """With ``spec["lockstep"]``: a function that waits for every rank after each step, as DDP's gradient all-reduce
+    does (a one-element all-reduce); else one that does nothing (the ranks read at their own pace)."""
+    if not spec.get("lockstep"):
+        return lambda: None
+    import torch
+    import torch.distributed as dist
+
+    token = torch.zeros(1)
+    return lambda: dist.all_reduce(token)
+
+
 def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
     """One rank's report: ids read (before the stop / after the resume), state, steps, rates, peak memory."""
     memory = PeakMemory()
@@ -226,8 +238,10 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any
     cpu = cpu_seconds()
     began = start = time.perf_counter()
     steps, first = 0, 0
+    step_together = _step_together(spec)
     for batch in loader:
         ids.extend(int(get_id(row)) for row in batch)
+        step_together()
         steps += 1
         if steps == 1:  # rates are timed from the first batch: the workers' start-up is not in them
             start, first = time.perf_counter(), len(ids)

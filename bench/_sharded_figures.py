@@ -205,8 +205,13 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
     """Bytes one node fetches in an epoch over the dataset's, ``ranks`` ranks a node (2 workers each), one cache.
 
     The cache's ``budget_bytes`` is the documented minimum: the ``window + 6`` largest shards as the
-    cache keeps them (decoded), or the ``kept_shards`` largest. Bytes are counted by the S3 server
-    (``gauge.sent``: every GET body, the ranks' and their workers'), after the index is built.
+    cache keeps them (decoded; with ``decode="worker"``, the Parquet files), or the ``kept_shards``
+    largest. Bytes are counted by the S3 server (``gauge.sent``: every GET body, the ranks' and their
+    workers'), after the index is built.
+    ``spec["decode"]``: ``ShardedSource(decode=)``; ``spec["lockstep"]``: the ranks wait for each other
+    after every step, as DDP's gradient all-reduce makes them (else each reads at its own pace, and
+    they drift apart: a harder case for a shared cache, whose working set is then the shards of the
+    slowest rank and of the fastest).
     """
     from shardwise import ShardCache, ShardedSource
 
@@ -224,18 +229,23 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
                           index_dir=root / "index")
     for first in (np.cumsum(probe.shard_sizes) - probe.shard_sizes).tolist():
         probe[int(first)]  # every shard decoded once: the sizes the cache keeps
-    kept = sorted(p.stat().st_size for p in (root / "probe-bytes").iterdir() if p.suffix == ".arrow")
+    if spec.get("decode", "node") == "node":
+        kept = sorted(p.stat().st_size for p in (root / "probe-bytes").iterdir() if p.suffix == ".arrow")
+    else:  # decode="worker": the cache keeps the Parquet files
+        kept = sorted(probe.file_sizes.tolist())
     window = spec.get("window") or WINDOW
     count_kept = kept_shards or window + 6
     budget = int(sum(kept[-count_kept:]))
     total = int(probe.file_sizes.sum())
     rows = []
+    pace = "the ranks in lockstep (an all-reduce a step)" if spec.get("lockstep") else "each rank at its own pace"
     for count in ranks:
         before = gauge.sent
         launch(count, {**spec, "loader": "shardwise", "urls": urls, "cache": f"cache-bytes-{count}", "budget": budget,
                        "warm": False, "memory_epoch": False})
         rows.append((f"bytes one node fetches in an epoch / the dataset, {count} rank(s) a node, 2 workers each, "
-                     f"budget = the {count_kept} largest kept shards ({budget / total:.0%} of the Parquet)",
+                     f"decode={spec.get('decode', 'node')!r}, {pace}, budget = the {count_kept} largest kept shards "
+                     f"({budget / total:.0%} of the Parquet)",
                      "shardwise", f"{(gauge.sent - before) / total:.3f}"))
     return rows
 

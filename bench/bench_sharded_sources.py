@@ -14,6 +14,10 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   ``ShardedSource(decode="worker")`` (each worker decodes each Parquet shard it opens).
   ``--bytes-repeat N``: the 4-ranks-a-node bytes figure N times more (min / median / max; the
   ranks race for the budget, so one run can miss what most runs show); ``--no-floor``: only those.
+- **Bytes a node fetches** (``_sharded_figures.bytes_rows``): 1, 2 and 4 ranks a node, 2 workers
+  each, one cold epoch of a quarter of ``--floor-samples`` under the documented minimum budget, each
+  rank at its own pace; then ``decode="worker"`` with the ranks in lockstep (a one-element
+  all-reduce a step, as DDP's gradient sync holds them) at 2 and 4 ranks, and at its own pace at 4.
 - **The sampler** (``_sharded_figures.sampler_rows``): its CPU a index in the main process, over a
   source that listens to the plan as ``ShardedSource`` does, over the counts alone, and torch's
   ``DistributedSampler``'s, in this process (rank 0 of W=2, batch 32, best of 5 epochs).
@@ -196,6 +200,11 @@ def main() -> None:
             rows.extend(floor_rows({**spec, "decode": args.decode}, fs, args.floor_samples, 41, args.rounds, launch,
                                    args.floor_format))
         rows.extend(bytes_rows(spec, fs, gauge, args.floor_samples // 4, 41, launch))
+        # decode="worker": the ranks stepping together as in training, then each at its own pace (they drift apart)
+        for name, extra, counts in (("worker-lockstep", {"lockstep": True}, (2, 4)), ("worker-own-pace", {}, (4,))):
+            (Path(tmp) / name).mkdir()
+            rows.extend(bytes_rows({**spec, **extra, "decode": "worker", "root": str(Path(tmp) / name)}, fs, gauge,
+                                   args.floor_samples // 4, 41, launch, ranks=counts))
         if args.bytes_repeat > 1:
             rows.append(bytes_spread(spec, fs, gauge, args.floor_samples // 4, 41, launch, args.bytes_repeat))
     if args.quick:
