@@ -74,8 +74,8 @@ class ShardCache:
         directory: where shards are kept (local disk, shared by the node's processes); default
             :func:`default_cache_dir`.
         budget_bytes: bytes of shards (and derived files) kept; ``None``: no limit. Hold at least the
-            ``window + 6`` largest shards as kept (two windows with ``mixing="windows"``): the node's
-            ranks then fetch each shard once an epoch (docs/sharded.md).
+            ``window + 6`` largest shards as kept (two windows with ``mixing="windows"``): a rank then
+            fetches each shard once an epoch; several ranks a node may need more (docs/sharded.md).
         retries: attempts after the first for a transient error.
         backoff: seconds before the first retry, doubled each time, at most 8 s.
         timeout: seconds to wait for another process's download of the same shard.
