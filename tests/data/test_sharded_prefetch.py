@@ -86,6 +86,22 @@ def _inflate(shard: str | memoryview, output: str) -> None:
     Path(output).write_bytes(data * GROWTH)
 
 
+def _prefetched(slow: dict[str, Any], directory: Path, budget: int, kept: int) -> tuple[ShardCache, list[Path]]:
+    """A cache under ``budget`` (4 prefetch threads) that followed every shard, derived; closed once its first
+    ``kept`` derived files are in place and one more download, wrongly started, would have arrived. Returns it
+    and the derived files' paths, in plan order."""
+    derived = Derived("inflated", _inflate)
+    cache = ShardCache(directory, budget_bytes=budget, prefetch_threads=4, storage_options=storage_options(slow["endpoint"]))
+    cache.follow(slow["shards"], derived)
+    names = [cache.kept(url, derived) for url, _, _ in slow["shards"]]
+    deadline = time.monotonic() + 30
+    while not all(name.exists() for name in names[:kept]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(3 * LATENCY)
+    cache.close()
+    return cache, names
+
+
 def test_derived_files_under_a_budget_are_made_one_at_a_time(slow: dict[str, Any], tmp_path: Path) -> None:
     """Under a budget, derived files (larger than their shard, size unknown until made) are prefetched one at a time.
 
@@ -93,20 +109,10 @@ def test_derived_files_under_a_budget_are_made_one_at_a_time(slow: dict[str, Any
     files not made yet), overshoot, and evict a shard the plan reads sooner; one at a time, the first
     three shards of the plan are kept and nothing else is fetched.
     """
-    shards = slow["shards"]
-    size = shards[0][1]
-    derived = Derived("inflated", _inflate)
-    cache = ShardCache(tmp_path / "cache", budget_bytes=3 * GROWTH * size + size // 2, prefetch_threads=4,
-                       storage_options=storage_options(slow["endpoint"]))  # fmt: skip
+    size = slow["shards"][0][1]
     gauge: Gauge = slow["gauge"]
     gauge.peak = 0
-    cache.follow(shards, derived)
-    names = [cache.directory / cache.name(url, derived) for url, _, _ in shards]
-    deadline = time.monotonic() + 30
-    while not all(name.exists() for name in names[:3]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(3 * LATENCY)  # a fourth download, wrongly started, would have arrived by now
-    cache.close()
+    cache, names = _prefetched(slow, tmp_path / "cache", 3 * GROWTH * size + size // 2, 3)
     assert [name.exists() for name in names] == [True] * 3 + [False] * 5
     shards_kept = [p for p in cache.directory.iterdir() if p.suffix != ".lock" and not p.name.startswith(".")]
     assert sum(p.stat().st_size for p in shards_kept) <= cache.budget_bytes  # (.plan-<pid>: this process's order)
@@ -118,20 +124,11 @@ def test_the_room_a_derived_file_takes_is_counted_from_the_files_made(slow: dict
 
     Counted at its shard's size, it seemed to fit: it was fetched, made, and its placing evicted the
     second shard, which the plan reads sooner (fetched again later). Counted at what the files made so
-    far grew to (``GROWTH`` times their shards), it is not fetched until there is room.
+    far grew to (``GROWTH`` times their shards), it is not fetched until there is room; and the four
+    threads make them in the plan's order (waiting on one lock, they took it in any order: later shards first).
     """
     shards = slow["shards"]
-    size = shards[0][1]
-    derived = Derived("inflated", _inflate)
-    cache = ShardCache(tmp_path / "cache", budget_bytes=2 * GROWTH * size + 2 * size, prefetch_threads=4,
-                       storage_options=storage_options(slow["endpoint"]))  # fmt: skip
-    cache.follow(shards, derived)
-    names = [cache.directory / cache.name(url, derived) for url, _, _ in shards]
-    deadline = time.monotonic() + 30
-    while not all(name.exists() for name in names[:2]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(3 * LATENCY)  # a third download, wrongly started, would have arrived by now
-    cache.close()
+    cache, names = _prefetched(slow, tmp_path / "cache", 2 * GROWTH * shards[0][1] + 2 * shards[0][1], 2)
     assert [name.exists() for name in names] == [True] * 2 + [False] * 6
     assert cache.fetched_bytes == shards[0][1] + shards[1][1]  # the two kept, once each, nothing else
 
