@@ -91,6 +91,7 @@ class LocalityPermutation:
     """
 
     __slots__ = ("_key", "_order", "_shard_starts", "_slot_starts", "_window", "_window_perms", "_window_starts")
+    mixing = "windows"  # streams.Mixing.WINDOWS (a str enum; streams imports this module)
 
     def __init__(self, sizes: object, *, window: int, key: int) -> None:
         sizes = check_shard_sizes("sizes", sizes)

@@ -178,12 +178,13 @@ class PartitionedPermutation:
         True
     """
 
-    __slots__ = ("_layout", "_streams", "_window")
+    __slots__ = ("_layout", "_streams", "_window", "mixing")
 
     def __init__(self, layout: PartitionLayout, *, window: int, key: int | None,
                  mixing: Mixing = Mixing.WINDOWS) -> None:
         self._layout = layout
         self._window = check_int("window", window, minimum=1)
+        self.mixing = Mixing(mixing)
         self._streams: list[LocalityPermutation | StreamPermutation | None] = []
         for k in range(layout.partitions):
             first, stop = layout.partition_pieces(k)

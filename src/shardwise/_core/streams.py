@@ -91,6 +91,7 @@ class StreamPermutation:
 
     __slots__ = ("_block_key", "_blocks", "_key", "_n", "_order", "_q", "_r", "_shard_key", "_shard_starts",
                  "_sm_starts", "_stream_first", "_streams", "_totals")  # fmt: skip
+    mixing = Mixing.STREAMS
 
     def __init__(self, sizes: object, *, streams: int, key: int) -> None:
         sizes = check_shard_sizes("sizes", sizes)
