@@ -7,9 +7,9 @@ budget is the documented minimum: the ``window + 6`` largest shards as the cache
 ``decode="worker"``). With ``decode="node"`` the prefetch counted a shard's room at its Parquet
 size and made derived files in any order: it fetched 1.14-1.17x the dataset.
 
-Known limit (docs/sharded.md): several ranks a node, even stepping together, still fetch more on
-this layout (2 ranks: 1.08-1.24x, 4 ranks: 1.24-1.49x; ``RANKS`` below), where the benchmark's
-layout (41 shards, ``window=10``, the budget 76% of the data) holds 1.000-1.034x.
+Known limit (docs/sharded.md): several ranks a node stepping together fetch a little more on this
+layout (2 ranks: 1.00-1.06x, 4 ranks: 1.077x; ``RANKS`` below), where the benchmark's layout (41
+shards, ``window=10``, the budget 76% of the data) holds 1.000-1.001x.
 """
 
 from __future__ import annotations
