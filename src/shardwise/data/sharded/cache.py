@@ -119,7 +119,7 @@ class ShardCache:
         self._serial = threading.RLock()  # derived files under a budget: made one at a time (_get, _prefetch)
         self._turn = threading.Lock()  # ... and in the plan's order by the prefetch threads (_prefetch)
         self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
-        self._made = [0, 0]  # bytes of the derived files this process made, and of the shards they were made from
+        self._made_bytes = self._made_from = 0  # bytes of the derived files this process made, and of their shards
         self._queue: queue.Queue[_Item | None] | None = None
         self._generation = 0  # of the plan followed: queued items of an older one are dropped
         self._threads: list[threading.Thread] = []
@@ -285,8 +285,8 @@ class ShardCache:
         first: the node's files never pass the budget, not even briefly."""
         made = os.stat(part).st_size
         with self._mutex:
-            self._made[0] += made
-            self._made[1] += size
+            self._made_bytes += made
+            self._made_from += size
         self._make_room(made, keep=final.name)
         os.replace(part, final)
 
@@ -300,10 +300,9 @@ class ShardCache:
         sooner, fetched again later (1 rank, decoded files ~1.2x their Parquet: 1.14-1.17x the dataset fetched;
         ``tests/data/test_sharded_node_bytes.py``).
         """
-        made, source = self._made
-        if self._derived is None or not source:
+        if self._derived is None or not self._made_from:
             return size
-        return int(size * made / source)
+        return int(size * self._made_bytes / self._made_from)
 
     def _download(self, url: str, final: Path, size: int, sample: int | None, version: str | None,
                   keep_ledger: bool) -> None:

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from ..._core.errors import check_cache_dir, check_choice, check_int, check_iterable, check_str
 from ..._core.locality import split_wrap
+from ..._core.streams import Mixing
 from ...index.cache import CacheDir
 from . import early
 from . import head as heads
@@ -354,7 +355,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
         # The next shard of each stream, listed after them, took room that shards entering the list later but
         # read sooner then needed: evicted, fetched again (4 ranks a node, 24 shards, window 4: 1.23-1.49x the
         # dataset; 1.08 without it). The window plan's budget holds the next window by design (two windows).
-        streams = getattr(permutation, "mixing", None) == "streams"
+        streams = permutation.mixing == Mixing.STREAMS  # (a str enum: the window plan says "windows")
         ahead = 0 if streams and self.cache.budget_bytes is not None else _PREFETCH_AHEAD
         order = permutation.upcoming_shards(positions, ahead)
         head: list[Head] = []
