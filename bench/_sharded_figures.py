@@ -227,11 +227,11 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
     urls = [f"s3://bench/bytes/{p.name}" for p in paths]
     probe = ShardedSource(urls, cache=ShardCache(root / "probe-bytes", storage_options=spec["options"]),
                           index_dir=root / "index")
-    for first in (np.cumsum(probe.shard_sizes) - probe.shard_sizes).tolist():
-        probe[int(first)]  # every shard decoded once: the sizes the cache keeps
     if spec.get("decode", "node") == "node":
+        for first in (np.cumsum(probe.shard_sizes) - probe.shard_sizes).tolist():
+            probe[int(first)]  # every shard decoded once: the sizes the cache keeps
         kept = sorted(p.stat().st_size for p in (root / "probe-bytes").iterdir() if p.suffix == ".arrow")
-    else:  # decode="worker": the cache keeps the Parquet files
+    else:  # decode="worker": the cache keeps the Parquet files, whose sizes the index holds
         kept = sorted(probe.file_sizes.tolist())
     window = spec.get("window") or WINDOW
     count_kept = kept_shards or window + 6

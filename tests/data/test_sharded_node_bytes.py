@@ -79,11 +79,11 @@ def _rank(rank: int, world_size: int, endpoint: str, cache_dir: str, budget: int
 @pytest.mark.parametrize("decode", ["node", "worker"])
 def test_a_rank_fetches_each_shard_once_under_the_minimum_budget(s3: dict[str, Any], tmp_path: Path, decode: str) -> None:
     probe = _source(s3["endpoint"], tmp_path / "probe")  # builds the index too: its reads are not counted below
-    for first in (np.cumsum(SIZES) - np.asarray(SIZES)).tolist():
-        probe[int(first)]  # every shard decoded once: the sizes the cache keeps
     if decode == "node":
+        for first in (np.cumsum(SIZES) - np.asarray(SIZES)).tolist():
+            probe[int(first)]  # every shard decoded once: the sizes the cache keeps
         kept = sorted(path.stat().st_size for path in (tmp_path / "probe").iterdir() if path.suffix == ".arrow")
-    else:
+    else:  # the cache keeps the Parquet files, whose sizes the index holds
         kept = sorted(probe.file_sizes.tolist())
     assert len(kept) == len(SIZES)
     budget = int(sum(kept[-(WINDOW + 6):]))
