@@ -12,8 +12,8 @@ eviction takes the shards the plan no longer reads first (least recently used fi
 it reads last. Shards pinned by a reader between its download and its open are never evicted by this
 process. A prefetch counts the shards every process of the node is prefetching (``reserve``,
 ``node_inflight``: an empty file a prefetch, checked and made under the node's ``room_lock``). Pure
-functions over the directory listing;
-:class:`~shardwise.data.sharded.cache.ShardCache` holds the state.
+functions over the directory listing (``listing``: one ``os.scandir`` a budget check, read three ways);
+:class:`~shardwise.data.sharded.cache.ShardCache` and its prefetch (``prefetch.Prefetch``) hold the state.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .fetch import shard_key, temporary
 
 PLAN = ".plan-"  # a process's reading order, one file a process that follows a plan: .plan-<pid>
 FETCHING = ".fetching-"  # a prefetch under way: .fetching-<pid>-<shard key>-<bytes>, an empty file
+Listing = list[os.DirEntry[str]]  # the cache directory's entries, read once (listing)
 
 
 class Cached(NamedTuple):
@@ -41,13 +42,25 @@ class Cached(NamedTuple):
     used: float  # last access time
 
 
-def cached_files(directory: Path) -> list[Cached]:
-    """Every whole shard or derived file in ``directory`` (no locks, no files being written)."""
+def listing(directory: Path | Listing) -> Listing:
+    """The entries of the cache ``directory`` (none before it exists); a listing already read is returned as is.
+
+    A budget check reads the directory three ways (:func:`cached_files`, :func:`node_upcoming`,
+    :func:`node_inflight`): given one listing, they share a single ``os.scandir`` instead of one each.
+    """
+    if isinstance(directory, list):
+        return directory
+    if not directory.is_dir():
+        return []
+    with os.scandir(directory) as entries:
+        return list(entries)
+
+
+def cached_files(directory: Path | Listing) -> list[Cached]:
+    """Every whole shard or derived file in ``directory`` or its :func:`listing` (no locks, no files being written)."""
     # Other processes of the node evict too: a file may vanish between listing and stat.
     files: list[Cached] = []
-    if not directory.is_dir():
-        return files
-    for entry in os.scandir(directory):
+    for entry in listing(directory):
         if temporary(entry.name):
             continue
         with contextlib.suppress(FileNotFoundError):
@@ -104,8 +117,9 @@ def reserve(directory: Path, key: str, size: int) -> Path:
     return path
 
 
-def node_inflight(directory: Path, own: Mapping[str, int]) -> dict[str, int]:
-    """``own`` (shard key -> bytes this process is prefetching) with every other live process's reservations.
+def node_inflight(directory: Path | Listing, own: Mapping[str, int]) -> dict[str, int]:
+    """``own`` (shard key -> bytes this process is prefetching) with every other live process's reservations
+    (in ``directory`` or its :func:`listing`).
 
     Without them, each rank of a node saw room for its own prefetches only: 4 ranks a node fetched
     up to 1.23x the dataset under the minimum budget, placing shards at once and so evicting shards
@@ -113,9 +127,7 @@ def node_inflight(directory: Path, own: Mapping[str, int]) -> dict[str, int]:
     a process that is gone is removed.
     """
     merged = dict(own)
-    if not directory.is_dir():
-        return merged
-    for entry in os.scandir(directory):
+    for entry in listing(directory):
         if not entry.name.startswith(FETCHING):
             continue
         pid, _, rest = entry.name[len(FETCHING):].partition("-")
@@ -138,12 +150,11 @@ def write_plan(directory: Path, keys: list[str]) -> None:
     os.replace(part, path)  # readers see a whole order or the previous one
 
 
-def node_upcoming(directory: Path, own: Mapping[str, int]) -> dict[str, int]:
-    """``own`` with every shard any other live process of the node reads sooner ranked as that process ranks it."""
+def node_upcoming(directory: Path | Listing, own: Mapping[str, int]) -> dict[str, int]:
+    """``own`` with every shard any other live process of the node reads sooner ranked as that process ranks it
+    (their plans in ``directory`` or its :func:`listing`)."""
     merged = dict(own)
-    if not directory.is_dir():
-        return merged
-    for entry in os.scandir(directory):
+    for entry in listing(directory):
         if not entry.name.startswith(PLAN) or ".part" in entry.name:
             continue
         pid = int(entry.name[len(PLAN):]) if entry.name[len(PLAN):].isdigit() else -1

@@ -460,9 +460,10 @@ class ShardCache:
         """Whether prefetching shard ``key`` fits the budget (``budget.has_room``; the caller holds ``_mutex``)."""
         if self.budget_bytes is None:
             return True
-        return budgeting.has_room(budgeting.cached_files(self.directory), key, size, self.budget_bytes,
-                                  budgeting.node_upcoming(self.directory, self._upcoming),
-                                  budgeting.node_inflight(self.directory, self._inflight),
+        listed = budgeting.listing(self.directory)  # one scan of the directory, read three ways
+        return budgeting.has_room(budgeting.cached_files(listed), key, size, self.budget_bytes,
+                                  budgeting.node_upcoming(listed, self._upcoming),
+                                  budgeting.node_inflight(listed, self._inflight),
                                   self._pinned)
 
     def _evict(self, keep: str) -> None:  # keep: a file name
@@ -472,7 +473,7 @@ class ShardCache:
     def _make_room(self, incoming: int, keep: str) -> None:  # keep: a file name
         """Evict until ``incoming`` more bytes (a file about to be renamed into place) fit the budget."""
         if self.budget_bytes is not None:
-            budgeting.evict(budgeting.cached_files(self.directory), self.budget_bytes - incoming,
-                            budgeting.node_upcoming(self.directory, self._upcoming),
-                            self._pinned, shard_key(keep))
+            listed = budgeting.listing(self.directory)
+            budgeting.evict(budgeting.cached_files(listed), self.budget_bytes - incoming,
+                            budgeting.node_upcoming(listed, self._upcoming), self._pinned, shard_key(keep))
 
