@@ -146,7 +146,7 @@ def test_a_client_error_neither_kills_the_prefetch_nor_escapes_the_reader(tmp_pa
     while url not in cache.errors and time.monotonic() < deadline:
         time.sleep(0.02)
     assert "could not fetch shard" in cache.errors[url]
-    assert all(thread.is_alive() for thread in cache._threads)  # still serving the plan
+    assert cache._prefetch.running()  # still serving the plan
     with pytest.raises(ShardError, match=rf"could not fetch shard {url} \(needed for sample 7\) after 1 attempts"):
         cache.path(url, 1000, sample=7)
     cache.close()

@@ -18,11 +18,10 @@ ETag or modification time, from the caller) and a tag of how it is made, so a ch
 never read through a stale copy, downloaded or derived.
 
 The plan drives the cache (NOTE [ Locality-aware shuffle ]): :meth:`ShardCache.follow` receives
-the shards in the order the plan will read them; ``prefetch_threads`` background threads download
-them in that order, several at once (an object store answers each request after tens of
-milliseconds, so one download at a time leaves its bandwidth idle), as far ahead as the budget
-holds; and when the cache is over its byte budget the shards the plan will not read again this
-epoch are evicted first (least recently used), then the ones it reads last (``budget``).
+the shards in the order the plan will read them; its prefetch (``prefetch``: ``prefetch_threads``
+background threads) downloads them in that order, as far ahead as the budget holds; and when the
+cache is over its byte budget the shards the plan will not read again this epoch are evicted first
+(least recently used), then the ones it reads last (``budget``).
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,6 @@ from . import head as heads
 from .download import download, fetch
 from .fetch import (
     PART,
-    Busy,
     Derived,
     check_unchanged,
     complete,
@@ -57,14 +54,12 @@ from .fetch import (
     touch,
 )
 from .formats import ShardError
+from .prefetch import Head, Prefetch
 
-__all__ = ["PART", "Derived", "ShardCache", "default_cache_dir", "is_local", "local_path"]
+__all__ = ["PART", "Derived", "Head", "ShardCache", "default_cache_dir", "is_local", "local_path"]
 
 IN_MEMORY = 256 << 20
 """Bytes up to which a shard kept derived is fetched into memory and never written (larger: downloaded to disk)."""
-_RETRY = 0.05  # seconds the prefetch thread waits for new work before trying a busy shard again
-_Item = tuple[str, int, "str | None", int]  # a shard to prefetch: url, size, version, generation of the plan
-Head = tuple[str, int, "str | None", "Sequence[int]"]  # a shard the plan reads first: url, size, version, its rows
 
 
 class ShardCache:
@@ -84,6 +79,9 @@ class ShardCache:
             a budget, files derived from shards (:class:`Derived`) are made one at a time: their
             size is known only once made, and the budget must see it before the next download.
         storage_options: passed to ``fsspec.filesystem`` (e.g. ``{"endpoint_url": ...}`` for S3).
+
+    Its prefetch (:class:`~shardwise.data.sharded.prefetch.Prefetch`) fetches through :meth:`fetch_now`,
+    :meth:`kept_size`, :meth:`room_for` and :meth:`add_fetched`, and shares its locks ``mutex`` and ``serial``.
 
     Example:
         >>> cache = ShardCache("shard-cache", budget_bytes=2 << 30)
@@ -114,39 +112,34 @@ class ShardCache:
         self.errors: dict[str, str] = {}  # url -> the last error a prefetch thread met on it (the reader refetches)
         self._upcoming: dict[str, int] = {}  # shard key (_shard_key) -> rank in the plan's reading order
         self._pinned: dict[str, int] = {}  # shard key -> readers of this process between download and open
-        self._inflight: dict[str, int] = {}  # shard key -> bytes the prefetch threads are downloading now
-        self._mutex = threading.Lock()  # guards _inflight and fetched_bytes across the prefetch threads
-        self._serial = threading.RLock()  # derived files under a budget: made one at a time (_get, _prefetch)
-        self._turn = threading.Lock()  # ... and in the plan's order by the prefetch threads (_prefetch)
-        self._derived: Derived | None = None  # what the prefetch thread keeps of each shard
+        self.mutex = threading.Lock()  # guards fetched_bytes, _made_*, and the prefetch's in-flight shards
+        # Derived files under a budget: made one at a time (_get), and in the plan's order by the prefetch threads.
+        self.serial = threading.RLock()
         self._made_bytes = self._made_from = 0  # bytes of the derived files this process made, and of their shards
-        self._queue: queue.Queue[_Item | None] | None = None
-        self._generation = 0  # of the plan followed: queued items of an older one are dropped
-        self._threads: list[threading.Thread] = []
-        self._heads: dict[str, threading.Event] = {}  # url -> set once its first pieces are fetched (or failed)
         self._fs: dict[str, Any] = {}
         self._fs_pid = os.getpid()  # fsspec's async filesystems (s3, http) refuse use in a forked process
+        self._prefetch = Prefetch(self)
         threads.reset_in_child(self, type(self)._forked)
 
     def __getstate__(self) -> dict[str, Any]:
-        # DataLoader workers get a copy without the thread, the queue or open filesystems.
+        # DataLoader workers get a copy without the prefetch (its threads, its queue) or open filesystems.
         state = self.__dict__.copy()
-        del state["_mutex"], state["_serial"], state["_turn"]
-        state.update(_queue=None, _threads=[], _heads={}, _fs={}, _upcoming={}, _pinned={}, _inflight={}, _fs_pid=None,
-                     _derived=None)
+        del state["mutex"], state["serial"], state["_prefetch"]
+        state.update(_fs={}, _upcoming={}, _pinned={}, _fs_pid=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._mutex, self._serial, self._turn = threading.Lock(), threading.RLock(), threading.Lock()
+        self.mutex, self.serial = threading.Lock(), threading.RLock()
+        self._prefetch = Prefetch(self)  # no threads until this process follows a plan
         threads.reset_in_child(self, type(self)._forked)
 
     def _forked(self) -> None:
         # In a forked child (a DataLoader worker): the parent's prefetch threads are not copied, and a
-        # lock or queue one of them held at the fork would stay held here (the worker's first download
-        # hung on _mutex). This process starts its own threads, with its own locks, when it follows a plan.
-        self._mutex, self._serial, self._turn = threading.Lock(), threading.RLock(), threading.Lock()
-        self._queue, self._threads, self._inflight, self._heads = None, [], {}, {}
+        # lock one of them held at the fork would stay held here (the worker's first download hung on
+        # the mutex). The prefetch drops the parent's threads and queue itself (Prefetch._forked); this
+        # process starts its own threads, with its own locks, when it follows a plan.
+        self.mutex, self.serial = threading.Lock(), threading.RLock()
 
     def filesystem(self, url: str) -> Any:
         """The fsspec filesystem for ``url``'s protocol (one per protocol and process)."""
@@ -211,6 +204,15 @@ class ShardCache:
         """
         return self._get(url, size, sample, derived, version, wait=True)
 
+    def fetch_now(self, url: str, size: int, derived: Derived | None, version: str | None) -> str:
+        """:meth:`path` for the prefetch: never waits for another process's fetch of the same shard.
+
+        Raises:
+            fetch.Busy: another process of the node holds the shard's lock (the prefetch puts it off).
+            ShardError, OSError, ValueError: as :meth:`path` (the prefetch records them in :attr:`errors`).
+        """
+        return self._get(url, size, None, derived, version, wait=False)
+
     def _get(self, url: str, size: int, sample: int | None, derived: Derived | None, version: str | None, *,
              wait: bool, keep_ledger: bool = False) -> str:
         """:meth:`path`; ``wait=False``: raise ``fetch.Busy`` at once if another process holds its lock;
@@ -239,7 +241,7 @@ class ShardCache:
                 if not final.exists():  # another process may have made it while we waited
                     # One at a time in this process under a budget, readers and prefetch threads alike: each
                     # makes room for its own file only, so two made at once could pass the budget together.
-                    with self._serial if self.budget_bytes is not None else contextlib.nullcontext():
+                    with self.serial if self.budget_bytes is not None else contextlib.nullcontext():
                         self._make(url, size, sample, derived, version, final)
             elif not complete(final, size):
                 self._download(url, final, size, sample, version, keep_ledger)
@@ -262,8 +264,7 @@ class ShardCache:
                 with locked(shard, url, sample, self.timeout):
                     data, copied = fetch(self.filesystem(url), url, shard, size, version, sample,
                                          retries=self.retries, backoff=self.backoff, timeout=self.timeout)
-                    with self._mutex:
-                        self.fetched_bytes += copied
+                    self.add_fetched(copied)
                     derived.make(memoryview(data), str(part))
                     del data
                     self._place(part, final, size)
@@ -284,15 +285,15 @@ class ShardCache:
         """Rename the derived file ``part``, made from a shard of ``size`` bytes, into place as ``final``, room made
         first: the node's files never pass the budget, not even briefly."""
         made = os.stat(part).st_size
-        with self._mutex:
+        with self.mutex:
             self._made_bytes += made
             self._made_from += size
         self._make_room(made, keep=final.name)
         os.replace(part, final)
 
-    def _kept_size(self, size: int) -> int:
-        """The bytes a shard of ``size`` bytes will take in the cache, as this process keeps it (the caller holds
-        ``_mutex``).
+    def kept_size(self, size: int, derived: Derived | None) -> int:
+        """The bytes a shard of ``size`` bytes will take in the cache, kept as ``derived`` (the caller holds
+        ``mutex``).
 
         A derived file's size is known only once made: it is estimated from the files this process has made so
         far (their bytes over their shards'; decoded Parquet is larger, a column subset smaller). Counting the
@@ -300,7 +301,7 @@ class ShardCache:
         sooner, fetched again later (1 rank, decoded files ~1.2x their Parquet: 1.14-1.17x the dataset fetched;
         ``tests/data/test_sharded_node_bytes.py``).
         """
-        if self._derived is None or not self._made_from:
+        if derived is None or not self._made_from:
             return size
         return int(size * self._made_bytes / self._made_from)
 
@@ -309,8 +310,12 @@ class ShardCache:
         self._make_room(size, keep=final.name)  # before the download is renamed into place (see _make)
         copied = download(self.filesystem(url), url, final, size, version, sample, retries=self.retries,
                           backoff=self.backoff, timeout=self.timeout, keep_ledger=keep_ledger)
-        with self._mutex:
-            self.fetched_bytes += copied
+        self.add_fetched(copied)
+
+    def add_fetched(self, nbytes: int) -> None:
+        """Count ``nbytes`` this process downloaded (:attr:`fetched_bytes`; readers and prefetch threads at once)."""
+        with self.mutex:
+            self.fetched_bytes += nbytes
 
     # -- the plan ------------------------------------------------------------------------------
     def follow(self, shards: Sequence[tuple[str, int, str | None]], derived: Derived | None = None,
@@ -330,141 +335,21 @@ class ShardCache:
         self._upcoming = {shard_key(self.name(shard[0])): i for i, shard in enumerate(kept)}
         if self.budget_bytes is not None:  # the node's other ranks evict by it too
             budgeting.write_plan(self.directory, list(self._upcoming))
-        self._derived = derived
-        if not kept or not self.prefetch_threads:
-            return
-        firsts = [item for item in head
-                  if item[1] > heads.SMALL and not is_local(item[0]) and not self._whole(item[0], item[2])]
-        for url, _, version, rows in firsts:  # before any reader can ask: a reader of these rows waits for them
-            heads.promise(self.kept(url, None, version), rows)
-        pending = self._queue
-        if pending is None or not all(thread.is_alive() for thread in self._threads):
-            self.close()  # threads of a parent process do not survive a fork: start this process's own
-            pending = self._queue = queue.Queue()
-            self._threads = [threads.start(self._prefetch, pending, name=f"shardwise-prefetch-{i}")
-                             for i in range(self.prefetch_threads)]  # fmt: skip
-        self._generation += 1  # the new plan supersedes what is still queued or put off
-        generation = self._generation
-        while not pending.empty():
-            try:
-                pending.get_nowait()
-            except queue.Empty:  # pragma: no cover - raced with the thread
-                break
-        for url, size, version, rows in firsts:  # pieces, a small part of each shard: a thread each, at once
-            done = self._heads[url] = threading.Event()
-            threads.start(self._fetch_head, (url, size, version, tuple(rows)), done, name="shardwise-head")
-        budget = self.budget_bytes
-        planned = 0
-        for url, size, version in kept:
-            planned += size
-            if budget is not None and planned > budget:
-                break  # prefetching beyond the budget would evict what is read sooner
-            pending.put((url, size, version, generation))
-
-    def _whole(self, url: str, version: str | None) -> bool:
-        """Whether shard ``url`` is in the cache whole (downloaded, or derived as this process keeps it)."""
-        if self.kept(url, None, version).exists():
-            return True
-        return self._derived is not None and self.kept(url, self._derived, version).exists()
-
-    def _prefetch(self, pending: queue.Queue[_Item | None]) -> None:
-        # A shard whose lock another process of the node holds (its prefetch or a reader fetching
-        # it) is put off, not waited for: the node's ranks follow the same plan, and would
-        # otherwise download one shard at a time, each waiting on the same lock in turn.
-        put_off: list[_Item] = []
-        while True:
-            # A derived file's size is known only once it is made: under a budget, this process makes
-            # one at a time, so that the room each download sees is what is really kept, and in the plan's
-            # order: the thread that takes the next shard keeps the turn until it holds _serial (threads
-            # waiting on _serial got it in any order, and a shard read later, made first, was evicted by
-            # the sooner ones made after it: fetched twice).
-            serial = self._derived is not None and self.budget_bytes is not None
-            with self._turn if serial else contextlib.nullcontext():
-                try:
-                    item = pending.get(timeout=_RETRY if put_off else None)
-                except queue.Empty:
-                    item = put_off.pop(0)  # nothing new: try again what was busy (by now, likely fetched)
-                if item is not None and serial:
-                    self._serial.acquire()
-            if item is None:
-                return
-            try:
-                if self._fetch_ahead(item):
-                    put_off.append(item)
-            except Exception as error:  # any error (aiohttp's, botocore's): the thread must go on
-                # Recorded, not raised: the reader fetches the shard itself and raises a ShardError naming it.
-                self.errors[item[0]] = f"{type(error).__name__}: {error}"
-            finally:
-                if serial:
-                    self._serial.release()
-
-    def _fetch_head(self, head: Head, done: threading.Event) -> None:
-        """Fetch a shard's footer and the row groups of the rows the plan reads first (NOTE [ Head first ])."""
-        url, size, version, rows = head
-        final = self.kept(url, None, version)
-        derived = None if self._derived is None else self.kept(url, self._derived, version)
-        try:
-            copied = heads.fetch_pieces(self.filesystem(url), url, size, version, rows, final, self.timeout, derived)
-            with self._mutex:
-                self.fetched_bytes += copied
-        except Exception as error:  # recorded; the promise is settled: its readers fetch the shard whole
-            self.errors[url] = f"{type(error).__name__}: {error}"
-        finally:
-            done.set()
-
-    def _fetch_ahead(self, item: _Item) -> bool:
-        """Prefetch one shard if it fits the budget; True: put it off (another thread or process has it)."""
-        url, size, version, generation = item
-        if generation != self._generation:
-            return False  # the plan moved on: a newer list is queued
-        head = self._heads.pop(url, None)
-        if head is not None:  # its pieces first, then the rest (download.download): no byte fetched twice
-            head.wait(self.timeout)
-        key = shard_key(self.name(url))
-        reserved: Path | None = None
-        # Under a budget, the room is checked and reserved under the node's lock: the node's ranks prefetch at once.
-        room = budgeting.room_lock(self.directory, self.timeout) if self.budget_bytes is not None else None
-        with self._mutex, room or contextlib.nullcontext():
-            if key in self._inflight:
-                return True
-            kept = self._kept_size(size)
-            if not self._room_for(key, kept):  # it would evict a shard read sooner
-                return False
-            self._inflight[key] = kept
-            if room is not None:
-                reserved = budgeting.reserve(self.directory, key, kept)
-        try:
-            # A failure here is not lost: the reader fetches the shard again and raises naming the sample.
-            self._get(url, size, None, self._derived, version, wait=False)
-        except Busy:  # another process holds its lock
-            return True
-        except (ShardError, OSError, ValueError) as error:
-            self.errors[url] = f"{type(error).__name__}: {error}"
-        finally:
-            with self._mutex:
-                del self._inflight[key]
-            if reserved is not None:
-                reserved.unlink(missing_ok=True)
-        return False
+        self._prefetch.follow(kept, derived, head)
 
     def close(self) -> None:
         """Stop the prefetch threads (they also stop with the process: they are daemons)."""
-        if self._queue is not None:
-            for _ in self._threads:
-                self._queue.put(None)
-        for thread in self._threads:
-            thread.join(timeout=self.timeout)
-        self._threads, self._queue = [], None
+        self._prefetch.close()
 
-    def _room_for(self, key: str, size: int) -> bool:
-        """Whether prefetching shard ``key`` fits the budget (``budget.has_room``; the caller holds ``_mutex``)."""
+    def room_for(self, key: str, nbytes: int, inflight: Mapping[str, int]) -> bool:
+        """Whether prefetching ``nbytes`` for shard ``key`` fits the budget (``budget.has_room``), ``inflight`` (shard
+        key -> bytes) being fetched by this process meanwhile; the caller holds ``mutex``."""
         if self.budget_bytes is None:
             return True
         listed = budgeting.listing(self.directory)  # one scan of the directory, read three ways
-        return budgeting.has_room(budgeting.cached_files(listed), key, size, self.budget_bytes,
+        return budgeting.has_room(budgeting.cached_files(listed), key, nbytes, self.budget_bytes,
                                   budgeting.node_upcoming(listed, self._upcoming),
-                                  budgeting.node_inflight(listed, self._inflight),
-                                  self._pinned)
+                                  budgeting.node_inflight(listed, inflight), self._pinned)
 
     def _evict(self, keep: str) -> None:  # keep: a file name
         """Bring the cache under its budget (``budget.evict``)."""
