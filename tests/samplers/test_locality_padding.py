@@ -1,4 +1,4 @@
-"""LocalitySampler with partitions and drop_last=False: the padding wraps within each rank's partition."""
+"""LocalitySampler with drop_last=False: the padding reads the plan's last positions (within each rank's partition)."""
 
 from __future__ import annotations
 
@@ -67,13 +67,23 @@ def test_the_padding_is_the_plan_s_last_positions_of_the_partition() -> None:
     assert [list(s)[-1] for s in ranks] == [plan[12], plan[9], plan[10], plan[11]]
 
 
-def test_other_samplers_still_wrap_to_the_plan_s_start() -> None:
-    """Without partitions (and for every other sampler) the padding reads p % n, torch's rule."""
-    plain = [LocalitySampler(_sizes(13), window=2, num_replicas=4, rank=r, seed=7) for r in range(4)]
+def test_without_partitions_the_padding_reads_the_plan_s_last_positions() -> None:
+    """One partition: period G (default 1): padded positions read the plan's last sample, or its last G in turn,
+    whose shards a node still holds at the epoch's end (the first ones it may have evicted)."""
     plan = list(LocalitySampler(_sizes(13), window=2, num_replicas=1, rank=0, seed=7))
-    assert [list(s)[-1] for s in plain] == [plan[12], plan[0], plan[1], plan[2]]
-    assert plain[0].wrap_period is None and ShardedSampler(13, num_replicas=4, rank=0).wrap_period is None
-    assert _ranks(13, 2, 2, 4)[0].wrap_period == 4
+    plain = [LocalitySampler(_sizes(13), window=2, num_replicas=4, rank=r, seed=7) for r in range(4)]
+    assert [list(s)[-1] for s in plain] == [plan[12], plan[12], plan[12], plan[12]]
+    grouped = [LocalitySampler(_sizes(13), window=2, ranks_per_partition=4, num_replicas=4, rank=r, seed=7)
+               for r in range(4)]  # fmt: skip
+    assert [list(s)[-1] for s in grouped] == [plan[12], plan[9], plan[10], plan[11]]
+    assert plain[0].wrap_period == 1 and grouped[0].wrap_period == 4 and _ranks(13, 2, 2, 4)[0].wrap_period == 4
+
+
+def test_other_samplers_wrap_to_the_plan_s_start() -> None:
+    """Every other sampler's padding reads p % n, torch's rule."""
+    ranks = [ShardedSampler(13, num_replicas=4, rank=r, shuffle=False) for r in range(4)]
+    assert [list(s)[-1] for s in ranks] == [12, 0, 1, 2]
+    assert ranks[0].wrap_period is None
 
 
 @pytest.mark.parametrize(("partitions", "group", "world_size", "total"),

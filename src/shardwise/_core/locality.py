@@ -52,8 +52,8 @@ def split_wrap(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     A rank's own positions strictly ascend, so the wrapped tail starts at the first position not
     above the one before it: with the plan's start as the wrap (``p % total``) every wrapped
-    position is below the last one, and in a partitioned plan (NOTE [ Padding wrap ] in
-    ``_core.plan``) a wrapped position may equal the rank's last (when ``P * G`` divides ``W``).
+    position is below the last one, and with ``LocalitySampler``'s wrap to the plan's last positions
+    (NOTE [ Padding wrap ] in ``_core.plan``) a wrapped position may equal the rank's last.
     A wrapped position above the last lies in the plan's last period, read after it in order, so
     it is rightly read with the ascending part. Prefetching reads the windows ahead of the first
     part only: the wrapped few are single samples.

@@ -14,8 +14,10 @@ below ``total`` congruent to ``p`` modulo the plan's wrap period ``B``, so ``p``
 same slot of the plan's period (``total - B + (p - total) % B``: the plan's last ``B`` positions, in
 turn). When ``q < 0`` (a plan shorter than one period) it reads ``p % total``. With ``B = total``
 this is exactly ``p % total``, torch's wrap to the plan's start: the period of every plan whose
-positions have no period (``period=None``). A partitioned plan (NOTE [ Shard partitions ]) has
-period ``P * G``, so a rank's padding reads its own partition. Everything that deals, or inverts
+positions have no period (``period=None``). ``LocalitySampler``'s plan has period ``P * G`` (1
+without partitions): its padding reads the plan's last positions, whose shards a node holds as the
+epoch ends (the first ones may be evicted by then, and a whole shard fetched again for one padded
+sample), and with partitions (NOTE [ Shard partitions ]) a rank's own partition. Everything that deals, or inverts
 the dealing of, padded positions goes through :func:`wrap` (:func:`padded_positions` filters by it).
 """
 

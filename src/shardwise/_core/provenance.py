@@ -11,8 +11,8 @@ resumed from) with ``W`` ranks. Two ways of cutting steps exist (see ``_core.pla
   positions, rank ``r`` the ``r``-th slice of ``b_s``; runs of equal-size steps describe the pass.
 
 Padding (``Even.PAD``) wraps the last at most ``W - 1`` positions back into the plan
-(``_core.plan.wrap``, NOTE [ Padding wrap ]: to its start, or within the period of a partitioned
-plan), so a position may be trained twice in a pass: the reverse lookups return every occurrence,
+(``_core.plan.wrap``, NOTE [ Padding wrap ]: to its start, or to the last positions of a
+``LocalitySampler``'s plan), so a position may be trained twice in a pass: the reverse lookups return every occurrence,
 found by the same wrap (``_core.plan.padded_positions``).
 """
 

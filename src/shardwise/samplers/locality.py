@@ -88,10 +88,16 @@ class LocalitySampler(SizedPlanSampler):
     bijection independent of the world size (exact resume at any ``W``); when ``W`` is a multiple
     of ``P * G`` and a node's ``G`` ranks are consecutive (torchrun), each node reads only its
     partition, about ``1/P`` of the bytes. Both are plan configuration (in the state's
-    fingerprint), never derived from the world. With ``drop_last=False`` the padding wraps within
-    the partition, to the plan's last positions of the same partition, not to its start
-    (NOTE [ Padding wrap ] in ``shardwise._core.plan``), so a node fetches no shard of another
-    partition for its ranks' padded samples (when the data holds at least ``P * G`` samples).
+    fingerprint), never derived from the world.
+
+    With ``drop_last=False`` the padding of the last step (fewer than ``W`` samples) reads the
+    plan's last positions, not its start (torch's rule): the wrap period is ``P * G`` (NOTE
+    [ Padding wrap ] in ``shardwise._core.plan``), so each padded position reads the latest one of
+    its slot of the period: without partitions (``P = G = 1``) the plan's last sample, and with
+    partitions one of the same partition (when the data holds at least ``P * G`` samples). The
+    shards of the plan's end are the ones the node holds as the epoch ends; the plan's first ones
+    may have been evicted, and were fetched again whole for a padded sample each under a budget
+    (4 ranks a node, 24 shards: 1.077x the dataset; ``tests/data/test_sharded_node_bytes.py``).
 
     Cost at 1e9 samples in 1e5 shards: ~3.2 MB per rank (shard offsets and order), independent of
     the number of samples; about twice that with partitions (the layout and one stream a
@@ -176,9 +182,9 @@ class LocalitySampler(SizedPlanSampler):
     def _plan_size(self, epoch: int) -> int:
         return self._size
 
-    def _wrap_period(self) -> int | None:
-        """``P * G`` with partitions: padding reads its own partition (NOTE [ Shard partitions ])."""
-        return self.partitions * self.ranks_per_partition if self.partitions > 1 else None
+    def _wrap_period(self) -> int:
+        """``P * G``: padding reads the plan's last positions (its own partition's, NOTE [ Shard partitions ])."""
+        return self.partitions * self.ranks_per_partition
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         permutation = self._plan(seed, epoch)
