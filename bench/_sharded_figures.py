@@ -207,7 +207,7 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
     The cache's ``budget_bytes`` is the documented minimum: the ``window + 6`` largest shards as the
     cache keeps them (decoded; with ``decode="worker"``, the Parquet files), or the ``kept_shards``
     largest. Bytes are counted by the S3 server (``gauge.sent``: every GET body, the ranks' and their
-    workers'), after the index is built.
+    workers'), after the index is built, less the folder listings each rank reads at start-up (``gauge.listed``).
     ``spec["decode"]``: ``ShardedSource(decode=)``; ``spec["lockstep"]``: the ranks wait for each other
     after every step, as DDP's gradient all-reduce makes them (else each reads at its own pace, and
     they drift apart: a harder case for a shared cache, whose working set is then the shards of the
@@ -240,13 +240,13 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
     rows = []
     pace = "the ranks in lockstep (an all-reduce a step)" if spec.get("lockstep") else "each rank at its own pace"
     for count in ranks:
-        before = gauge.sent
+        before = gauge.sent - gauge.listed
         launch(count, {**spec, "loader": "shardwise", "urls": urls, "cache": f"cache-bytes-{count}", "budget": budget,
                        "warm": False, "memory_epoch": False})
         rows.append((f"bytes one node fetches in an epoch / the dataset, {count} rank(s) a node, 2 workers each, "
                      f"decode={spec.get('decode', 'node')!r}, {pace}, budget = the {count_kept} largest kept shards "
                      f"({budget / total:.0%} of the Parquet)",
-                     "shardwise", f"{(gauge.sent - before) / total:.3f}"))
+                     "shardwise", f"{(gauge.sent - gauge.listed - before) / total:.3f}"))
     return rows
 
 

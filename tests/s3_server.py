@@ -48,28 +48,29 @@ def storage_options(endpoint: str) -> dict[str, Any]:
 class Gauge:
     """GET requests the server is answering now, the most at once (what a test asserts concurrency by), bytes sent,
     every request by method (``requests["HEAD"]``; a listing is a ``"LIST"``: a GET of the bucket), and the
-    ``Range`` of every ranged GET."""
+    ``Range`` of every ranged GET. ``listed``: the part of ``sent`` that answered listings (not shard bytes)."""
 
     def __init__(self) -> None:
-        self.now = self.peak = self.sent = 0  # sent: bytes of every GET response body
+        self.now = self.peak = self.sent = self.listed = 0  # sent: bytes of every GET response body
         self.requests: collections.Counter[str] = collections.Counter()
         self.ranges: list[str] = []  # the Range header of every ranged GET, in order
         self._lock = threading.Lock()
 
     def seen(self, environ: Any) -> None:
         """Count one request (its method; ``LIST`` for a GET of the bucket itself: S3's ListObjects)."""
-        method = environ["REQUEST_METHOD"]
-        if method == "GET" and environ.get("PATH_INFO", "").strip("/").count("/") == 0:
-            method = "LIST"
+        method = _method(environ)
         with self._lock:
             self.requests[method] += 1
             if method == "GET" and environ.get("HTTP_RANGE"):
                 self.ranges.append(environ["HTTP_RANGE"])
 
-    def count(self, body: list[bytes]) -> list[bytes]:
-        """Add a GET response's body to ``sent``; returns it."""
+    def count(self, body: list[bytes], environ: Any) -> list[bytes]:
+        """Add a GET response's body to ``sent`` (and ``listed`` for a listing); returns it."""
+        nbytes = sum(len(chunk) for chunk in body)
         with self._lock:
-            self.sent += sum(len(chunk) for chunk in body)
+            self.sent += nbytes
+            if _method(environ) == "LIST":
+                self.listed += nbytes
         return body
 
     def __enter__(self) -> None:
@@ -80,6 +81,14 @@ class Gauge:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.now -= 1
+
+
+def _method(environ: Any) -> str:
+    """A request's method, ``LIST`` for a GET of the bucket itself (S3's ListObjects)."""
+    method: str = environ["REQUEST_METHOD"]
+    if method == "GET" and environ.get("PATH_INFO", "").strip("/").count("/") == 0:
+        return "LIST"
+    return method
 
 
 def _delayed(app: Any, latency: float, gauge: Gauge | None) -> Any:
@@ -93,7 +102,7 @@ def _delayed(app: Any, latency: float, gauge: Gauge | None) -> Any:
             return app(environ, start_response)
         with gauge:
             time.sleep(latency)
-            return gauge.count(list(app(environ, start_response)))  # the body is sent in the gauge
+            return gauge.count(list(app(environ, start_response)), environ)  # the body is sent in the gauge
 
     return delayed
 

@@ -39,10 +39,10 @@ class Gate(Gauge):
         self.opened.set()
         self.waited_out = False  # a held body was answered because HOLD passed, not because the gate opened
 
-    def count(self, body: list[bytes]) -> list[bytes]:
+    def count(self, body: list[bytes], environ: Any) -> list[bytes]:
         if sum(len(chunk) for chunk in body) > self.limit and not self.opened.wait(HOLD):
             self.waited_out = True
-        return super().count(body)
+        return super().count(body, environ)
 
 
 def _table(first: int, count: int) -> Any:

@@ -1,15 +1,17 @@
-"""A rank and its DataLoader workers fetch each shard once an epoch under the documented minimum budget.
+"""The ranks of a node and their DataLoader workers fetch each shard once an epoch under the documented minimum budget.
 
-A real gloo rank with 2 forked DataLoader workers (``tests/lockstep.py``: an all-reduce a step),
-against moto's S3 server, which counts the bytes it sends; 24 uneven shards, ``window=4``. The
+Four real gloo ranks with 2 forked DataLoader workers each (``tests/lockstep.py``: an all-reduce a
+step), one node cache, against moto's S3 server, which counts the bytes it sends; 24 uneven
+shards, ``window=4`` (the 10 largest hold ~55% of the data; the benchmark's layout gives 76%). The
 budget is the documented minimum: the ``window + 6`` largest shards as the cache keeps them
 (decoded with ``decode="node"``, about 1.2x their Parquet here; the Parquet files with
-``decode="worker"``). With ``decode="node"`` the prefetch counted a shard's room at its Parquet
-size and made derived files in any order: it fetched 1.14-1.17x the dataset.
-
-Known limit (docs/sharded.md): several ranks a node stepping together fetch a little more on this
-layout (2 ranks: 1.00-1.06x, 4 ranks: 1.077x; ``RANKS`` below), where the benchmark's layout (41
-shards, ``window=10``, the budget 76% of the data) holds 1.000-1.001x.
+``decode="worker"``). Each mended case fetched shards twice:
+- one rank: the prefetch counted a decoded file's room at its Parquet size and made derived files in
+  any order (1.14-1.17x the dataset);
+- the padding of the last step read the plan's first samples, whose shards were evicted by then and
+  fetched again whole for one sample each (4 ranks: 1.077-1.150x);
+- a prefetch thread that waited for the node's lock fetched a shard the plan had moved past, which
+  the node had evicted as read (4 ranks, ``decode="worker"``: 1.11-1.15x in one run of two).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ BUCKET = "node-bytes"
 SIZES = np.random.default_rng(5).integers(10, 300, size=24).tolist()  # uneven shards
 TOTAL = sum(SIZES)
 WINDOW = 4
-RANKS = 1  # ranks of the node
+RANKS = 4  # ranks of the node
 
 
 def _table(first: int, count: int) -> Any:
@@ -58,7 +60,6 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 def _source(endpoint: str, cache_dir: Path, **kwargs: Any) -> ShardedSource:
     cache = ShardCache(cache_dir, storage_options=storage_options(endpoint), budget_bytes=kwargs.pop("budget", None))
-    # The shards by URL, not by folder: a listing's response would count as bytes sent (10% of this small dataset).
     urls = [f"s3://{BUCKET}/train/shard-{s:02d}.parquet" for s in range(len(SIZES))]
     return ShardedSource(urls, cache=cache, index_dir=cache_dir.parent / "index", output_format="numpy", **kwargs)
 
@@ -77,7 +78,7 @@ def _rank(rank: int, world_size: int, endpoint: str, cache_dir: str, budget: int
 
 
 @pytest.mark.parametrize("decode", ["node", "worker"])
-def test_a_rank_fetches_each_shard_once_under_the_minimum_budget(s3: dict[str, Any], tmp_path: Path, decode: str) -> None:
+def test_a_node_fetches_each_shard_once_under_the_minimum_budget(s3: dict[str, Any], tmp_path: Path, decode: str) -> None:
     probe = _source(s3["endpoint"], tmp_path / "probe")  # builds the index too: its reads are not counted below
     if decode == "node":
         for first in (np.cumsum(SIZES) - np.asarray(SIZES)).tolist():
@@ -89,8 +90,9 @@ def test_a_rank_fetches_each_shard_once_under_the_minimum_budget(s3: dict[str, A
     budget = int(sum(kept[-(WINDOW + 6):]))
     dataset = int(probe.file_sizes.sum())
     assert budget < 0.7 * sum(kept)  # the budget holds well under the dataset: it is what is tested
-    before = s3["gauge"].sent
+    gauge = s3["gauge"]
+    before = gauge.sent - gauge.listed
     drawn = run_distributed(_rank, RANKS, s3["endpoint"], str(tmp_path / "cache"), budget, decode, timeout=300)
-    sent = s3["gauge"].sent - before
+    sent = gauge.sent - gauge.listed - before  # shard bytes: each rank lists the folder at start-up (~2% here)
     assert {i for ids in drawn for i in ids} == set(range(TOTAL))
     assert sent <= 1.05 * dataset, f"the node fetched {sent / dataset:.3f}x the dataset"

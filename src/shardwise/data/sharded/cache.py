@@ -69,8 +69,8 @@ class ShardCache:
         directory: where shards are kept (local disk, shared by the node's processes); default
             :func:`default_cache_dir`.
         budget_bytes: bytes of shards (and derived files) kept; ``None``: no limit. Hold at least the
-            ``window + 6`` largest shards as kept (two windows with ``mixing="windows"``): a rank then
-            fetches each shard once an epoch; several ranks a node may need more (docs/sharded.md).
+            ``window + 6`` largest shards as kept (two windows with ``mixing="windows"``): a node then
+            fetches each shard once an epoch (measured with 1 to 4 ranks a node: docs/sharded.md).
         retries: attempts after the first for a transient error.
         backoff: seconds before the first retry, doubled each time, at most 8 s.
         timeout: seconds to wait for another process's download of the same shard.
@@ -343,9 +343,16 @@ class ShardCache:
 
     def room_for(self, key: str, nbytes: int, inflight: Mapping[str, int]) -> bool:
         """Whether prefetching ``nbytes`` for shard ``key`` fits the budget (``budget.has_room``), ``inflight`` (shard
-        key -> bytes) being fetched by this process meanwhile; the caller holds ``mutex``."""
+        key -> bytes) being fetched by this process meanwhile; the caller holds ``mutex``.
+
+        Never for a shard the plan no longer lists: the plan moved on while the thread waited for the node's
+        lock, and the node may have evicted the shard as read meanwhile (4 ranks a node, ``decode="worker"``:
+        fetched again for nothing in one run of two, 1.11-1.15x the dataset).
+        """
         if self.budget_bytes is None:
             return True
+        if key not in self._upcoming:
+            return False
         listed = budgeting.listing(self.directory)  # one scan of the directory, read three ways
         return budgeting.has_room(budgeting.cached_files(listed), key, nbytes, self.budget_bytes,
                                   budgeting.node_upcoming(listed, self._upcoming),
