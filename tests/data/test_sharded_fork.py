@@ -4,7 +4,7 @@ The parent's sharded cache follows a plan and stops (its prefetch threads start,
 under their mutex, and end) and a build heartbeat starts and ends, in a loop, while the main
 thread forks two DataLoader workers a round (``multiprocessing_context="fork"``) that each download
 a shard through the same cache. Before ``shardwise._core.threads``, a worker forked while a prefetch
-thread held the cache's mutex hung at its first download (at ``with self._mutex`` in
+thread held the cache's mutex hung at its first download (at ``with self._mutex``, now ``self.mutex``, in
 ``ShardCache._download``): on CPython 3.11.7 this test failed in each of 10 runs, at its first or
 second round; it passed in 20 of 20 after.
 
