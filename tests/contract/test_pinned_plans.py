@@ -6,8 +6,8 @@ are refused) re-pins its rows with ``python -m tests.contract.test_pinned_plans`
 A change of only which sample a padded position reads keeps the state (``(epoch, consumed, seed,
 fingerprint)`` still means the same position): the partitioned rows were re-pinned for the
 partition-local padding wrap (NOTE [ Padding wrap ]) without a version bump, and the other
-``LocalitySampler`` rows when its padding moved to the plan's last positions (with the old wrap
-they give the old digests).
+``LocalitySampler`` rows when its padding moved to the plan's last positions, backwards (with the
+old wrap they give the old digests).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def digest(case: Case) -> str:
 
 
 PINNED: dict[str, str] = {
-    "LocalitySampler-windows": "233e140afe806662",
+    "LocalitySampler-windows": "b5a9562bb9bbba7a",
     "LocalitySampler-windows-partitions": "b10a60c1a5131ee2",
-    "LocalitySampler-streams": "b187d63f53b0eb0e",
+    "LocalitySampler-streams": "514ea51de5a789c8",
     "LocalitySampler-streams-partitions": "110e60dff117cc22",
     "ShardedSampler": "64d76a5d097740b7",
     "ShardedSampler-noshuffle": "97be88a4ce1058b2",

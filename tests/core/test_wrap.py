@@ -24,16 +24,27 @@ def test_period_total_is_the_plain_modulo() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 80), st.integers(1, 24), st.integers(0, 200))
-def test_wrapped_is_the_latest_congruent_position_below_total(total: int, period: int, past: int) -> None:
-    """p >= total reads q = the latest position below total with q = p mod B; if none (total < B) p % total."""
+def test_wrapped_is_p_s_slot_one_period_back_for_each_period_past(total: int, period: int, past: int) -> None:
+    """p = total + d reads the (d // B + 1)-th latest position below total with q = p mod B (cycling through them
+    once used up); if there is none, p % total."""
     p = total + past
     q = int(wrap(np.asarray([p]), total, period)[0])
-    below = [c for c in range(total) if c % period == p % period]
+    below = sorted((c for c in range(total) if c % period == p % period), reverse=True)
     if below:
-        assert q == max(below)
-        assert q % period == p % period and q < total <= q + period
+        assert q == below[(past // period) % len(below)]
     else:
         assert q == p % total
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 24), st.integers(0, 80))
+def test_padded_positions_read_distinct_units(total: int, period: int, count: int) -> None:
+    """Up to total - B + 1 padded positions read as many distinct plan positions (with B = 1: the last ones, backwards)."""
+    count = min(count, max(0, total - period + 1))
+    read = wrap(np.arange(total, total + count), total, period).tolist()
+    assert len(set(read)) == count
+    if period == 1:
+        assert read == list(range(total - 1, total - 1 - count, -1))
 
 
 def test_positions_below_total_are_untouched_and_the_input_kept() -> None:

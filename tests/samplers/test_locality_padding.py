@@ -68,11 +68,11 @@ def test_the_padding_is_the_plan_s_last_positions_of_the_partition() -> None:
 
 
 def test_without_partitions_the_padding_reads_the_plan_s_last_positions() -> None:
-    """One partition: period G (default 1): padded positions read the plan's last sample, or its last G in turn,
-    whose shards a node still holds at the epoch's end (the first ones it may have evicted)."""
+    """One partition: period G (default 1): padded positions read the plan's last samples, backwards (or its last G
+    in turn), whose shards a node still holds at the epoch's end (the first ones it may have evicted)."""
     plan = list(LocalitySampler(_sizes(13), window=2, num_replicas=1, rank=0, seed=7))
     plain = [LocalitySampler(_sizes(13), window=2, num_replicas=4, rank=r, seed=7) for r in range(4)]
-    assert [list(s)[-1] for s in plain] == [plan[12], plan[12], plan[12], plan[12]]
+    assert [list(s)[-1] for s in plain] == [plan[12], plan[12], plan[11], plan[10]]  # distinct, like torch's
     grouped = [LocalitySampler(_sizes(13), window=2, ranks_per_partition=4, num_replicas=4, rank=r, seed=7)
                for r in range(4)]  # fmt: skip
     assert [list(s)[-1] for s in grouped] == [plan[12], plan[9], plan[10], plan[11]]

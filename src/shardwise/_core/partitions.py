@@ -33,8 +33,8 @@ samples, 1e9 included), ``O(log S)`` per position; the layout is ``O(S log S)`` 
 (~0.2 s at 1e5 shards: a Python heap loop over the shards). Numpy only.
 
 Padding (``Even.PAD``) wraps within the partition: the plan's wrap period is ``P * G``
-(NOTE [ Padding wrap ] in ``_core.plan``), so padded position ``p >= n`` reads the latest position
-below ``n`` congruent to ``p`` modulo ``P * G``: the same partition, at the plan's end. Wrapping to the
+(NOTE [ Padding wrap ] in ``_core.plan``), so padded position ``p >= n`` reads a position below ``n``
+congruent to ``p`` modulo ``P * G`` (the latest first): the same partition, at the plan's end. Wrapping to the
 plan's start (``p % n``, torch's rule) would read the first positions, which belong to other
 partitions: a rank's one padded sample would make its node fetch a whole shard of another
 partition for it (up to 1.7x a node's share of bytes on a small dataset, ``bench/bench_partitions.py``).

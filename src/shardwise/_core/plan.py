@@ -9,16 +9,21 @@ anything after a resume). Every rank takes the same number of units:
 - ``Even.DROP`` cuts the last partial step, leaving out at most ``W - 1`` units.
 
 NOTE [ Padding wrap ]
-A padded position ``p >= total`` reads ``q = p - B * ceil((p - total + 1) / B)``: the latest position
-below ``total`` congruent to ``p`` modulo the plan's wrap period ``B``, so ``p`` and ``q`` are the
-same slot of the plan's period (``total - B + (p - total) % B``: the plan's last ``B`` positions, in
-turn). When ``q < 0`` (a plan shorter than one period) it reads ``p % total``. With ``B = total``
-this is exactly ``p % total``, torch's wrap to the plan's start: the period of every plan whose
-positions have no period (``period=None``). ``LocalitySampler``'s plan has period ``P * G`` (1
-without partitions): its padding reads the plan's last positions, whose shards a node holds as the
-epoch ends (the first ones may be evicted by then, and a whole shard fetched again for one padded
-sample), and with partitions (NOTE [ Shard partitions ]) a rank's own partition. Everything that deals, or inverts
-the dealing of, padded positions goes through :func:`wrap` (:func:`padded_positions` filters by it).
+A padded position ``p = total + d`` reads a position of its slot of the plan's wrap period ``B``
+(congruent to ``p`` modulo ``B``), the latest first: the first ``B`` padded positions read the
+plan's last ``B`` positions in turn, each further ``B`` the period before (``q = L - B * ((d // B)
+% c)``, ``L = total - B + d % B`` the slot's latest position below ``total``, ``c`` the slot's
+positions below ``total``, cycled once used up), so padded positions read distinct units where
+the plan holds enough of their slot. When the slot has no position below ``total`` (``L < 0``, a
+plan shorter than one period) it reads ``p % total``. With ``B = total`` this is exactly
+``p % total``, torch's wrap to the plan's start: the period of every plan whose positions have no
+period (``period=None``). ``LocalitySampler``'s plan has period ``P * G``
+(1 without partitions: the padding reads the plan's last ``W - 1`` positions at most, backwards):
+its padding reads the plan's last positions, whose shards a node holds as the epoch ends (the
+first ones may be evicted by then, and a whole shard fetched again for one padded sample), and
+with partitions (NOTE [ Shard partitions ]) a rank's own partition. Everything that deals, or
+inverts the dealing of, padded positions goes through :func:`wrap` (:func:`padded_positions`
+filters by it).
 """
 
 from __future__ import annotations
@@ -62,9 +67,12 @@ def wrap(positions: np.ndarray, total: int, period: int | None = None) -> np.nda
     period = total if period is None else period
     padded = positions >= total
     past = positions[padded]
-    latest = total - period + (past - total) % period  # the latest position below total congruent to p mod B
+    beyond = past - total
+    latest = total - period + beyond % period  # the latest position below total congruent to p mod B
+    slot = np.where(latest >= 0, latest // period + 1, 1)  # positions of p's slot below total
+    back = latest - period * ((beyond // period) % slot)  # one period further back for each B padded before
     out: np.ndarray = positions.copy()
-    out[padded] = np.where(latest >= 0, latest, past % total)
+    out[padded] = np.where(latest >= 0, back, past % total)
     return out
 
 

@@ -92,9 +92,10 @@ class LocalitySampler(SizedPlanSampler):
 
     With ``drop_last=False`` the padding of the last step (fewer than ``W`` samples) reads the
     plan's last positions, not its start (torch's rule): the wrap period is ``P * G`` (NOTE
-    [ Padding wrap ] in ``shardwise._core.plan``), so each padded position reads the latest one of
-    its slot of the period: without partitions (``P = G = 1``) the plan's last sample, and with
-    partitions one of the same partition (when the data holds at least ``P * G`` samples). The
+    [ Padding wrap ] in ``shardwise._core.plan``), so each padded position reads one of its slot
+    of the period, the latest first: without partitions (``P = G = 1``) the plan's last samples,
+    backwards (distinct, as torch's are), and with partitions ones of the same partition (when the
+    data holds at least ``P * G`` samples). The
     shards of the plan's end are the ones the node holds as the epoch ends; the plan's first ones
     may have been evicted, and were fetched again whole for a padded sample each under a budget
     (4 ranks a node, 24 shards: 1.077x the dataset; ``tests/data/test_sharded_node_bytes.py``).
