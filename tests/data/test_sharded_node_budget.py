@@ -105,6 +105,6 @@ def test_a_shard_another_rank_is_prefetching_takes_its_room(endpoint: str, tmp_p
         kept = {path.name.partition("-")[0] for path in tmp_path.iterdir() if path.suffix == ".bin"}
         assert cache.name(URLS[3]).partition("-")[0] not in kept  # shard 0's room is taken
         assert cache.fetched_bytes == 2 * SIZE
-        assert len(budget.node_inflight(tmp_path, {})) == 1
-    assert budget.node_inflight(tmp_path, {}) == {}
+        assert len(budget.node_inflight(budget.listing(tmp_path), {})) == 1
+    assert budget.node_inflight(budget.listing(tmp_path), {}) == {}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(budget.FETCHING)]

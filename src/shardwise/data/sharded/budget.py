@@ -42,25 +42,23 @@ class Cached(NamedTuple):
     used: float  # last access time
 
 
-def listing(directory: Path | Listing) -> Listing:
-    """The entries of the cache ``directory`` (none before it exists); a listing already read is returned as is.
+def listing(directory: Path) -> Listing:
+    """The entries of the cache ``directory`` (none before it exists).
 
     A budget check reads the directory three ways (:func:`cached_files`, :func:`node_upcoming`,
-    :func:`node_inflight`): given one listing, they share a single ``os.scandir`` instead of one each.
+    :func:`node_inflight`): they share this one ``os.scandir`` instead of one each.
     """
-    if isinstance(directory, list):
-        return directory
     if not directory.is_dir():
         return []
     with os.scandir(directory) as entries:
         return list(entries)
 
 
-def cached_files(directory: Path | Listing) -> list[Cached]:
-    """Every whole shard or derived file in ``directory`` or its :func:`listing` (no locks, no files being written)."""
+def cached_files(listed: Listing) -> list[Cached]:
+    """Every whole shard or derived file of the cache directory's :func:`listing` (no locks, no files being written)."""
     # Other processes of the node evict too: a file may vanish between listing and stat.
     files: list[Cached] = []
-    for entry in listing(directory):
+    for entry in listed:
         if temporary(entry.name):
             continue
         with contextlib.suppress(FileNotFoundError):
@@ -117,9 +115,9 @@ def reserve(directory: Path, key: str, size: int) -> Path:
     return path
 
 
-def node_inflight(directory: Path | Listing, own: Mapping[str, int]) -> dict[str, int]:
+def node_inflight(listed: Listing, own: Mapping[str, int]) -> dict[str, int]:
     """``own`` (shard key -> bytes this process is prefetching) with every other live process's reservations
-    (in ``directory`` or its :func:`listing`).
+    (in the cache directory's :func:`listing`).
 
     Without them, each rank of a node saw room for its own prefetches only: 4 ranks a node fetched
     up to 1.23x the dataset under the minimum budget, placing shards at once and so evicting shards
@@ -127,7 +125,7 @@ def node_inflight(directory: Path | Listing, own: Mapping[str, int]) -> dict[str
     a process that is gone is removed.
     """
     merged = dict(own)
-    for entry in listing(directory):
+    for entry in listed:
         if not entry.name.startswith(FETCHING):
             continue
         pid, _, rest = entry.name[len(FETCHING):].partition("-")
@@ -150,11 +148,11 @@ def write_plan(directory: Path, keys: list[str]) -> None:
     os.replace(part, path)  # readers see a whole order or the previous one
 
 
-def node_upcoming(directory: Path | Listing, own: Mapping[str, int]) -> dict[str, int]:
+def node_upcoming(listed: Listing, own: Mapping[str, int]) -> dict[str, int]:
     """``own`` with every shard any other live process of the node reads sooner ranked as that process ranks it
-    (their plans in ``directory`` or its :func:`listing`)."""
+    (their plans in the cache directory's :func:`listing`)."""
     merged = dict(own)
-    for entry in listing(directory):
+    for entry in listed:
         if not entry.name.startswith(PLAN) or ".part" in entry.name:
             continue
         pid = int(entry.name[len(PLAN):]) if entry.name[len(PLAN):].isdigit() else -1
