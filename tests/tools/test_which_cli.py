@@ -26,6 +26,9 @@ def make_other(rank=0, world_size=1):
 def make_scheduled(rank=0, world_size=1):
     return ScheduledBatchSampler(1000, batch_size=4, num_replicas=world_size, rank=rank, seed=1)
 
+def make_broken(rank=0, world_size=1):
+    raise RuntimeError("no such bucket: s3://nowhere\\nsecond line")
+
 def make_mixture(rank=0, world_size=1):
     data = Mixture({"web": range(100), "code": range(40)})
     return MixtureSampler(data, [0.7, 0.3], num_samples=200, num_replicas=world_size, rank=rank, seed=7)
@@ -140,6 +143,19 @@ def test_bad_target_and_state_of_other_data_exit_2(
     code, _, err = _run(["which", f"{factory}:make_loader", "-w", "2", "--step", "0", "--state",
                          str(tmp_path / "junk.json")], capsys)  # fmt: skip
     assert code == 2 and "no shardwise sampler state" in err
+
+
+@pytest.mark.parametrize("command", ["which", "skip"])
+def test_a_factory_that_raises_is_one_line_exit_2(
+    command: str, factory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A factory that raises: one line naming the call and the error, exit 2, as verify (was a traceback, exit 1)."""
+    torch.save(_sampler().state_dict(), tmp_path / "state.pt")
+    extra = ["--step", "0"] if command == "which" else ["--state", str(tmp_path / "state.pt"), "--steps", "0:1",
+                                                        "--out", str(tmp_path / "out.pt")]  # fmt: skip
+    code, _, err = _run([command, f"{factory}:make_broken", "-w", "2", *extra], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"calling {factory}:make_broken as rank 0 of 2 raised RuntimeError: no such bucket: s3://nowhere" in err
 
 
 def _state_after_ten_steps() -> dict[str, Any]:

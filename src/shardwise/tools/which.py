@@ -97,14 +97,25 @@ def parse_epochs(text: str, option: str = "--epochs") -> range:
 
 
 def build(target: str, world_size: int) -> Any:
-    """Call the factory as ``verify`` does (``rank=0``, ``world_size=``), returning what it builds."""
+    """Call the factory as ``verify`` does (``rank=0``, ``world_size=``), returning what it builds.
+
+    Raises:
+        WhichError: the target cannot be imported, or calling it raised (any exception: the
+            factory is the user's input, and ``verify`` treats a factory that raises as bad input too).
+    """
     from .verify.target import TargetError, call_factory, load_spec
 
     try:
         factory = load_spec(target)
-        return call_factory(factory, 0, world_size)
     except TargetError as error:
         raise WhichError(str(error)) from None
+    try:
+        return call_factory(factory, 0, world_size)
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise WhichError(
+            f"calling {target} as rank 0 of {world_size} raised {type(error).__name__}: {first}"
+        ) from None
 
 
 def run(
