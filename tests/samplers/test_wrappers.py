@@ -150,3 +150,40 @@ def test_resume_of_a_wrapper_skips_without_replaying_to_the_caller() -> None:
     resumed.load_state_dict(state)
     assert list(resumed) == full[0][6:]
     assert head == full[0][0:6:2]
+
+
+def test_shard_batches_follows_the_wrapped_drop_last_unless_given() -> None:
+    """BatchSampler(drop_last=True): the last partial step is dropped, not padded with repeated batches."""
+    from torch.utils.data import SequentialSampler
+
+    def ranks(inner_drop: bool, **options: bool) -> list[list[list[int]]]:
+        inner = BatchSampler(SequentialSampler(range(7)), 2, inner_drop)  # [0, 1] [2, 3] [4, 5] ([6])
+        return [list(shard_batches(inner, num_replicas=2, rank=r, **options)) for r in (0, 1)]
+
+    assert ranks(True) == [[[0, 1]], [[2, 3]]]  # [4, 5] alone in the last step: dropped, nothing repeated
+    assert shard_batches(BatchSampler(range(7), 2, True), num_replicas=2, rank=0).drop_last
+    assert ranks(True, drop_last=False) == [[[0, 1], [4, 5]], [[2, 3], [0, 1]]]  # explicit: padded
+    assert ranks(False) == [[[0, 1], [4, 5]], [[2, 3], [6]]]  # the plan of every earlier release
+
+
+def test_even_batches_completes_a_short_batch_so_every_rank_has_one_shape() -> None:
+    """even_batches=True: the short last batch is completed from the epoch's first indices; positions unchanged."""
+    from torch.utils.data import SequentialSampler
+
+    def ranks(world: int, even: bool) -> list[list[list[int]]]:
+        out = []
+        for rank in range(world):
+            sampler = shard_batches(BatchSampler(SequentialSampler(range(7)), 3, False), num_replicas=world, rank=rank)
+            sampler.even_batches = even
+            out.append(list(sampler))
+        return out
+
+    assert ranks(2, True) == [[[0, 1, 2], [6, 0, 1]], [[3, 4, 5], [0, 1, 2]]]
+    assert ranks(2, False) == [[[0, 1, 2], [6]], [[3, 4, 5], [0, 1, 2]]]
+    assert ranks(1, True) == [[[0, 1, 2], [3, 4, 5], [6]]]  # one rank: nothing to even
+    sampler = shard_batches(BatchSampler(SequentialSampler(range(7)), 3, False), num_replicas=2, rank=0)
+    with pytest.raises(TypeError, match="even_batches should be True or False"):
+        sampler.even_batches = 1  # type: ignore[assignment]
+    varying = shard_batches([[0], [1, 2]], num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match=r"even_batches=True needs the wrapped batch sampler's batch_size"):
+        varying.even_batches = True

@@ -25,7 +25,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.errors import check_int
+from .._core.errors import check_bool, check_int
 from .._core.plan import Even
 from .._core.seeds import derive_seed
 from .._core.state import Fingerprint
@@ -116,6 +116,10 @@ class _InnerStream:
                 break  # ran short: the reads that follow fill from the head and warn
         # Reads below this point go through _next(), which handles an exhausted sampler.
 
+    def head(self) -> list[Any]:
+        """The epoch's first units read so far (up to the world size of them; at least one once a unit was read)."""
+        return self._head
+
     def __call__(self, positions: np.ndarray) -> list[Any]:
         units = []
         with self._fork:
@@ -129,6 +133,31 @@ class _InnerStream:
                 while self._read < position:
                     self._next()
                 units.append(self._next())
+        return units
+
+
+class _EvenBatches:
+    """A batch stream whose batches shorter than ``batch_size`` are completed from the epoch's first indices.
+
+    NOTE [ Even batches ]: with more than one rank, the wrapped batch sampler's short last batch
+    sits beside full batches of the other ranks at the same step; a framework that gathers a
+    step's batches (Accelerate's ``gather``) needs one shape on every rank. As torch's
+    ``DistributedSampler`` + ``BatchSampler`` and Accelerate's ``even_batches`` do, the short batch
+    is completed with the epoch's first indices (its padding); the plan's positions, the state and
+    every full batch are unchanged.
+    """
+
+    def __init__(self, stream: _InnerStream, batch_size: int) -> None:
+        self._stream = stream
+        self._batch_size = batch_size
+
+    def __call__(self, positions: np.ndarray) -> list[Any]:
+        units = self._stream(positions)
+        for k, batch in enumerate(units):
+            missing = self._batch_size - len(batch)
+            if missing > 0:
+                first = itertools.chain.from_iterable(self._stream.head())
+                units[k] = [*batch, *itertools.islice(itertools.cycle(list(first)), missing)]
         return units
 
 
@@ -225,7 +254,41 @@ class ShardedBatchWrapper(_Shard, Sampler[list[int]]):
                 f"batch_sampler should yield batches, but got {type(inner).__name__}, an index sampler whose units are "
                 "single indices: use shard(sampler) instead, or wrap it in a BatchSampler first"
             )
+        if "drop_last" not in options and "even" not in options and getattr(inner, "drop_last", None) is True:
+            # The wrapped sampler's drop_last=True: no incomplete batch and no repeated sample, so the
+            # last partial step is dropped too, rather than padded with repeated batches.
+            options = {**options, "drop_last": True}
         self._wrap(batch_sampler, self._read_keywords(options))
+        self._even_batches = False
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        stream = super()._open_pass(epoch, seed, world, start)
+        size = self.batch_size
+        if not self._even_batches or world.world_size == 1 or not isinstance(size, int):
+            return stream
+        return _EvenBatches(stream, size)  # type: ignore[arg-type]  # _Shard opens an _InnerStream
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether every rank holds ``batch_size`` indices at every step (NOTE [ Even batches ]); default False.
+
+        With more than one rank, a batch shorter than the wrapped batch sampler's ``batch_size`` (its
+        last batch, with ``drop_last=False``) is completed with the epoch's first indices, so the ranks'
+        batches at each step have one shape, as a framework that gathers them needs (Accelerate's
+        ``gather``; :func:`shardwise.integrations.accelerate.prepare_data_loader` sets it). False keeps
+        the short batch as the wrapped sampler made it. Positions and state are the same either way.
+        """
+        return self._even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        if check_bool("even_batches", value) and not isinstance(self.batch_size, int):
+            raise ValueError(
+                f"even_batches=True needs the wrapped batch sampler's batch_size, but "
+                f"{type(self._wrapped).__name__} has batch_size={self.batch_size!r}; batches of varying size "
+                "cannot be evened: pad them before gathering (accelerator.pad_across_processes)"
+            )
+        self._even_batches = value
 
     @property
     def batch_sampler(self) -> Any:
@@ -276,6 +339,15 @@ def shard_batches(batch_sampler: Iterable[list[int]], **options: Unpack[ShardKey
     """Make any batch sampler distributed, keeping each batch whole: see :func:`shard`.
 
     Rank ``r`` of ``W`` gets batches ``r, r+W, ...`` of the sequence a single process would make.
+
+    ``drop_last`` is the plan's: what to do with the last global step when the batches do not fill
+    it (at most ``W - 1`` batches). Left out, it follows the wrapped batch sampler's ``drop_last``:
+    a ``BatchSampler(..., drop_last=True)`` asks for no incomplete batch and no repeated sample, so
+    that partial step is dropped too, not padded with repeated whole batches; with the wrapped
+    ``drop_last=False`` (or none) the step is padded, as ``DistributedSampler`` pads. Passed
+    explicitly, ``drop_last`` wins. The wrapped sampler's short last batch is kept as it is;
+    :attr:`ShardedBatchWrapper.even_batches` completes it to ``batch_size`` where ranks' batches
+    must have one shape.
 
     Example:
         >>> from torch.utils.data import BatchSampler, SequentialSampler
