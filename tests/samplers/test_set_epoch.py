@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,55 @@ def test_lightning_rebuild_of_a_batch_sampler_returns_the_same_object(sampler: A
                      for a, n in zip(args, names, strict=True))  # fmt: skip
     assert type(sampler)(*replaced) is sampler
     assert isinstance(args[0], Keep)
+
+
+@pytest.mark.parametrize("sampler", batch_samplers(), ids=lambda s: type(s).__name__)
+def test_the_relay_reaches_the_batch_sampler_through_lightnings_predict_wrapper(sampler: Any) -> None:
+    """Lightning's _IndexBatchSamplerWrapper (trainer.predict) copies the instance __dict__: its .sampler still relays."""
+    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+
+    twin = copy.deepcopy(sampler)
+    twin.set_epoch(2)
+    wrapper = _IndexBatchSamplerWrapper(sampler)
+    relay = getattr(wrapper, "sampler", None)  # what Lightning's _set_sampler_epoch reads (None before: no relay)
+    assert isinstance(relay, EpochRelay)
+    relay.set_epoch(2)
+    assert sampler.epoch == 2
+    assert [list(map(int, b)) for b in wrapper] == [list(map(int, b)) for b in twin]  # epoch 2's batches
+
+
+@pytest.mark.parametrize("sampler", batch_samplers(), ids=lambda s: type(s).__name__)
+def test_a_copy_of_a_batch_sampler_relays_to_itself(sampler: Any) -> None:
+    """copy.copy, pickle and deepcopy copy the relay in __dict__; a copy's .sampler relays to the copy itself."""
+    import pickle
+
+    for made in (copy.copy(sampler), pickle.loads(pickle.dumps(sampler)), copy.deepcopy(sampler)):
+        assert made.sampler.owner is made and sampler.sampler.owner is sampler
+    made.sampler.set_epoch(4)  # the deep copy
+    assert (made.epoch, sampler.epoch) == (4, 0)
+    sampler.sampler = "mine"  # a value assigned on the instance is what .sampler reads
+    assert sampler.sampler == "mine"
+    del sampler.sampler
+    assert isinstance(sampler.sampler, EpochRelay)
+
+
+def test_a_rebuild_that_asks_drop_last_false_of_a_sampler_that_drops_says_so() -> None:
+    """Lightning's predict rebuild injects drop_last=False: kept as built; a sampler built with drop_last=True warns."""
+    import warnings
+
+    def rebuild(sampler: Any) -> Any:
+        names = getattr(sampler, "__pl_saved_arg_names")
+        args = getattr(sampler, "__pl_saved_args")
+        assert names == ("keep", "sampler", "drop_last") and args[2] is sampler.drop_last
+        return type(sampler)(args[0], None, False)  # what _replace_value_in_saved_args makes of it
+
+    padding = shardwise.BucketBatchSampler(np.arange(1, 17), batch_size=3, num_replicas=2, rank=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rebuild(padding) is padding  # drop_last=False: every sample is predicted, nothing to say
+    dropping = shardwise.BucketBatchSampler(np.arange(1, 17), batch_size=3, drop_last=True, num_replicas=2, rank=0)
+    with pytest.warns(UserWarning, match=r"was built with drop_last=True and is kept as built.*drop_last=False"):
+        assert rebuild(dropping) is dropping
 
 
 def composer_epoch_target(dataloader: DataLoader[Any]) -> Any:

@@ -14,7 +14,14 @@ therefore leave it in place, and must still be able to set its epoch:
   kept sampler", so Lightning's rebuild hands back the very same, already distributed object.
 - Lightning and Accelerate call ``set_epoch`` on ``loader.batch_sampler.sampler``. A shardwise
   batch sampler's ``sampler`` attribute is an :class:`EpochRelay` that sets the batch sampler's
-  own epoch (an attribute of that name set on the instance, as ``shard_batches`` does not, wins).
+  own epoch (a value assigned to ``sampler`` on the instance, as ``shard_batches`` does not, wins).
+  The relay is also in the instance's ``__dict__``: Lightning's ``trainer.predict`` wraps the batch
+  sampler in its ``_IndexBatchSamplerWrapper``, which copies the instance's ``__dict__`` and none of
+  its class, and calls ``set_epoch`` on ``wrapper.sampler``; the copied relay still reaches the
+  batch sampler (NOTE [ The relay in the instance ]).
+- The record also carries ``drop_last``: ``trainer.predict`` injects ``drop_last=False`` so that
+  every sample is predicted. The kept sampler keeps its own ``drop_last``; if that is ``True`` it
+  drops units, and :class:`PlanMeta` says so (NOTE [ drop_last under predict ]).
 - Accelerate's ``prepare`` wraps every batch sampler in its ``BatchSamplerShard``, which would deal
   an already dealt plan a second time; :func:`refuse_resharding` makes that fail at the first
   ``__iter__``, before any step, naming the one-line fix.
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import warnings
 from types import FrameType
 from typing import Any
 
@@ -88,8 +96,34 @@ class PlanMeta(type):
         kept: object = args[0].sampler if args and isinstance(args[0], Keep) else None
         klass: type = cls
         if kept is not None and isinstance(kept, klass):
+            _warn_if_kept_drops(kept, args[2:3], kwargs)
             return kept
-        return super().__call__(*args, **kwargs)
+        made = super().__call__(*args, **kwargs)
+        if is_batch_plan(made) and "sampler" not in made.__dict__:
+            made.__dict__["sampler"] = EpochRelay(made)  # NOTE [ The relay in the instance ]
+        return made
+
+
+def _warn_if_kept_drops(kept: Any, positional: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """NOTE [ drop_last under predict ]: a rebuild that asks for ``drop_last=False`` of a kept sampler that drops.
+
+    Lightning's ``trainer.predict`` re-creates the batch sampler from its record with ``drop_last=False``
+    (its own samplers then yield every sample). A shardwise rebuild returns the very same sampler,
+    configured as it was built: with ``drop_last=False`` every sample is predicted (the last global
+    step padded by repeating up to ``W - 1`` units, as every shardwise sampler keeps ranks equal), so
+    nothing is said; with ``drop_last=True`` some are not, and this warning says so and names the fix.
+    Training's rebuild passes the sampler's own value back: no warning.
+    """
+    asked = positional[0] if positional else kwargs.get("drop_last")
+    if asked is False and getattr(kept, "drop_last", False) is True:
+        name = type(kept).__name__
+        warnings.warn(
+            f"Lightning asked this {name} for drop_last=False (trainer.predict predicts every sample), but it was "
+            f"built with drop_last=True and is kept as built: the units it drops (the last partial global step, and a "
+            f"short batch where {name} drops one) are not predicted. Build the predict loader's sampler with "
+            "drop_last=False to predict every sample (padding then repeats up to W - 1 of its units on the last step)",
+            stacklevel=3,
+        )
 
 
 class EpochRelay:
@@ -118,24 +152,49 @@ class EpochRelay:
 
 
 class _RelayAttribute:
-    """Non-data descriptor for ``sampler``: an instance attribute of that name takes precedence."""
+    """Data descriptor for ``sampler``: a relay to the instance it is read from, unless a value was assigned.
+
+    NOTE [ The relay in the instance ]: Lightning's ``_IndexBatchSamplerWrapper`` (``trainer.predict``)
+    copies the batch sampler's ``__dict__`` into an object of its own class and reads ``sampler`` there
+    (``_set_sampler_epoch``), so a relay only on the class never reaches it. :class:`PlanMeta` therefore
+    puts ``EpochRelay(self)`` in every batch sampler's ``__dict__``; the copy carries it and it still
+    sets the original's epoch. On the sampler itself this descriptor takes precedence (a data
+    descriptor) and relays to the object it is read from, so a ``copy.copy`` of a sampler, whose
+    ``__dict__`` holds the original's relay, sets its own epoch (and its entry is mended). A value
+    assigned to ``sampler`` (``self.sampler = x`` in a subclass) is returned as assigned.
+    """
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
             return self
+        held = obj.__dict__.get("sampler")
+        if held is not None and not isinstance(held, EpochRelay):
+            return held  # assigned on the instance
         if not is_batch_plan(obj):
             raise AttributeError("sampler")
-        return EpochRelay(obj)
+        if held is None or held.owner is not obj:
+            held = obj.__dict__["sampler"] = EpochRelay(obj)
+        return held
+
+    def __set__(self, obj: object, value: Any) -> None:
+        obj.__dict__["sampler"] = value
+
+    def __delete__(self, obj: object) -> None:
+        obj.__dict__.pop("sampler", None)
 
 
 def _lightning_record(position: int) -> property:
-    """One of Lightning's ``__pl_saved_*`` attributes: re-create as ``cls(Keep(self), sampler)``."""
+    """One of Lightning's ``__pl_saved_*`` attributes: re-create as ``cls(Keep(self), sampler, drop_last)``."""
 
     def get(self: object) -> Any:
         check_loaded("lightning")  # Lightning reads the record: its names are loaded
         if not is_batch_plan(self):
             raise AttributeError("not a batch sampler")
-        record: tuple[Any, ...] = ((Keep(self), None), {}, ("keep", "sampler"), {})
+        drop_last = getattr(self, "drop_last", None)
+        if isinstance(drop_last, bool):  # NOTE [ drop_last under predict ]
+            record: tuple[Any, ...] = ((Keep(self), None, drop_last), {}, ("keep", "sampler", "drop_last"), {})
+        else:
+            record = ((Keep(self), None), {}, ("keep", "sampler"), {})
         return record[position]
 
     return property(get)
