@@ -88,6 +88,17 @@ def test_demo_command_line() -> None:
     # The verify step: the ShardedSampler loader passes, a RandomSampler on every rank is caught (overlap).
     assert "verify caught the broken loader and passed the shardwise one: True" in result.stdout
     assert "    overlap: ranks train on the same samples" in result.stdout
+    # What the reader sees is explained: a legend above the table, a header for every column, and
+    # messages broken at word boundaries (a log viewer narrower than rich's 140 columns wraps mid-word).
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("┃ sampler"))
+    assert [cell.strip() for cell in header.strip("┃").split("┃")][-1] == "check"
+    assert all(cell.strip() for cell in header.strip("┃").split("┃")), header
+    assert any(line.startswith("  padding: samples drawn twice") or "; padding: samples drawn twice" in line
+               for line in lines), result.stdout  # fmt: skip
+    messages = [line for line in lines if line and line[0] not in "┏┃┡│└"]
+    assert max(map(len, messages)) <= demo.WRAP, max(messages, key=len)
+    assert "  ScheduledBatchSampler: " in result.stdout and " batches a rank in epoch 0, " in result.stdout
 
 
 def test_check_command_describes_resolution() -> None:
@@ -115,3 +126,27 @@ def test_sample_counts_that_differ_from_the_header_are_explained() -> None:
     assert "2,400 samples an epoch over 2,400 held: its Parquet shards hold at most 2,400 rows" in notes[1]
     assert demo.orders_line({"a": True, "b": True}) == "epoch orders differ: yes, for all 2 samplers"
     assert demo.orders_line({"a": True, "b": False}) == "epoch orders differ: not for b"
+
+
+def test_batches_and_padding_that_change_between_epochs_are_explained() -> None:
+    """A scenario whose batches or padding differ by epoch gets one line with the figures and why; others none."""
+    def row(scenario: str, epoch: int, batches: int, padding: int) -> demo.Row:
+        return demo.Row(scenario, epoch, 0, batches, 4_800, 0, padding, 1.0, 1, data=9_600, drawn=9_600 + padding)
+
+    rows = [row("ShardedSampler", 0, 150, 0), row("ShardedSampler", 1, 150, 0),
+            row("BucketBatchSampler", 0, 311, 0), row("BucketBatchSampler", 1, 311, 26),
+            row("ScheduledBatchSampler", 0, 225, 0), row("ScheduledBatchSampler", 1, 300, 0)]  # fmt: skip
+    notes = demo.epoch_notes(rows, 9_600)
+    assert [note.split(":")[0] for note in notes] == ["BucketBatchSampler", "ScheduledBatchSampler"]
+    assert notes[0].startswith("BucketBatchSampler: padding 0 in epoch 0, 26 in epoch 1: a batch holds as many")
+    assert notes[1].startswith("ScheduledBatchSampler: 225 batches a rank in epoch 0, 300 in epoch 1: the schedule")
+    assert "batch size 32 for the first 4,800 (half of epoch 0), then 16" in notes[1]
+
+
+def test_messages_wrap_at_word_boundaries() -> None:
+    """Long messages break between words at most WRAP wide, continuation lines indented; a long word stays whole."""
+    text = "fix: " + " ".join(["shardwise.shard_batches(batch_sampler)"] * 6) + " x" * 80
+    lines = demo.wrap(text, 140, indent=4).splitlines()
+    assert max(map(len, lines)) <= demo.WRAP and all(line.startswith("      ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == text
+    assert demo.wrap("a" * 120, 80) == "a" * 120

@@ -85,18 +85,25 @@ def _app() -> Any:
         """Spawn a real torch.distributed (gloo, CPU) job; every rank iterates each sampler with an
         all_reduce per step; print what every rank drew."""
         check_environment(launcher=False)  # the demo sets its ranks' RANK/WORLD_SIZE itself
-        from .demo import epochs_differ, orders_line, run_demo, run_verify, size_notes
+        from .demo import LEGEND, epoch_notes, epochs_differ, orders_line, run_demo, run_verify, size_notes, wrap
         from .scenarios import SCENARIOS
 
-        console.print(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers over a dataset of {size:,} "
-                      f"samples (notes below the table where one holds or draws another number); {epochs} epochs")
+        def say(text: str, indent: int = 0, hanging: int = 2) -> None:
+            # Wrapped here at word boundaries, not by rich (soft_wrap): rich's width is 140 in a pipe.
+            console.print(wrap(text, console.width, indent, hanging), markup=False, highlight=False, soft_wrap=True)
+
+        say(f"spawning {world_size} gloo ranks; {len(SCENARIOS)} samplers over a dataset of {size:,} samples; "
+            f"{epochs} epochs")
         rows, reports = run_demo(world_size=world_size, size=size, epochs=epochs, timeout=timeout)
-        table = Table(title="What every rank drew (overlap must not exceed padding; coverage must be 100%; n/a: draws "
-                      "with replacement; samples: this rank's, epoch: all ranks', data: samples held)")
+        say("What every rank drew, by sampler, epoch and rank (notes below the table where a sampler holds or draws "
+            "another number, or its batches or padding change between epochs):")
+        for line in LEGEND:
+            say(line, indent=2)
+        table = Table()
         columns = ("sampler", "epoch", "rank", "batches", "samples", "epoch total", "data", "overlap", "padding",
-                   "coverage", "seed", "")  # fmt: skip
+                   "coverage", "seed", "check")  # fmt: skip
         for column in columns:
-            table.add_column(column, justify="left" if column in ("sampler", "") else "right")
+            table.add_column(column, justify="left" if column in ("sampler", "check") else "right")
         for row in rows:
             table.add_row(
                 row.scenario, str(row.epoch), str(row.rank), str(row.batches), f"{row.samples:,}", f"{row.drawn:,}",
@@ -104,22 +111,23 @@ def _app() -> Any:
                 "n/a" if row.coverage is None else f"{row.coverage:.1%}", str(row.seed), "ok" if row.ok else "FAIL",
             )
         console.print(table)
-        for note in size_notes(rows, size):
-            console.print(f"  {note}", markup=False)
+        for note in size_notes(rows, size) + epoch_notes(rows, size):
+            say(note, indent=2, hanging=4)
         steps_equal = all(
             len({tuple(report[name]["steps"]) for report in reports}) == 1 for name in reports[0]
         )
-        console.print(f"equal steps on every rank: {steps_equal}; {orders_line(epochs_differ(reports))}")
+        say(f"equal steps on every rank: {steps_equal}; {orders_line(epochs_differ(reports))}")
         ranks = max(world_size, 2)  # one rank cannot overlap with another
-        console.print(f"\nshardwise verify, before training ({ranks} simulated ranks, 2 epochs):")
+        console.print()
+        say(f"shardwise verify, before training ({ranks} simulated ranks, 2 epochs):")
         verified = run_verify(world_size=ranks, timeout=timeout)
         for what, _, report in verified:
-            console.print(f"  {what}: {'safe, no finding' if report.ok else 'UNSAFE'}", markup=False)
+            say(f"{what}: {'safe, no finding' if report.ok else 'UNSAFE'}", indent=2)
             for finding in report.findings:
-                console.print(f"    {finding.check}: {finding.message.split('. ')[0]}", markup=False)
-                console.print(f"      fix: {finding.fix.split('. ')[0]}", markup=False)
+                say(f"{finding.check}: {finding.message.split('. ')[0]}", indent=4)
+                say(f"fix: {finding.fix.split('. ')[0]}", indent=6)
         expected = all(report.ok == should_pass for _, should_pass, report in verified)
-        console.print(f"verify caught the broken loader and passed the shardwise one: {expected}")
+        say(f"verify caught the broken loader and passed the shardwise one: {expected}")
         if not (all(row.ok for row in rows) and steps_equal and expected):
             raise typer.Exit(1)
 

@@ -18,6 +18,7 @@ rank, which must be caught.
 from __future__ import annotations
 
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from .launch import run_distributed
-from .scenarios import SCENARIOS, IndexDataset, sharded_scenario
+from .scenarios import EPOCHS_WHY, SCENARIOS, IndexDataset, sharded_scenario
 
 VERIFY_SIZE = 4_800
 VERIFIED: list[tuple[str, str, bool]] = [
@@ -200,6 +201,53 @@ def size_notes(rows: list[Row], size: int) -> list[str]:
         why = scenarios[name].why or "see its sampler's documentation"
         notes.append(f"{name}: {drawn:,} samples an epoch over {data:,} held: {why}")
     return notes
+
+
+def epoch_notes(rows: list[Row], size: int) -> list[str]:
+    """One line for each scenario whose batches a rank, or padding, differ between epochs: the figures, and why."""
+    scenarios = {s.name: s for s in SCENARIOS}
+    notes = []
+    for name in dict.fromkeys(row.scenario for row in rows):
+        first = sorted((row for row in rows if row.scenario == name and row.rank == 0), key=lambda row: row.epoch)
+        said = []
+        if len({row.batches for row in first}) > 1:
+            said.append(f"{first[0].batches:,} batches a rank in epoch {first[0].epoch}, "
+                        + ", ".join(f"{row.batches:,} in epoch {row.epoch}" for row in first[1:]))
+        if len({row.padding for row in first}) > 1:
+            said.append("padding " + ", ".join(f"{_count(row.padding)} in epoch {row.epoch}" for row in first))
+        if said:
+            why = scenarios[name].epochs_why
+            notes.append(f"{name}: {'; '.join(said)}: {EPOCHS_WHY if why is None else why(size)}")
+    return notes
+
+
+def _count(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+LEGEND = (
+    "batches: the steps this rank took; samples: the samples it drew; epoch total: the samples all ranks drew in the "
+    "epoch; data: the samples the data holds",
+    "overlap: samples this rank drew that another rank drew too; padding: samples drawn twice in the epoch so that "
+    "every rank takes as many steps (the last step repeats samples of the epoch); overlap must not exceed "
+    "padding",
+    "coverage: the share of the data drawn in the epoch, which must be 100%; n/a: draws with replacement, where "
+    "overlap, padding and coverage do not apply",
+    "seed: the seed every rank resolved; check: ok when overlap <= padding and coverage is 100%; otherwise the row "
+    "fails and the demo exits with status 1",
+)
+"""What the demo's table shows, column by column: printed above it."""
+
+WRAP = 100
+"""Messages wrap at word boundaries at most this wide (the table is as wide as it needs)."""
+
+
+def wrap(text: str, width: int, indent: int = 0, hanging: int = 2) -> str:
+    """``text`` broken at word boundaries into lines of at most ``min(width, WRAP)`` characters (a word longer than
+    that stays whole), indented by ``indent``, continuation lines by ``hanging`` more."""
+    return textwrap.fill(text, width=min(width, WRAP), initial_indent=" " * indent,
+                         subsequent_indent=" " * (indent + hanging), break_long_words=False,
+                         break_on_hyphens=False)  # fmt: skip
 
 
 def orders_line(differ: dict[str, bool]) -> str:

@@ -73,6 +73,9 @@ class Scenario:
     """The samples the scenario's data holds for a demo ``size`` (the files of a scenario may hold fewer)."""
     why: str = ""
     """Why an epoch draws another number of samples than the data holds, or holds fewer than ``size``."""
+    epochs_why: Callable[[int], str] | None = None
+    """Why its batches or padding differ from one epoch to the next, for a demo ``size`` (``None``: the
+    general reason, :data:`EPOCHS_WHY`)."""
 
     def missing(self) -> str | None:
         """The one-line note saying why this scenario cannot run here, or ``None``."""
@@ -144,6 +147,23 @@ def _packed(size: int) -> tuple[DataLoader[Any], Any]:
     return DataLoader(dataset, batch_sampler=sampler), sampler
 
 
+EPOCHS_WHY = ("each epoch's order makes another number of batches; when it is not a multiple of the ranks, "
+              "the last step is padded with samples of the epoch drawn again, so that every rank takes as many "
+              "steps (padding)")
+"""Why a scenario's batches or padding differ between epochs, unless it says more (``Scenario.epochs_why``)."""
+
+
+def _bucket_epochs(size: int) -> str:
+    return ("a batch holds as many samples as fit 4,096 padded tokens, so each epoch's order makes another number "
+            "of batches; when it is not a multiple of the ranks, the last step is padded by wrapping to the start of "
+            "the plan, so that every rank takes as many steps (padding)")  # fmt: skip
+
+
+def _scheduled_epochs(size: int) -> str:
+    return (f"the schedule counts the samples of the run, not of the epoch: batch size 32 for the first {size // 2:,} "
+            f"(half of epoch 0), then 16, so epoch 0 takes fewer, larger batches than the epochs after it")  # fmt: skip
+
+
 SHARD_FRACTIONS = (0.0, 0.14, 0.31, 0.52, 0.6, 0.81, 1.0)
 """Where the six uneven Parquet shards of the ``LocalitySampler`` scenario split the ids."""
 SHARDED_SIZE = 2_400
@@ -193,14 +213,16 @@ def _locality_files(folder: Path, size: int) -> None:
 SCENARIOS: list[Scenario] = [
     Scenario("ShardedSampler", sharded_scenario, "drop-in DistributedSampler, O(1) memory shuffle"),
     Scenario("shard_batches(BatchSampler)", _any_batch_sampler, "any batch sampler, dealt by position"),
-    Scenario("BucketBatchSampler", _bucket, "length-aware batches under a 4096-token budget"),
+    Scenario("BucketBatchSampler", _bucket, "length-aware batches under a 4096-token budget",
+             epochs_why=_bucket_epochs),
     Scenario(
         "TwoStreamBatchSampler", _two_stream, "labelled pass + unlabelled stream",
         tracked=lambda size: set(range(size // 4, size)),
     ),
     Scenario("ClassBalancedBatchSampler", _class_balanced, "4 classes x 8 samples", tracked=lambda size: None),
     Scenario("WeightedSampler", _weighted, "weighted draws with replacement", tracked=lambda size: None),
-    Scenario("ScheduledBatchSampler", _scheduled, "batch size 32 -> 16 mid-epoch, in lockstep"),
+    Scenario("ScheduledBatchSampler", _scheduled, "batch size 32 -> 16 mid-epoch, in lockstep",
+             epochs_why=_scheduled_epochs),
     Scenario(
         "MixtureSampler", _mixture, "3 sources at 2:3:5, exact per block, until all are used up",
         tracked=lambda size: None,
