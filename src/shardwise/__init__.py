@@ -17,6 +17,7 @@ from ._core.version import __version__
 # the table and the imports name the same modules, and __all__ the same names.
 _SOURCES: dict[str, str] = {
     "AdaptiveWeights": "._core.adaptive_policies",
+    "BatchOrder": ".samplers.bucket_options",
     "BatchSizeSchedule": "._core.schedule",
     "BucketBatchSampler": ".samplers.bucket",
     "ClassBalancedBatchSampler": ".samplers.class_balanced",
@@ -28,7 +29,7 @@ _SOURCES: dict[str, str] = {
     "Mixture": ".data.mixture",
     "MixtureSampler": ".samplers.mixture",
     "MixtureStop": "._core.mixture",
-    "Oversized": ".samplers.bucket",
+    "Oversized": ".samplers.bucket_options",
     "PackCollate": ".data.packing",
     "PackedBatch": ".data.packed_batch",
     "PackedBatchSampler": ".samplers.packed",
@@ -98,7 +99,8 @@ if TYPE_CHECKING:
     from .data.ragged import RaggedArray, RaggedStoreError, RaggedWriter
     from .data.sharded import ShardCache, ShardedSource, ShardError
     from .index.arrow import column
-    from .samplers.bucket import BucketBatchSampler, Oversized
+    from .samplers.bucket import BucketBatchSampler
+    from .samplers.bucket_options import BatchOrder, Oversized
     from .samplers.class_balanced import ClassBalancedBatchSampler, SmallClasses
     from .samplers.locality import LocalitySampler
     from .samplers.mixture import MixtureSampler
@@ -131,6 +133,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AdaptiveWeights",
+    "BatchOrder",
     "BatchSizeSchedule",
     "BucketBatchSampler",
     "ClassBalancedBatchSampler",

@@ -517,3 +517,61 @@ def test_real_ranks_step_together_with_disjoint_batches(world_size: int, options
             assert len(drawn) - LENGTHS.size <= sum(len(b) for b in plan[: world_size - 1])
         if "max_tokens" in options:
             assert all(cost(batch) <= options["max_tokens"] for report in reports for batch in report[epoch])
+
+
+def _longest_per_batch(sampler: BucketBatchSampler, lengths: np.ndarray) -> list[int]:
+    return [int(lengths[batch].max()) for batch in sampler]
+
+
+@pytest.mark.parametrize("batch_size", [4, 16])
+def test_a_small_distinct_length_set_gets_new_batches_in_a_new_order_every_epoch_and_seed(batch_size: int) -> None:
+    """25 batches of distinct lengths (one balancing group): contents and order change with epoch and seed."""
+    lengths = np.arange(1, 25 * batch_size + 1)
+    plans = {}
+    for seed in (1, 2):
+        for epoch in (0, 1):
+            sampler = BucketBatchSampler(lengths, batch_size=batch_size, seed=seed, num_replicas=1, rank=0)
+            sampler.set_epoch(epoch)
+            plans[seed, epoch] = [tuple(sorted(batch)) for batch in sampler]
+    for a, b in [((1, 0), (1, 1)), ((1, 0), (2, 0))]:
+        same = len(set(plans[a]) & set(plans[b])) / len(plans[a])
+        assert same <= 0.05, f"{a} and {b} share {same:.0%} of their batches"
+        assert [max(batch) for batch in plans[a]] != [max(batch) for batch in plans[b]]
+    for plan in plans.values():
+        longest = [max(batch) for batch in plan]
+        assert longest != sorted(longest)  # not ascending (plan 1 was, every time)
+        assert sorted(i for batch in plan for i in batch) == list(range(lengths.size))
+    old = BucketBatchSampler(lengths, batch_size=batch_size, seed=1, batch_order="ascending", num_replicas=1, rank=0)
+    longest = _longest_per_batch(old, lengths)
+    assert longest == sorted(longest)  # the order kept by name
+
+
+def test_longest_first_puts_the_longest_batch_first_on_every_seed_and_epoch() -> None:
+    """longest_first (HF's rule): rank 0's first batch holds the longest sample, every mode, seed and epoch."""
+    lengths = np.random.default_rng(0).integers(1, 500, 300)
+    for kind in ({"batch_size": 8}, {"batch_size": 8, "drop_last": True}, {"max_tokens": 2000}, {"batch_size": 8,
+                 "sort_window": 100}):  # fmt: skip
+        for seed in range(3):
+            for epoch in range(2):
+                first = []
+                for rank in range(1):
+                    sampler = BucketBatchSampler(lengths, seed=seed, longest_first=True, num_replicas=2, rank=rank,
+                                                 **kind)  # fmt: skip
+                    sampler.set_epoch(epoch)
+                    first.append(int(lengths[next(iter(sampler))].max()))
+                if kind != {"batch_size": 8, "drop_last": True}:  # drop_last may drop the longest's short batch
+                    assert first[0] == lengths.max(), kind
+    with pytest.raises(ValueError, match="longest_first.*batch_order='mixed'"):
+        BucketBatchSampler(lengths, batch_size=8, longest_first=True, batch_order="ascending")
+    with pytest.raises(ValueError, match="batch_order should be one of"):
+        BucketBatchSampler(lengths, batch_size=8, batch_order="sorted")
+
+
+def test_a_state_of_the_ascending_plan_is_refused_naming_the_option_that_loads_it() -> None:
+    """A plan-1 state (no plan field) under the mixed default: refused, naming batch_order='ascending'."""
+    lengths = np.arange(1, 101)
+    old = BucketBatchSampler(lengths, batch_size=4, seed=1, batch_order="ascending", num_replicas=1, rank=0)
+    state = old.state_dict()
+    with pytest.raises(StateMismatchError, match=r"without plan.*batch_order='ascending'"):
+        BucketBatchSampler(lengths, batch_size=4, seed=1, num_replicas=1, rank=0).load_state_dict(state)
+    BucketBatchSampler(lengths, batch_size=4, seed=1, batch_order="ascending", num_replicas=1, rank=0).load_state_dict(state)

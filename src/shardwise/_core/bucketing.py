@@ -13,7 +13,7 @@ import numpy as np
 
 from .batching import BatchPlan
 from .cutting import fixed_offsets, token_offsets
-from .ordering import balanced_batch_order, sort_in_windows, window_starts
+from .ordering import NEIGHBOURS, balanced_batch_order, neighbour_shuffle, sort_in_windows, window_starts
 from .seeds import derive_seed
 
 SHORTEN_ONE_IN = 8
@@ -32,6 +32,8 @@ def bucket_plan(
     key: int | None = None,
     drop_short: bool = False,
     oversized_alone: bool = False,
+    mixed: bool = False,
+    longest_first: bool = False,
 ) -> BatchPlan:
     """Length-bucketed batches of one (already shuffled) stream: sort in windows, cut, balance.
 
@@ -53,6 +55,10 @@ def bucket_plan(
             first-batch phase, the group shuffle); ``None``: none of them (cost order).
         drop_short: leave out the short batch of ``batch_size`` mode.
         oversized_alone: with ``max_tokens``, a sample over budget is a batch of its own.
+        mixed: with a key, batches within a balancing group in the keyed tree order, and (fixed
+            size, one window) samples shuffled among neighbours before the cut, as
+            :class:`~shardwise._core.sorted_bucketing.SortedBucketPlan` does.
+        longest_first: with ``mixed`` and a key, the batch holding the longest sample first.
 
     Returns:
         The plan, batches in balanced order.
@@ -66,6 +72,8 @@ def bucket_plan(
     if batch_size is not None:
         span = -(-span // batch_size) * batch_size  # no window ends inside a batch
         order = sort_in_windows(order, lengths, span)
+        if mixed and key is not None and span >= count:  # smaller windows already mix batches
+            order = order[neighbour_shuffle(np.arange(count, dtype=np.int64), count, NEIGHBOURS * batch_size, key)]
         plan = _fixed_plan(order, batch_size, span, key, drop_short)
     else:
         if max_tokens is None:  # narrowed above; restated for the type checker
@@ -89,7 +97,13 @@ def bucket_plan(
         )
         plan = BatchPlan(order, offsets)
     groups_key = None if key is None else derive_seed(key, "groups")
-    return plan.take(balanced_batch_order(plan.costs(lengths), group, groups_key))
+    mixed = mixed and key is not None
+    first = None
+    if longest_first and mixed:
+        longest = int(np.argmax(lengths[plan.order]))  # its place in the stream
+        first = int(np.searchsorted(plan.offsets, longest, side="right")) - 1
+    in_order = balanced_batch_order(plan.costs(lengths), group, groups_key, within=mixed, first=first)
+    return plan.take(in_order)
 
 
 def short_batch_at(batches: int, key: int | None) -> int:

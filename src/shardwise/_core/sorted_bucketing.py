@@ -14,7 +14,7 @@ import numpy as np
 from .bucketing import SHORTEN_ONE_IN, short_batch_at
 from .cutting import oversized_error
 from .offsets import offsets_from_counts
-from .ordering import GroupShuffle
+from .ordering import NEIGHBOURS, GroupShuffle, neighbour_shuffle
 from .seeds import derive_seed
 
 SHORTEN_CYCLE = SHORTEN_ONE_IN
@@ -79,6 +79,12 @@ class SortedBucketPlan:
         key: a 64-bit key for every random choice (``None``: none, cost order).
         drop_short: leave out the short batch of ``batch_size`` mode.
         oversized_alone: a run longer than the budget gets one batch per sample.
+        mixed: with ``batch_size`` and a key, the batches are cut from the stream with its samples
+            shuffled among neighbours (:meth:`members`), so that batches change from epoch to
+            epoch even where every length is distinct; and the batches of each balancing group
+            come in the keyed tree order of :mod:`~shardwise._core.tree_order`, not ascending.
+        longest_first: with ``mixed`` and a key, the batch holding the longest sample is plan
+            batch 0 (with ``batch_size`` the neighbour shuffle leaves the longest in place).
 
     Example:
         >>> plan = SortedBucketPlan(np.array([4, 2, 1]), np.array([2, 3, 1]), max_tokens=8)
@@ -98,6 +104,8 @@ class SortedBucketPlan:
         key: int | None = None,
         drop_short: bool = False,
         oversized_alone: bool = False,
+        mixed: bool = False,
+        longest_first: bool = False,
     ) -> None:
         if (batch_size is None) == (max_tokens is None):
             raise ValueError("SortedBucketPlan needs exactly one of batch_size and max_tokens")
@@ -108,6 +116,10 @@ class SortedBucketPlan:
         self.key = key
         self.group = group
         self._fixed = batch_size
+        self._mixed = mixed and key is not None
+        self._longest_first = longest_first and self._mixed
+        # neighbour shuffle (batch_size, mixed): windows of NEIGHBOURS batches, at a keyed offset
+        self._window = NEIGHBOURS * batch_size if (self._mixed and batch_size is not None) else 0
         if batch_size is not None:
             self._init_fixed(batch_size, drop_short)
         else:
@@ -257,7 +269,15 @@ class SortedBucketPlan:
     # -- balancing: cost order shuffled in groups ---------------------------------------------
     def _init_groups(self) -> None:
         groups_key = None if self.key is None else derive_seed(self.key, "groups")
-        self._groups = GroupShuffle(self._num_batches, self.group, groups_key)
+        first = None
+        if self._longest_first and self._num_batches:
+            # the longest sample: the sorted stream's last position (batch_size) or its first (max_tokens)
+            if self._fixed is not None:
+                ranked, kept = self._fixed_ranks(np.asarray([self.num_samples - 1], dtype=np.int64))
+                first = int(ranked[0]) if kept[0] else self._num_batches - 1  # dropped: the costliest kept
+            else:
+                first = int(self._token_ranks(np.zeros(1, dtype=np.int64))[0])
+        self._groups = GroupShuffle(self._num_batches, self.group, groups_key, within=self._mixed, first=first)
 
     # -- what the sampler reads ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -276,7 +296,7 @@ class SortedBucketPlan:
         The inverse of :meth:`spans`, O(log runs) each: the batch of the stream position within
         its segment (or fixed-size cut), its place in the cost order, then the group shuffle undone.
         """
-        stream = np.asarray(stream, dtype=np.int64)
+        stream = self._cut_positions(np.asarray(stream, dtype=np.int64))
         if self._fixed is not None:
             ranked, kept = self._fixed_ranks(stream)
         else:
@@ -312,6 +332,34 @@ class SortedBucketPlan:
         cls = table[np.searchsorted(pairs[table], seg * 2 + short)]
         ranked: np.ndarray = self._class_first[cls] + j
         return ranked
+
+    # -- neighbour shuffle: which sorted position each cut position reads --------------------
+    def members(self, cut: np.ndarray) -> np.ndarray:
+        """The stream (sorted) position read at each position of the cut stream that :meth:`spans` covers.
+
+        With ``mixed`` fixed-size batches, the sorted stream is cut into windows of
+        ``NEIGHBOURS * batch_size`` positions (the first starting at a keyed offset) and each
+        window's samples are shuffled by a keyed permutation: a batch takes neighbours in length,
+        never the same ones two epochs in a row, whatever the lengths. The identity otherwise.
+        """
+        cut = np.asarray(cut, dtype=np.int64)
+        if not self._window:
+            return cut
+        return self._neighbours(cut, inverse=False)
+
+    def _cut_positions(self, stream: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`members`."""
+        if not self._window:
+            return stream
+        return self._neighbours(stream, inverse=True)
+
+    def _neighbours(self, positions: np.ndarray, *, inverse: bool) -> np.ndarray:
+        n = self.num_samples - (1 if self._longest_first else 0)  # longest_first: the longest stays last
+        if n <= 0:
+            return positions
+        moved = neighbour_shuffle(np.minimum(positions, n - 1), n, self._window, self.key or 0, inverse=inverse)
+        found: np.ndarray = np.where(positions < n, moved, positions)
+        return found
 
     def locate(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(runs, ranks)``: the run of each stream position and the position's rank within it."""

@@ -32,6 +32,10 @@ LATER_FIELDS = frozenset({"dataset", "names"})
 fingerprint checks ] in ``shardwise.samplers.identity``): missing on either side, the state loads and
 a warning is logged; present on both, they must match."""
 
+PLAN_HINT = (
+    " (the state holds a position in an earlier plan of this sampler; BucketBatchSampler's earlier plan loads "
+    "with batch_order='ascending')"
+)
 REBASE_HINT = "; if the data changed on purpose, load shardwise.rebase_state(state, sampler) instead"
 
 logger = logging.getLogger("shardwise")
@@ -88,7 +92,10 @@ def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> 
             logger.warning("state was saved without %s: the data is not checked against this sampler's %s=%r "
                            "(a state of an older shardwise, or of data without one)", name, name, value)  # fmt: skip
         elif name not in saved:
-            raise StateMismatchError(f"state was saved without {name}, but this sampler has {name}={value!r}")
+            raise StateMismatchError(
+                f"state was saved without {name}, but this sampler has {name}={value!r}"
+                + (PLAN_HINT if name == "plan" else "")
+            )
         elif saved[name] != value:
             raise StateMismatchError(
                 f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}"

@@ -79,8 +79,10 @@ def default_train_sampler(dataset: Any, args: Any, *, model_input_name: str = "i
 
     Returns:
         ``"random"``: ``ShardedSampler(dataset)``; ``"sequential"``: the same with ``shuffle=False``;
-        ``"group_by_length"``: ``BucketBatchSampler(lengths, batch_size=per_device_train_batch_size)``,
-        whose batches hold similar lengths across the whole epoch (least padding).
+        ``"group_by_length"``: ``BucketBatchSampler(lengths, batch_size=per_device_train_batch_size,
+        longest_first=True)``, whose batches hold similar lengths across the whole epoch (least
+        padding), new batches in a new order every epoch and seed, the longest batch first (as HF's
+        ``LengthGroupedSampler``: running out of memory shows at the first step).
 
     Raises:
         ValueError: another strategy (``"batch_rebalance"``): pass ``train_sampler=`` instead.
@@ -92,7 +94,9 @@ def default_train_sampler(dataset: Any, args: Any, *, model_input_name: str = "i
     drop_last = bool(args.dataloader_drop_last)
     if strategy == "group_by_length":
         lengths = _lengths(dataset, args, model_input_name)
-        return BucketBatchSampler(lengths, batch_size=args.per_device_train_batch_size, seed=seed, drop_last=drop_last)
+        return BucketBatchSampler(
+            lengths, batch_size=args.per_device_train_batch_size, seed=seed, drop_last=drop_last, longest_first=True
+        )
     if strategy in ("random", "sequential"):
         return ShardedSampler(dataset, shuffle=strategy == "random", seed=seed, drop_last=drop_last)
     raise ValueError(

@@ -11,7 +11,13 @@ Each epoch's global plan:
    longest samples (whose sorted order is the same every epoch) are not cut alike every epoch;
 3. sort the batches by cost and shuffle them in groups of ``balance_group`` consecutive batches,
    so that neighbouring batches in the plan, hence the W batches of one global step, have
-   similar cost whatever W is, while the order still changes from epoch to epoch.
+   similar cost whatever W is, while the order still changes from epoch to epoch; within a group
+   the batches come in a keyed tree order (``_core.tree_order``): each aligned power-of-two block
+   of the group is a run of cost-neighbours (balanced steps), and which run comes first is a coin
+   at every scale (no group ascends). With ``batch_size``, step 2 cuts the sorted stream with its
+   samples shuffled among neighbours (windows of two batches at a keyed offset), so that a set
+   of distinct lengths gets new batches every epoch. ``batch_order="ascending"`` keeps the plan
+   before (plan 1: groups ascend; fixed-size batches over distinct lengths repeat every epoch).
 
 Memory at any n (the default ``sort_window=None``): step 1 reads a **shared length index**
 (``shardwise.index.length_index``: the sample indices sorted by length, 4 bytes a sample, built
@@ -29,8 +35,6 @@ elastically like every shardwise sampler.
 
 from __future__ import annotations
 
-import enum
-import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +44,7 @@ from torch.utils.data import Sampler
 from .._core.batching import BatchPlan
 from .._core.bucketing import bucket_plan
 from .._core.epoch_sizes import EpochSizes
-from .._core.errors import check_choice, check_int
+from .._core.errors import check_bool, check_choice, check_int
 from .._core.offsets import span_positions
 from .._core.ordering import shuffled
 from .._core.schedule import BatchSizeSchedule
@@ -51,6 +55,7 @@ from .._core.world import World
 from ..index import GroupedIndex, read_checked
 from ..index.lengths import LengthsInput
 from .base import PlanSampler
+from .bucket_options import PLAN_VERSION, SMALL, BatchOrder, Oversized, lengths_digest
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
 
@@ -61,40 +66,6 @@ from .inverses import bucket_positions_of
 logger = logging.getLogger("shardwise")
 
 SHUFFLE, BUCKET = "bucket-shuffle", "bucket"
-
-
-class Oversized(str, enum.Enum):
-    """What ``BucketBatchSampler`` does with a sample longer than ``max_tokens``."""
-
-    ERROR = "error"
-    """Refuse at construction, naming the first such sample (the default)."""
-    SINGLE = "single"
-    """Give each such sample a batch of its own (that batch exceeds the budget)."""
-    SKIP = "skip"
-    """Leave such samples out of every epoch; their indices are in ``sampler.skipped``."""
-
-
-SMALL = 1 << 20
-"""Below this many samples, in-memory lengths (not a memory map, without an explicit
-``cache_dir``) are indexed in private memory (at most 8 MiB, milliseconds), not in the cache."""
-_DIGEST_BLOCKS, _DIGEST_BLOCK = 16, 256  # lengths read for the fingerprint: 16 runs of 256
-
-
-def lengths_digest(lengths: LengthsInput, index: GroupedIndex) -> str:
-    """A short digest of the lengths for the state fingerprint, O(distinct lengths), whatever n.
-
-    It covers the number of samples, how many have each length (the index's offsets) and the
-    lengths in 16 evenly spaced blocks of 256: other data is refused on resume, without a pass
-    over 1e9 lengths at every start (the index key already tracks the input's identity).
-    """
-    n = len(index)
-    hasher = hashlib.blake2b(f"lengths:{n}".encode(), digest_size=8)
-    hasher.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
-    span = min(n, _DIGEST_BLOCK)
-    for first in sorted({(n - span) * k // (_DIGEST_BLOCKS - 1) for k in range(_DIGEST_BLOCKS)}):
-        block = lengths.read(first, first + span)  # a few pages each, wherever the lengths live
-        hasher.update(np.ascontiguousarray(block, dtype=np.int64).tobytes())
-    return hasher.hexdigest()
 
 
 class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -134,7 +105,15 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             multiple of ``batch_size``.
         balance_group: consecutive batches of similar cost shuffled as one unit. Use a multiple
             of your world size: the W batches of a step then always come from one group.
-            Larger groups shuffle the batch order more coarsely.
+            Larger groups shuffle the batch order more coarsely. The steps of any power-of-two
+            W dividing the group are runs of cost-neighbours.
+        batch_order: ``"mixed"`` (default) or ``"ascending"`` (the plan before: within each group
+            batches ascend in cost, and fixed-size batches over distinct lengths are the same every
+            epoch and seed); see :class:`BatchOrder`. Without ``shuffle`` both are the cost order.
+        longest_first: the costliest batch (by padded tokens) is the epoch's first, and at every
+            power-of-two world size dividing ``balance_group`` the first step holds the costliest
+            batches: running out of memory shows at step 1, as HF's ``group_by_length`` does
+            (what ``ShardwiseTrainer`` passes). Needs ``batch_order="mixed"`` and ``shuffle``.
         oversized: a sample longer than ``max_tokens``: ``"error"`` (default), ``"single"``
             (its own batch), or ``"skip"`` (left out and listed in ``skipped``).
         shuffle: shuffle samples and batch groups, differently every epoch.
@@ -177,6 +156,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         sort_window: int | None = None,
         balance_group: int = 64,
         oversized: Oversized | str = Oversized.ERROR,
+        batch_order: BatchOrder | str = BatchOrder.MIXED,
+        longest_first: bool = False,
         **options: Unpack[ShuffledCachedKeywords],
     ) -> None:
         keywords = self._read_keywords(options)
@@ -205,6 +186,13 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.batch_size_multiple = check_int("batch_size_multiple", batch_size_multiple, minimum=1)
         self.balance_group = check_int("balance_group", balance_group, minimum=1)
         self.oversized = check_choice("oversized", oversized, Oversized)
+        self.batch_order = check_choice("batch_order", batch_order, BatchOrder)
+        self.longest_first = check_bool("longest_first", longest_first)
+        if self.longest_first and self.batch_order is not BatchOrder.MIXED:
+            raise ValueError(
+                "longest_first puts the costliest batch first within the mixed order; pass "
+                f"batch_order='mixed' with it, but got batch_order={self.batch_order.value!r}"
+            )
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         if self._batch_size is not None:
             if self.batch_size_multiple != 1:
@@ -318,7 +306,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             return SortedBucketPlan(
                 values, sizes[values], batch_size=batch_size, max_tokens=max_tokens,
                 multiple=self.batch_size_multiple, group=self.balance_group, key=key, drop_short=self.drop_last,
-                oversized_alone=self.oversized is Oversized.SINGLE,
+                oversized_alone=self.oversized is Oversized.SINGLE, mixed=self._mixed,
+                longest_first=self.longest_first,
             )  # fmt: skip
         count = self._lengths.size if self._pool is None else self._pool.size
         order = shuffled(count, derive_seed(seed, epoch, SHUFFLE) if self.shuffle else None)
@@ -335,6 +324,8 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             key=key,
             drop_short=self.drop_last,
             oversized_alone=self.oversized is Oversized.SINGLE,
+            mixed=self._mixed,
+            longest_first=self.longest_first,
         )
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
@@ -350,7 +341,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
         def batches(positions: np.ndarray) -> list[list[int]]:
             starts, sizes = plan.spans(positions)
-            runs, ranks = plan.locate(span_positions(starts, sizes))
+            runs, ranks = plan.locate(plan.members(span_positions(starts, sizes)))
             values = index.members(plan.run_lengths[runs], ranks, key=ties).tolist()
             out, first = [], 0
             for size in sizes.tolist():
@@ -368,8 +359,17 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         tie_seed = derive_seed(self.seed, epoch, SHUFFLE) if self.shuffle else None
         return bucket_positions_of(self._plan(epoch, self.seed), self._grouped(), self._length_of, index, tie_seed)
 
+    @property
+    def _mixed(self) -> bool:
+        return self.batch_order is BatchOrder.MIXED
+
     def _fingerprint(self) -> Fingerprint:
-        return {
+        # plan 2 (mixed) only where it differs from plan 1: a state without it is refused naming
+        # plan, one of the ascending order (or unshuffled) still loads
+        plan: Fingerprint = {"plan": PLAN_VERSION} if self.shuffle and self._mixed else {}
+        if self.longest_first:
+            plan["longest_first"] = True
+        return plan | {
             "num_samples": len(self._grouped()),
             "lengths": self._digest,
             "max_tokens": self.max_tokens,
@@ -393,9 +393,11 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         if self.skipped.size:
             config["skipped"] = int(self.skipped.size)
         config.update(
-            sort_window=self.sort_window, balance_group=self.balance_group, shuffle=self.shuffle,
-            drop_last=self.drop_last,
+            sort_window=self.sort_window, balance_group=self.balance_group, batch_order=self.batch_order.value,
+            shuffle=self.shuffle, drop_last=self.drop_last,
         )  # fmt: skip
+        if self.longest_first:
+            config["longest_first"] = True
         return config
 
     def _data_repr(self) -> str:
