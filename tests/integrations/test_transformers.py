@@ -338,12 +338,13 @@ def test_single_process_resume_with_drop_last_and_from_a_plain_trainer_checkpoin
 
     example = _example()
 
-    def train(resume: str | None) -> list[list[int]]:
+    def train(resume: str | None, size: int = 22, ignore_data_skip: bool = False) -> list[list[int]]:
         args = TrainingArguments(str(tmp_path / "checkpoints"), per_device_train_batch_size=BATCH, num_train_epochs=2,
                                  save_strategy="steps", save_steps=2, dataloader_drop_last=True, use_cpu=True,
-                                 remove_unused_columns=False, report_to="none", disable_tqdm=True, logging_strategy="no")  # fmt: skip
+                                 remove_unused_columns=False, report_to="none", disable_tqdm=True, logging_strategy="no",
+                                 ignore_data_skip=ignore_data_skip)  # fmt: skip
         config = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
-        data = example.TokenDataset(22)  # 5 batches of 4 per epoch, 2 samples dropped
+        data = example.TokenDataset(size)  # 22: 5 batches of 4 per epoch, 2 samples dropped
         trainer = example.RecordingTrainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
                                            data_collator=example.collate, train_sampler=shardwise.ShardedSampler(data, seed=3))  # fmt: skip
         trainer.train(resume_from_checkpoint=resume)
@@ -358,3 +359,8 @@ def test_single_process_resume_with_drop_last_and_from_a_plain_trainer_checkpoin
     with caplog.at_level("WARNING", logger="shardwise"):
         assert train(str(plain)) == run[6:]
     assert "resuming as Trainer does, by replaying" in caplog.text
+    # A checkpoint of other data: refused before the first step, naming what a Trainer user does (not rebase_state)
+    with pytest.raises(shardwise.StateMismatchError, match=r"num_samples=22.*ignore_data_skip=True") as refused:
+        train(str(tmp_path / "checkpoints" / "checkpoint-6"), size=26)
+    assert "rebase_state" not in str(refused.value)
+    assert len(train(str(tmp_path / "checkpoints" / "checkpoint-6"), size=26, ignore_data_skip=True)) == 6

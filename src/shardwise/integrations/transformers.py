@@ -47,9 +47,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from .._core.errors import check_instance_or_factory
+from .._core.errors import StateMismatchError, check_instance_or_factory
 from .._core.foreign import check, private
 from .._core.plan import pass_end, rank_count
+from .._core.state import REBASE_HINT
 from ..data.attention import packing_leak
 from ..data.packed_dataset import PackedDataset
 from ..data.packing import PackCollate
@@ -320,7 +321,15 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
             return epochs_trained, steps_trained
         with open(path, encoding="utf-8") as file:
             saved = json.load(file)
-        position.sampler.load_state_dict(saved["sampler"])
+        try:
+            position.sampler.load_state_dict(saved["sampler"])
+        except StateMismatchError as error:
+            raise StateMismatchError(
+                f"checkpoint {resume_from_checkpoint} holds a data position for other data or another sampler: "
+                f"{str(error).removesuffix(REBASE_HINT)}. To resume its weights and optimizer with this data, without "
+                "skipping what it trained, pass TrainingArguments(ignore_data_skip=True); to resume its data position "
+                "exactly, train on the data and sampler options it was saved with"
+            ) from error
         epoch, consumed = int(saved["sampler"]["epoch"]), int(saved["sampler"]["consumed"])
         remaining = position.remaining_batches(epoch, consumed)
         steps_in_epoch = len(position.loader)
