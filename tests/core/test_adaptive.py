@@ -87,7 +87,9 @@ def test_a_malformed_ledger_state_names_what_is_wrong(change: object, match: str
 
 
 def _step(policy: object, ledger: WeightLedger, means: list[float], counts: list[int]) -> np.ndarray:
-    statistics = SourceStatistics(ledger.updates + 1, np.asarray(means, dtype=np.float64), np.asarray(counts))
+    update = ledger.updates + 1
+    drawn = ledger.drawn((update - 1) * ledger.interval, update * ledger.interval, 0, 1)
+    statistics = SourceStatistics(update, np.asarray(means, dtype=np.float64), np.asarray(counts), drawn)
     step = run_policy(policy, ledger, statistics)  # type: ignore[arg-type]
     ledger.append(quantize_shares(step.weights), step.state)
     return step.weights / step.weights.sum()
@@ -174,3 +176,43 @@ def test_an_extended_plan_equals_the_schedule_with_the_same_changes() -> None:
     grown.known_until = None
     for epoch in (0, 1):
         assert (grown.indices(3, epoch, np.arange(1000)) == scheduled.indices(3, epoch, np.arange(1000))).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 5), st.integers(1, 4), st.integers(0, 2), st.integers(0, 3))
+def test_drawn_weights_are_the_plans_weights_averaged_over_the_interval(
+    interval_blocks: int, block: int, epoch_blocks: int, lag: int, cut: int
+) -> None:
+    """NOTE [ The weights that drew an interval ]: ledger.drawn equals the plan's weights in force, position by position.
+
+    Intervals that are not a multiple of the block, and epochs that are not, move the changes to block boundaries.
+    """
+    interval, num_samples = interval_blocks * 3 + cut, epoch_blocks * block * 2 + cut
+    rng = np.random.default_rng(interval * 1000 + block * 10 + lag)
+    ledger = WeightLedger(interval, quantize_shares(np.ones(3)), np.zeros(0), lag)
+    plan = MixturePlan(np.asarray([5, 7, 3]), WeightSchedule.constant([1, 1, 1]), stop=MixtureStop.NUM_SAMPLES,
+                       num_samples=num_samples, primary=None, block=block * 3 + 1, shuffle=True)  # fmt: skip
+    for _ in range(8):
+        ledger.append(quantize_shares(rng.random(3) + 0.5, min_share_for(plan.block)), np.zeros(0))
+        plan.extend(ledger.start_of(ledger.updates), Weights(tuple(ledger.shares[-1].tolist()), SHARE_DENOMINATOR),
+                    ledger.known_until)  # fmt: skip
+    for update in range(1, 9):
+        first, stop = (update - 1) * interval, update * interval
+        expected = np.mean([plan.weights_at(p // num_samples, p % num_samples) for p in range(first, stop)], axis=0)
+        # atol: the plan draws entry 0 with exact thirds, the ledger holds them as shares of 2**30
+        assert np.allclose(ledger.drawn(first, stop, num_samples, plan.block), expected, rtol=0, atol=1e-8)
+
+
+def test_exp3_divides_by_the_drawn_weights_not_the_last_update() -> None:
+    """At lag 1 the interval update t reports was drawn with entry t - 2, not ledger.latest (entry t - 1)."""
+    policy = Exp3(smoothing=0.5, floor=0.0)
+    ledger = WeightLedger(10, quantize_shares(np.ones(3)), policy.initial_state(np.ones(3)))
+    ledger.append(quantize_shares(np.asarray([0.2, 0.3, 0.5])), np.zeros(3))  # update 1, in force from 20
+    ledger.append(quantize_shares(np.asarray([0.6, 0.3, 0.1])), np.zeros(3))  # update 2, in force from 30
+    means = np.asarray([1.0, 2.0, 3.0])
+    drawn = ledger.drawn(20, 30, 0, 1)  # update 3 reports [20, 30): entry 1's weights
+    assert drawn == pytest.approx([0.2, 0.3, 0.5], abs=1e-9)
+    step = run_policy(policy, ledger, SourceStatistics(3, means, np.ones(3, dtype=np.int64), drawn))
+    assert step.state == pytest.approx(0.5 * means / drawn, rel=1e-12)
+    with pytest.raises(ValueError, match=r"statistics\.drawn"):
+        run_policy(policy, ledger, SourceStatistics(3, means, np.ones(3, dtype=np.int64)))

@@ -252,3 +252,131 @@ def test_a_checkpoint_between_updates_warns_that_it_misses_the_recorded_losses()
     assert sampler.pending == 2
     with pytest.warns(RuntimeWarning, match=r"misses the 2 losses this rank recorded towards update 2"):
         sampler.warn_if_pending()
+
+
+class Recording:
+    """Exp3, keeping what it was called with (the statistics, the state before) and what it returned."""
+
+    def __init__(self, policy: Exp3) -> None:
+        self.policy, self.calls = policy, []  # type: ignore[var-annotated]
+
+    def initial_state(self, weights: np.ndarray) -> np.ndarray:
+        return self.policy.initial_state(weights)
+
+    def __call__(self, ledger: Any, statistics: Any) -> Any:
+        step = self.policy(ledger, statistics)
+        self.calls.append((statistics, ledger.state.copy(), ledger.latest.copy(), step.state))
+        return step
+
+
+@pytest.mark.parametrize(("interval", "num_samples", "lag"), [(128, 640, 1), (96, 600, 2)])
+def test_exp3_importance_weights_with_the_weights_that_drew_the_interval(interval: int, num_samples: int,
+                                                                         lag: int) -> None:  # fmt: skip
+    """statistics.drawn are the weights in force over the reported positions (not ledger.latest); Exp3 divides by them.
+
+    (96, 600): intervals and epochs that are not whole blocks of 64, so an interval is drawn with two entries.
+    """
+    policy = Recording(Exp3(smoothing=0.5, floor=0.05))
+    adaptive = AdaptiveWeights(policy, interval=interval, lag=lag)
+    sampler = MixtureSampler(_data(), adaptive, num_samples=num_samples, block=64, seed=5, num_replicas=1, rank=0)
+    train(sampler, range(2))
+    assert len(policy.calls) == sampler.ledger.updates >= 8
+    differ = 0
+    for update, (statistics, before, latest, after) in enumerate(policy.calls, start=1):
+        positions = range((update - 1) * interval, update * interval)
+        in_force = np.mean([sampler.weights_at(p // num_samples, p % num_samples) for p in positions], axis=0)
+        assert statistics.drawn == pytest.approx(in_force, abs=1e-8)
+        seen = statistics.counts > 0
+        expected = before.copy()
+        expected[seen] = 0.5 * before[seen] + 0.5 * statistics.means[seen] / in_force[seen]
+        assert after == pytest.approx(expected, rel=1e-7)
+        differ += not np.allclose(latest, in_force, atol=1e-4)
+    assert differ >= 3  # the last update's weights are not those that drew the interval
+
+
+def test_a_state_saved_before_the_exp3_fix_loads_and_keeps_its_recorded_weights() -> None:
+    """A state of the earlier Exp3 (ledger.latest as importance weights) loads; later updates follow the fixed rule.
+
+    The fingerprint is unchanged (no version bump): recorded entries, and the plan of every position they cover, stay
+    as saved; an update after the resume can choose other weights than the earlier version would have.
+    """
+    saved = {  # _sampler(Exp3()) trained to position 256 (2 updates) by shardwise at fbe51ab, as JSON
+        "version": 1, "epoch": 0, "consumed": 256, "seed": 5,
+        "fingerprint": {"kind": "MixtureSampler", "sizes": [100, 60, 30],
+                        "weights": {"policy": "Exp3", "smoothing": 0.9, "floor": 0.02, "interval": 128, "lag": 1,
+                                    "initial": None},
+                        "stop": "num_samples", "num_samples": 640, "primary": None, "block": 64, "shuffle": True,
+                        "interleave": False, "names": ["easy", "code", "noise"]},
+        "mixture": {"position": 256, "consumed": [85, 86, 85], "cycles": [0, 1, 2]},
+        "adaptive": {"interval": 128, "updates": 2, "shares": [357913942, 357913941, 357913941] * 3,
+                     "state": [0.5303876553918516, 1.1146104600065834, 1.7517055281924425]},
+    }  # fmt: skip
+    resumed = _sampler(Exp3())
+    resumed.load_state_dict(saved)
+    assert resumed.ledger.shares.tolist() == [[357913942, 357913941, 357913941]] * 3
+    train(resumed, range(2))
+    whole = _sampler(Exp3())
+    train(whole, range(2))
+    assert (resumed.ledger.shares == whole.ledger.shares).all()
+    # The same run at fbe51ab, entries 4 and 5: update 5 is the first whose interval was drawn with other weights
+    # than the last update's (entry 3, uniform, against entry 4), so the trajectory departs there.
+    before = [[347164200, 356378849, 370198775], [334924940, 354226522, 384590362]]
+    assert whole.ledger.shares[4].tolist() == before[0] and whole.ledger.shares[5].tolist() != before[1]
+
+
+def test_a_policy_weight_below_one_over_block_is_lifted_with_a_warning() -> None:
+    """[0.98, 0.0199, 0.0001] at block 24: the ledger and update() give the lifted weights, and the first lift warns."""
+
+    def greedy(ledger: Any, statistics: Any) -> list[float]:
+        return [0.98, 0.0199, 0.0001]
+
+    sampler = MixtureSampler(_data(), AdaptiveWeights(greedy, interval=48), num_samples=480, block=24, seed=5,
+                             num_replicas=1, rank=0)  # fmt: skip
+    sampler.record([1.0], [0])
+    with pytest.warns(RuntimeWarning, match=r"update 1: .* below 1/24.*source 2: 0\.0001 -> 0\.0417.*block>=10001"):
+        weights = sampler.update(position=48)
+    assert weights == pytest.approx([22 / 24, 1 / 24, 1 / 24], abs=1e-8)
+    assert sampler.ledger.weights[-1].tolist() == pytest.approx(weights, abs=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once a sampler
+        sampler.record([1.0], [0])
+        sampler.update(position=96)
+
+
+def test_a_policy_with_more_positive_weights_than_a_block_holds_names_the_block() -> None:
+    """Three positive weights cannot all be drawn in a block of 2: the error names the block to build with."""
+    adaptive = AdaptiveWeights(lambda ledger, statistics: [1.0, 1.0, 1.0], interval=8, initial=[1, 1, 0])
+    sampler = MixtureSampler(_data(), adaptive, num_samples=80, seed=5, num_replicas=1, rank=0)
+    assert sampler.block == 2
+    sampler.record([1.0], [0])
+    with pytest.raises(ValueError, match=r"3 sources a positive weight at update 1.*block of 2.*block>=3"):
+        sampler.update(position=8)
+
+
+@pytest.mark.parametrize(("position", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError),
+                                                 ("48", TypeError)])  # fmt: skip
+def test_update_position_is_checked(position: object, error: type) -> None:
+    """update_due(position=...) and update(position=...) take a non-negative integer and name position otherwise."""
+    sampler = _sampler()
+    with pytest.raises(error, match=rf"position should be .*position={position!r}"):
+        sampler.update_due(position=position)  # type: ignore[arg-type]
+    with pytest.raises(error, match=rf"position should be .*position={position!r}"):
+        sampler.update(position=position)  # type: ignore[arg-type]
+    assert sampler.ledger.updates == 0
+
+
+def test_weights_at_and_when_refuse_positions_the_ledger_does_not_cover() -> None:
+    """weights_at and when raise PendingWeightsError past known_until (as which does), and answer once it is reported."""
+    fresh = _sampler(ExponentiatedGradient(rate=2.0))
+    with pytest.raises(PendingWeightsError, match=r"plan position 500 of epoch 0 .* up to run position 256"):
+        fresh.weights_at(0, 500)
+    with pytest.raises(PendingWeightsError, match=r"sample 5 trains in epoch 0 .*\[0, 640\).* up to run position 256"):
+        shardwise.when(fresh, 5, epochs=0, batch_size=BATCH, world_size=1)
+    assert fresh.weights_at(0, 255) == pytest.approx([1 / 3] * 3)
+    trained = _sampler(ExponentiatedGradient(rate=2.0))
+    batches = train(trained, range(1))
+    assert trained.weights_at(0, 500) != pytest.approx([1 / 3] * 3, abs=1e-3)
+    found = shardwise.when(trained, 5, epochs=0, batch_size=BATCH, world_size=1)
+    assert [t.step for t in found] == [s for s, b in enumerate(batches) for i in sampler_indices(b) if i == 5]
+    with pytest.raises(PendingWeightsError, match="epoch 1"):
+        shardwise.when(trained, 5, epochs=range(2), batch_size=BATCH, world_size=1)

@@ -120,18 +120,23 @@ class SourceStatistics:
     """What the ranks reported for one update, reduced: per source, the mean value and the sample count.
 
     ``means[i]`` is NaN when source ``i`` had no sample in the interval (``counts[i] == 0``).
+    ``drawn`` are the weights the reported interval was drawn with (NOTE [ The weights that drew an
+    interval ]): what an importance weight divides by. ``None`` only where a caller built the
+    statistics by hand without them.
     """
 
     update: int
     means: np.ndarray  # (S,) float64
     counts: np.ndarray  # (S,) int64
+    drawn: np.ndarray | None = None  # (S,) float64, sums to 1
 
     @classmethod
-    def from_sums(cls, update: int, sums: np.ndarray, counts: np.ndarray) -> SourceStatistics:
-        """From the int64 fixed-point sums and counts over all ranks."""
+    def from_sums(cls, update: int, sums: np.ndarray, counts: np.ndarray, drawn: np.ndarray | None = None
+                  ) -> SourceStatistics:  # fmt: skip
+        """From the int64 fixed-point sums and counts over all ranks (and the interval's ``drawn`` weights)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             means = sums.astype(np.float64) / float(1 << FIXED_POINT_BITS) / counts.astype(np.float64)
-        return cls(update, np.where(counts > 0, means, np.nan), counts.astype(np.int64))
+        return cls(update, np.where(counts > 0, means, np.nan), counts.astype(np.int64), drawn)
 
 
 # -- the ledger ----------------------------------------------------------------------------------------
@@ -176,7 +181,11 @@ class WeightLedger:
 
     @property
     def latest(self) -> np.ndarray:
-        """The weights of the last entry (those the next update follows), O(S)."""
+        """The weights of the last entry: the last update's decision, O(S).
+
+        Not the weights in force: with ``lag >= 1`` they take effect ``lag`` intervals after the
+        update that chose them (:meth:`drawn` gives the weights an interval was drawn with).
+        """
         result: np.ndarray = self._shares[self._updates] / float(SHARE_DENOMINATOR)
         return result
 
@@ -197,6 +206,35 @@ class WeightLedger:
     def entry_at(self, position: int) -> int:
         """The entry in force at run ``position`` (before any block rounding)."""
         return max(0, min(self._updates, position // self.interval - self.lag))
+
+    def drawn(self, first: int, stop: int, epoch_size: int, block: int) -> np.ndarray:
+        """The weights run positions ``[first, stop)`` were drawn with: each one's, averaged (float64, sums to 1).
+
+        NOTE [ The weights that drew an interval ]
+        A weight change takes effect at the first block boundary at or after its run position,
+        and blocks start at each epoch's start (``epoch_size`` positions an epoch), so run position
+        ``p`` of the epoch starting at ``s`` draws with the entry in force at the start of its
+        block, ``s + (p - s) // block * block``. An interval is drawn with one entry when it lies
+        in one stretch of constant weights (an ``interval`` that is a multiple of ``block``, in an
+        epoch of whole blocks); else with several, and this is each source's expected share of its
+        positions. O(entries the interval crosses), from the ledger alone.
+        """
+        if not 0 <= first < stop:
+            raise ValueError(f"run positions [{first}, {stop}) should be a non-empty range")
+        total = np.zeros(self.num_sources, dtype=np.float64)
+        period = epoch_size if epoch_size > 0 else stop  # no epochs of positive size: one stretch of blocks
+        position = first
+        while position < stop:
+            start = position - position % period
+            entry = self.entry_at(start + (position - start) // block * block)
+            end = min(stop, start + period)
+            if entry < self._updates:  # the next entry, from the first block that starts at or after it
+                change = self.start_of(entry + 1)
+                end = min(end, start + -(-(change - start) // block) * block)
+            total += (end - position) * self._shares[entry].astype(np.float64)
+            position = end
+        result: np.ndarray = total / (float(stop - first) * SHARE_DENOMINATOR)
+        return result
 
     def append(self, shares: np.ndarray, state: np.ndarray) -> None:
         """Record the next update (amortised O(S): the table doubles when full)."""

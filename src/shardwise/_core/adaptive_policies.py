@@ -47,8 +47,11 @@ class Policy(Protocol):
     """An adaptive mixture policy: the next weights from the ledger so far and the reduced statistics.
 
     It must be a pure function of its arguments (every rank calls it with the same ones, and a
-    resumed run calls it again): ``ledger.latest`` are the weights in force now,
-    ``ledger.state`` the vector it returned last time (``initial_state`` before the first update).
+    resumed run calls it again). Two weight vectors differ when ``lag >= 1`` (the default):
+    ``statistics.drawn`` are the weights the reported interval was drawn with (what an importance
+    weight divides by), ``ledger.latest`` the last update's decision, which takes effect ``lag``
+    intervals after it was made and so has drawn nothing the statistics report yet.
+    ``ledger.state`` is the vector it returned last time (``initial_state`` before the first update).
     """
 
     def __call__(self, ledger: WeightLedger, statistics: SourceStatistics) -> PolicyStep | Any: ...
@@ -111,9 +114,12 @@ class Exp3:
 
     The reward of a source is its reported mean loss (a source the model still learns from pays
     more). At update ``t`` the importance-weighted estimate of each source with samples is
-    ``R_i <- smoothing * R_i + (1 - smoothing) * loss_i / w_i`` (``w_i``: its weight during the
-    interval), the exploration rate is ``eps_t = min(1 / S, sqrt(ln S / (S * t)))``, and the
-    weights are ``(1 - S * e) * softmax(eps_(t-1) * R) + e`` with ``e = max(eps_t, floor)``.
+    ``R_i <- smoothing * R_i + (1 - smoothing) * loss_i / w_i`` (``w_i``: its weight while the
+    interval was drawn, ``statistics.drawn``; not ``ledger.latest``, the weights of the last
+    update, which at ``lag >= 1`` drew none of it), the exploration rate is
+    ``eps_t = min(1 / S, sqrt(ln S / (S * t)))``, and the weights are
+    ``(1 - S * e) * softmax(eps_(t-1) * R) + e`` with ``e = max(eps_t, floor)``: uniform while
+    ``eps_t = 1 / S`` (the first ``S ln S`` updates: 3 for 3 sources), then moving.
 
     Args:
         smoothing: in ``[0, 1)``: the moving average of the reward estimates.
@@ -135,10 +141,16 @@ class Exp3:
     def __call__(self, ledger: WeightLedger, statistics: SourceStatistics) -> PolicyStep:
         sources = ledger.num_sources
         t = statistics.update
-        previous = ledger.latest
+        if statistics.drawn is None:
+            raise ValueError(
+                "Exp3 importance-weights each loss by the weights that drew the interval, but got statistics without "
+                "them (statistics.drawn=None); build them with SourceStatistics.from_sums(..., drawn=...), as "
+                "MixtureSampler.update() does"
+            )
+        drawn = np.asarray(statistics.drawn, dtype=np.float64)
         rewards = ledger.state.copy()
-        seen = (statistics.counts > 0) & (previous > 0)
-        rewards[seen] = self.smoothing * rewards[seen] + (1 - self.smoothing) * statistics.means[seen] / previous[seen]
+        seen = (statistics.counts > 0) & (drawn > 0)
+        rewards[seen] = self.smoothing * rewards[seen] + (1 - self.smoothing) * statistics.means[seen] / drawn[seen]
         bound = 1.0 / sources
         eps_before = bound if t <= 1 else min(bound, math.sqrt(math.log(sources) / (sources * (t - 1))))
         eps = min(bound, math.sqrt(math.log(sources) / (sources * t))) if sources > 1 else 0.0

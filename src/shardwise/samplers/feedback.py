@@ -93,12 +93,17 @@ def all_reduce_report(sums: np.ndarray, counts: np.ndarray, update: int, tag: in
 
 
 class Feedback:
-    """The ledger of an adaptive mixture and this rank's report pending for the next update."""
+    """The ledger of an adaptive mixture and this rank's report pending for the next update.
 
-    __slots__ = ("adaptive", "block", "counts", "ledger", "sums")
+    ``epoch_size`` and ``block``: the plan's positions an epoch and a block, where the weights in
+    force change (NOTE [ The weights that drew an interval ] in ``_core.adaptive``).
+    """
 
-    def __init__(self, adaptive: AdaptiveWeights, initial: np.ndarray, block: int) -> None:
-        self.adaptive, self.block = adaptive, block
+    __slots__ = ("adaptive", "block", "counts", "epoch_size", "ledger", "lifted", "sums")
+
+    def __init__(self, adaptive: AdaptiveWeights, initial: np.ndarray, block: int, epoch_size: int) -> None:
+        self.adaptive, self.block, self.epoch_size = adaptive, block, epoch_size
+        self.lifted = False  # a policy's weight below 1/block was lifted (warned once a sampler)
         shares = quantize_shares(initial, min_share_for(block))
         self.ledger = WeightLedger(adaptive.interval, shares, initial_state(adaptive.policy, initial), adaptive.lag)
         self.sums = np.zeros(len(initial), dtype=np.int64)
@@ -124,12 +129,54 @@ class Feedback:
                 "since the last update: a resume from a checkpoint saved between an interval's end and its update?); "
                 "the policy sees no statistics",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,  # next_shares, Feedback.update, MixtureSampler.update: the loop
             )
-        statistics = SourceStatistics.from_sums(update, sums, counts)
-        step = run_policy(self.adaptive.policy, self.ledger, statistics)
-        shares = quantize_shares(step.weights, min_share_for(self.block))
-        self.ledger.append(shares, step.state)
+        ledger = self.ledger
+        drawn = ledger.drawn((update - 1) * ledger.interval, update * ledger.interval, self.epoch_size, self.block)
+        statistics = SourceStatistics.from_sums(update, sums, counts, drawn)
+        step = run_policy(self.adaptive.policy, ledger, statistics)
+        shares = self.block_shares(step.weights, update)
+        ledger.append(shares, step.state)
+        return shares
+
+    def block_shares(self, weights: np.ndarray, update: int) -> np.ndarray:
+        """The policy's weights as ledger shares, a positive weight below ``1 / block`` lifted to it (warned).
+
+        NOTE [ A policy's weight below 1/block ] (docs/mixture.md): every block must draw each
+        source with a positive weight at least once, so such a weight cannot be drawn as asked.
+        Raising would stop a run at an update no one can foresee at construction, and the lift is
+        deterministic (the same on every rank and on a resume), so the ledger records the lifted
+        weights (what the plan draws, and what the policy sees next) and the first lift warns.
+        """
+        name = getattr(self.adaptive.policy, "__qualname__", type(self.adaptive.policy).__name__)
+        least = min_share_for(self.block)
+        positive = int((weights > 0).sum())
+        if positive * least > SHARE_DENOMINATOR:
+            raise ValueError(
+                f"the policy {name} gave {positive} sources a positive weight at update {update}, but a block of "
+                f"{self.block} positions draws at most {SHARE_DENOMINATOR // least} of them; build the sampler with "
+                f"block>={positive}, or return 0 for the sources to leave out"
+            )
+        shares = quantize_shares(weights, least)
+        near = (weights > 0) & (weights / float(weights.sum()) * SHARE_DENOMINATOR < least)  # a lift is possible
+        if not self.lifted and near.any():
+            asked = quantize_shares(weights)
+            low = np.flatnonzero((asked > 0) & (asked < least))
+            if low.size:
+                self.lifted = True
+                smallest = float(asked[low].min()) / SHARE_DENOMINATOR
+                need = -(-SHARE_DENOMINATOR // int(asked[low].min()))
+                listed = ", ".join(f"source {i}: {asked[i] / SHARE_DENOMINATOR:.3g} -> "
+                                   f"{shares[i] / SHARE_DENOMINATOR:.3g}" for i in low)  # fmt: skip
+                warnings.warn(
+                    f"update {update}: the policy {name} gave weights below 1/{self.block}, the least a block of "
+                    f"{self.block} positions draws ({listed}); the ledger records them lifted to 1/{self.block}, taken "
+                    f"from the largest weights, and the policy sees those from now on. Give the policy a floor of at "
+                    f"least 1/{self.block}, return 0 to leave a source out, or build the sampler with block>={need} "
+                    f"(for a weight of {smallest:.3g}); later lifts of this sampler are not warned again",
+                    RuntimeWarning,
+                    stacklevel=5,  # block_shares, next_shares, Feedback.update, MixtureSampler.update: the loop
+                )
         return shares
 
     def update(self, plan: MixturePlan, trained: int, fingerprint: dict[str, Any], world: World, group: Any
@@ -235,6 +282,8 @@ class AdaptiveMixin:
         if epoch is None or consumed is None:
             self._sync()
             epoch, consumed = self._progress.epoch, self._progress.consumed
+        else:
+            epoch, consumed = check_int("epoch", epoch, minimum=0), check_int("consumed", consumed, minimum=0)
         # Skipped positions (skip_steps) count as passed: intervals are of plan positions, as the weights are.
         if consumed >= self._plan_size(epoch):
             position = self._raw_plan_size(epoch)
@@ -269,10 +318,16 @@ class AdaptiveMixin:
     def update_due(self, position: int | None = None) -> bool:
         """Whether the loop has trained through the end of the interval the next update reports.
 
-        ``position``: the run position trained through, when the caller counts it (else the sampler's).
+        ``position``: the run position trained through (a non-negative integer), when the caller
+        counts it (else the sampler's).
+
+        Raises:
+            TypeError: ``position`` is not an integer (a bool, a float, a string).
+            ValueError: ``position`` is negative.
         """
-        trained = self.trained_position() if position is None else position
-        return trained >= self._need_feedback("update_due").ledger.due_at
+        ledger = self._need_feedback("update_due").ledger
+        trained = self.trained_position() if position is None else check_int("position", position, minimum=0)
+        return trained >= ledger.due_at
 
     def update(self, group: Any = None, *, position: int | None = None) -> list[float]:
         """Agree on the recorded statistics with one all_reduce, append the policy's weights to the ledger.
@@ -283,14 +338,17 @@ class AdaptiveMixin:
         says where the tensor lives and how disagreeing ranks fail. ``position`` as for :meth:`update_due`.
 
         Returns:
-            The new weights (shares summing to 1).
+            The new weights as the ledger records them (shares summing to 1): the policy's, with a
+            positive weight below ``1 / block`` lifted to it (warned at the first lift; NOTE [ A
+            policy's weight below 1/block ] in docs/mixture.md).
 
         Raises:
             RuntimeError: the update is not due yet; the ranks report different updates or have
                 differently built samplers; several ranks but no process group.
+            TypeError, ValueError: ``position`` is not a non-negative integer.
         """
         feedback = self._need_feedback("update")
-        trained = self.trained_position() if position is None else position
+        trained = self.trained_position() if position is None else check_int("position", position, minimum=0)
         return feedback.update(self._plan, trained, self._full_fingerprint(), self.world, group)
 
     def sources_at(self, epoch: int, positions: Any) -> np.ndarray:
@@ -301,7 +359,13 @@ class AdaptiveMixin:
         return found
 
     def weights_at(self, epoch: int, position: int) -> list[float]:
-        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1)."""
+        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1).
+
+        Raises:
+            PendingWeightsError: no update has set the weights of that position yet (it lies at or
+                past ``ledger.known_until``), as ``which`` and the sampler's own pass raise.
+        """
         epoch = check_int("epoch", epoch, minimum=0)
         position = check_int("position", position, minimum=0, maximum=max(0, self._plan_size(epoch) - 1))
+        self._plan.check_known(epoch, np.asarray([position], dtype=np.int64))
         return self._plan.weights_at(epoch, position)

@@ -16,7 +16,7 @@ from .._core.adaptive import WeightLedger
 from .._core.adaptive_policies import AdaptiveWeights, adaptive_block, as_initial
 from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import MalformedStateError, check_bool, check_choice, check_int
-from .._core.mixture import MixturePlan, MixtureStop
+from .._core.mixture import MixturePlan, MixtureStop, PendingWeightsError
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
@@ -185,7 +185,7 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
             block = adaptive_block(self.adaptive.policy, self.num_sources, block, self.weights.weights[0])
         self._plan = self._new_plan(block)
         if self.adaptive is not None and initial is not None:
-            self._feedback = Feedback(self.adaptive, initial, self._plan.block)
+            self._feedback = Feedback(self.adaptive, initial, self._plan.block, int(self.num_samples or 0))
             self._plan.known_until = self._feedback.ledger.known_until
         self._init_plan(keywords)
 
@@ -252,7 +252,17 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every position of ``epoch``'s plan drawing global ``index``: O(log n) a draw (provenance)."""
         index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
-        return self._known(epoch, mixture_positions_of(self._plan, self.seed, epoch, index))
+        plan = self._plan
+        if plan.known_until is not None:  # an adaptive ledger: the whole epoch's weights, or no answer
+            start, size = plan.epoch_start(epoch), self._plan_size(epoch)
+            if start + size > plan.known_until:
+                raise PendingWeightsError(
+                    f"where sample {index} trains in epoch {epoch} depends on the weights of its every plan position "
+                    f"(run positions [{start}, {start + size})), but the ledger holds them up to run position "
+                    f"{plan.known_until}: ask once the epoch's updates are reported, or ask which(...) for the steps "
+                    "the ledger covers"
+                )
+        return mixture_positions_of(plan, self.seed, epoch, index)
 
     def _known(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The positions whose weights the ledger holds (all of them without adaptive weights)."""
