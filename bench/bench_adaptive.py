@@ -4,13 +4,19 @@ Run (alone on the machine)::
 
     python bench/bench_adaptive.py --plot adaptive_weights.png      # about 10 minutes on 2 CPU cores
     python bench/bench_adaptive.py --quick --plot weights.png  # under 2 minutes
+    python bench/bench_adaptive.py --overhead-only              # the overhead tables and the memory row
+    python bench/bench_adaptive.py --memory                     # the memory row alone (about a minute)
 
 **Overhead.** 8 gloo ranks on this machine (CPU), side by side in one run: the update's collective
 (one ``all_reduce`` of ``4 + 2 x 3`` int64 numbers with its checks) against the baseline, a bare
 ``all_reduce`` of one float (what DDP-style loops already pay per step), and a whole
 ``sampler.update()``. In one process: the plan work of an update (policy, shares, ledger, the
 plan's layout grown by one stretch), at the first updates and after 10^4, against the 1 ms target;
-the state's size after 10^4 updates (``torch.save`` and JSON) against 1 MB.
+the state's size after 10^4 updates (``torch.save`` and JSON) against 1 MB; the private memory
+(``RssAnon``) a process holds per update after 2.4e5 updates (a 1e9-sample epoch, an update every
+4096), against the saved state's bytes per update. The update's ratio to the bare all_reduce is
+printed for rank 0 and for the slowest rank, both from the same run: on 2 shared cores 8 ranks
+wait for each other, so the ratio moves between runs; the absolute times say more.
 
 **Demonstration.** A byte-level causal conv model (one embedding, one conv layer of width 6, 60k
 parameters) learns next-byte prediction on 64-byte chunks of three sources of different
@@ -49,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from _common import STDLIB, add_data_argument, wikitext_paragraphs
+from _common import STDLIB, add_data_argument, status_bytes, wikitext_paragraphs
 from shardwise import AdaptiveWeights, Exp3, ExponentiatedGradient, MixtureSampler
 from shardwise.tools.launch import run_distributed
 
@@ -117,6 +123,38 @@ def plan_work(updates: int) -> dict[str, float]:
         "last_us": statistics.median(times[-100:]) * 1e6,
         "torch_save_bytes": float(len(buffer.getvalue())),
         "json_bytes": float(len(json.dumps(state))),
+    }
+
+
+def memory_per_update(updates: int) -> dict[str, float]:
+    """Private memory (``RssAnon``) a process holds per update: ``updates`` updates of a 1e9-sample epoch, 3 sources.
+
+    Every update lands in the epoch whose layout is cached (the worst case: the ledger, the plan's weight change and
+    the layout's row all grow); measured in a fresh process (``python bench/bench_adaptive.py --memory``).
+    """
+    import gc
+
+    interval = 4096
+    sampler = MixtureSampler([10**6] * 3, AdaptiveWeights(Exp3(), interval=interval), num_samples=10**9, block=64,
+                             seed=0, num_replicas=1, rank=0)  # fmt: skip
+    next(iter(sampler))
+    values, sources = np.ones(3), np.arange(3)
+    for update in range(1, 101):  # the first updates allocate what every later one reuses
+        sampler.record(values, sources)
+        sampler.update(position=update * interval)
+    gc.collect()
+    before = status_bytes("RssAnon")
+    for update in range(101, updates + 101):
+        sampler.record(values, sources)
+        sampler.update(position=update * interval)
+    gc.collect()
+    after = status_bytes("RssAnon")
+    buffer = io.BytesIO()
+    torch.save(sampler.state_dict(), buffer)
+    return {
+        "rss_bytes": float(after - before),
+        "per_update": (after - before) / updates,
+        "state_per_update": len(buffer.getvalue()) / (updates + 100),
     }
 
 
@@ -318,14 +356,32 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=Path("adaptive_weights.png"), help="where the plot goes")
     parser.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
     parser.add_argument("--skip-overhead", action="store_true", help="only the demonstration")
+    parser.add_argument("--overhead-only", action="store_true", help="only the overhead tables (no demonstration)")
+    parser.add_argument("--memory", action="store_true", help="only the private memory an update holds")
     options = parser.parse_args()
     steps = 160 if options.quick else 1200
     updates = 2_000 if options.quick else 10_000
     repeats = 100 if options.quick else 400
+    memory_updates = 20_000 if options.quick else 240_000
 
+    if options.memory:
+        print_memory(memory_updates)
+        return
     if not options.skip_overhead:
         overhead(repeats, updates)
-    demonstration(options, steps)
+        print_memory(memory_updates)
+    if not options.overhead_only:
+        demonstration(options, steps)
+
+
+def print_memory(updates: int) -> None:
+    """The private memory a process holds per update, against the saved state's bytes per update."""
+    found = memory_per_update(updates)
+    print(f"\n== private memory (RssAnon) after {updates} updates of a 1e9-sample epoch, 3 sources, layout cached")
+    print("| RssAnon grown | per update | saved state (torch.save) per update |")
+    print("|---|---|---|")
+    print(f"| {found['rss_bytes'] / 1e6:.1f} MB | {found['per_update']:.0f} bytes | "
+          f"{found['state_per_update']:.1f} bytes |")  # fmt: skip
 
 
 def overhead(repeats: int, updates: int) -> None:
@@ -333,13 +389,15 @@ def overhead(repeats: int, updates: int) -> None:
     print(f"== overhead of an update: 8 gloo ranks on CPU, median of {repeats} (microseconds; rank 0 / slowest)")
     per_rank = run_distributed(_overhead_rank, 8, repeats, timeout=300)
     baseline = per_rank[0]["baseline"]
-    print("| what | rank 0 | slowest rank | x bare all_reduce |")
+    slowest_baseline = max(r["baseline"] for r in per_rank)
+    print("| what | rank 0 | slowest rank | x bare all_reduce (rank 0 / slowest) |")
     print("|---|---|---|---|")
     for key, label in (("baseline", "all_reduce of 1 float (baseline)"), ("ten", "all_reduce of 10 int64"),
                        ("collective", "the update's collective (10 int64, checks)"),
                        ("update", "sampler.update() (collective + plan work)")):  # fmt: skip
         slowest = max(r[key] for r in per_rank)
-        print(f"| {label} | {per_rank[0][key]:.0f} | {slowest:.0f} | {per_rank[0][key] / baseline:.2f} |")
+        print(f"| {label} | {per_rank[0][key]:.0f} | {slowest:.0f} | {per_rank[0][key] / baseline:.2f} / "
+              f"{slowest / slowest_baseline:.2f} |")  # fmt: skip
     work = plan_work(updates)
     print(f"\n== plan work of an update, one process (target <= 1000 us), and the state after {updates} updates")
     print(f"| updates 1-100 | updates {updates - 99}-{updates} | state, torch.save | state, JSON | target |")

@@ -380,3 +380,26 @@ def test_weights_at_and_when_refuse_positions_the_ledger_does_not_cover() -> Non
     assert [t.step for t in found] == [s for s, b in enumerate(batches) for i in sampler_indices(b) if i == 5]
     with pytest.raises(PendingWeightsError, match="epoch 1"):
         shardwise.when(trained, 5, epochs=range(2), batch_size=BATCH, world_size=1)
+
+
+def test_an_update_adds_no_python_objects() -> None:
+    """The ledger, the plan's weight changes and the layout grow as numpy rows: no object an update (was ~460 bytes).
+
+    bench/bench_adaptive.py --memory measures the bytes (BENCHMARKS.md, "Adaptive mixtures").
+    """
+    import gc
+
+    sampler = MixtureSampler([10**6] * 3, AdaptiveWeights(ExponentiatedGradient(), interval=64), num_samples=10**9,
+                             block=64, seed=0, num_replicas=1, rank=0)  # fmt: skip
+    next(iter(sampler))  # the epoch's layout is cached: every update grows it
+    values, sources = np.ones(3), np.arange(3)
+    for update in range(1, 21):
+        sampler.record(values, sources)
+        sampler.update(position=update * 64)
+    gc.collect()
+    before = len(gc.get_objects())
+    for update in range(21, 521):
+        sampler.record(values, sources)
+        sampler.update(position=update * 64)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 20

@@ -8,7 +8,6 @@ index at any plan position, in O(1) from the position with no table and no repla
 
 from __future__ import annotations
 
-import bisect
 import enum
 
 import numpy as np
@@ -45,6 +44,57 @@ class MixtureStop(str, enum.Enum):
 
 class PendingWeightsError(RuntimeError):
     """Plan positions were asked for whose weights an adaptive ledger does not hold yet."""
+
+
+class GrowingRows:
+    """int64 rows appended one at a time, in an array that doubles when full: amortised O(width) an append.
+
+    An adaptive ledger appends a weight change per update (2.4e5 in a 1e9-sample epoch with an
+    update every 4096): kept as Python objects (a tuple of ints, a ``Weights``, an int in a list)
+    they took ~300 bytes each, as rows 8 bytes a number.
+    """
+
+    __slots__ = ("_array", "_count")
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self._count = len(rows)
+        self._array = np.zeros((max(8, 2 * self._count), *rows.shape[1:]), dtype=np.int64)
+        self._array[: self._count] = rows
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The rows so far (a view, valid until the next append)."""
+        return self._array[: self._count]
+
+    def append(self, row: object) -> None:
+        if self._count == len(self._array):
+            grown = np.zeros((2 * len(self._array), *self._array.shape[1:]), dtype=np.int64)
+            grown[: self._count] = self._array[: self._count]
+            self._array = grown
+        self._array[self._count] = row
+        self._count += 1
+
+
+class WeightEntries:
+    """A plan's exact weight vectors, one row ``a_0 .. a_(S-1), D`` each (:class:`GrowingRows`)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, entries: list[Weights]) -> None:
+        self._rows = GrowingRows(np.asarray([[*w.a, w.denominator] for w in entries], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, entry: int) -> Weights:
+        row = self._rows.rows[entry].tolist()
+        return Weights(tuple(row[:-1]), row[-1])
+
+    def append(self, weights: Weights) -> None:
+        self._rows.append([*weights.a, weights.denominator])
 
 
 class MixturePlan:
@@ -89,10 +139,11 @@ class MixturePlan:
         self.offsets = offsets_from_counts(sizes)[:-1]  # where each source starts in the concatenation
         self.schedule = schedule
         schedule.check_sources(len(sizes))
-        self.entries = [Weights(*exact_weights(w)) for w in schedule.weights]
+        entries = [Weights(*exact_weights(w)) for w in schedule.weights]
+        self.entries = WeightEntries(entries)
         self.stop, self.num_samples, self.primary, self.shuffle = stop, num_samples, primary, shuffle
         self.interleave = interleave or not shuffle
-        need = max(w.smallest_block() for w in self.entries)
+        need = max(w.smallest_block() for w in entries)
         if block is None:
             self.block = need
         else:
@@ -110,8 +161,7 @@ class MixturePlan:
         if stop is MixtureStop.PRIMARY:
             if primary is None:
                 raise ValueError("primary should be the index of the source that ends the epoch with stop='primary'")
-            entries = self.entries[-1:] if schedule.kind == BY_SAMPLES else self.entries
-            for entry in entries:
+            for entry in entries[-1:] if schedule.kind == BY_SAMPLES else entries:
                 if entry.a[primary] == 0:
                     raise ValueError(
                         f"primary={primary} has weight 0 in a weights entry, so stop='primary' would never end the "
@@ -119,7 +169,7 @@ class MixturePlan:
                     )
         self._starts: list[int] = [0]
         self._by_samples = schedule.kind == BY_SAMPLES
-        self._thresholds: list[int] = list(schedule.thresholds) if self._by_samples else [0]
+        self._thresholds = GrowingRows(np.asarray(schedule.thresholds if self._by_samples else [0], dtype=np.int64))
         self.known_until: int | None = None
         """Run positions at or past this one have no weights yet (an adaptive ledger); ``None``: all known."""
         self._layout: tuple[int, Layout] | None = None
@@ -150,13 +200,13 @@ class MixturePlan:
             stretches = [(0, self.entries[self.schedule.index_at(epoch, 0)])]
         else:
             start = self.epoch_start(epoch)
-            thresholds = self._thresholds
-            first_entry = bisect.bisect_right(thresholds, start) - 1
+            thresholds = self._thresholds.rows
+            first_entry = int(np.searchsorted(thresholds, start, side="right")) - 1
             stretches = [(0, self.entries[first_entry])]
             end = start + self.num_samples if self.num_samples is not None else None
-            stop = len(thresholds) if end is None else bisect.bisect_left(thresholds, end)
+            stop = len(thresholds) if end is None else int(np.searchsorted(thresholds, end, side="left"))
             for at in range(first_entry + 1, stop):
-                first = -(-(thresholds[at] - start) // self.block)
+                first = -(-(int(thresholds[at]) - start) // self.block)
                 if first == stretches[-1][0]:
                     stretches[-1] = (first, self.entries[at])
                 else:
@@ -178,10 +228,9 @@ class MixturePlan:
             raise ValueError(
                 f"weights {weights.shares()} need a block of {need} positions, but the mixture's block is {self.block}"
             )
-        if threshold <= self._thresholds[-1]:
-            raise ValueError(
-                f"a weight change at {threshold} should come after the last one, at {self._thresholds[-1]}"
-            )
+        last = int(self._thresholds.rows[-1])
+        if threshold <= last:
+            raise ValueError(f"a weight change at {threshold} should come after the last one, at {last}")
         self._by_samples = True
         self._thresholds.append(threshold)
         self.entries.append(weights)
