@@ -200,6 +200,43 @@ def _resume(rank: int, world_size: int, directory: str, stop_at: int) -> dict[st
     return {"first": whole.seen, "whole": rest.seen, "second": resumed.seen}
 
 
+LAST_STEP = [("ShardedSampler", "stateful", False), ("TwoStreamBatchSampler", "stateful", False),
+             ("TwoStreamBatchSampler", "stateful", True), ("ShardedSampler", "plain", False)]  # fmt: skip
+
+
+def _resume_at_last_step(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    """A step checkpoint at epoch 0's last batch (the run stopped by max_steps), 2 workers; resumed to 2 epochs.
+
+    ``(name, loader, at_epoch_end)``: a torchdata ``StatefulDataLoader`` or a plain ``DataLoader``;
+    ``at_epoch_end`` adds ``save_on_train_epoch_end=True`` to the same ``ModelCheckpoint``.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.contract.test_crash_resume import _lightning_loader
+
+    def loader(name: str, kind: str) -> Any:
+        made = _lightning_loader(name, 2)
+        if kind == "stateful":
+            return made
+        settings = {"num_workers": 2, "multiprocessing_context": made.multiprocessing_context}
+        if name in INDEX:
+            return DataLoader(made.dataset, sampler=made.sampler, batch_size=4, **settings)
+        return DataLoader(made.dataset, batch_sampler=made.batch_sampler, **settings)
+
+    out = {}
+    for name, kind, at_epoch_end in LAST_STEP:
+        steps = len(expected(name, rank, 0))
+        filename = f"{name}-{kind}-{at_epoch_end}"
+        first = _module(lambda name=name, kind=kind: loader(name, kind), in_hook=True)
+        saver = ModelCheckpoint(dirpath=directory, filename=filename, every_n_train_steps=steps, save_top_k=1,
+                                monitor=None, save_on_train_epoch_end=at_epoch_end)  # fmt: skip
+        _trainer(enable_checkpointing=True, callbacks=[saver], max_steps=steps).fit(first)
+        second = _module(lambda name=name, kind=kind: loader(name, kind), in_hook=True)
+        _trainer().fit(second, ckpt_path=os.path.join(directory, filename + ".ckpt"))
+        out[filename] = first.seen + second.seen
+    return out
+
+
 PREDICTED = ["shard_batches", "BucketBatchSampler"]
 
 
@@ -249,9 +286,10 @@ def _predict(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def _three_tests(rank: int, world_size: int, names: list[str], directory: str) -> dict[str, Any]:
-    """What the next four tests check, from one process start: _two_stream last (its seed_everything stays)."""
+    """What the next five tests check, from one process start: _two_stream last (its seed_everything stays)."""
     return {"every": _fit_every_sampler(rank, world_size, names), "resume": _resume(rank, world_size, directory, 2),
-            "predict": _predict(rank, world_size), "two_stream": _two_stream(rank, world_size)}  # fmt: skip
+            "last_step": _resume_at_last_step(rank, world_size, directory), "predict": _predict(rank, world_size),
+            "two_stream": _two_stream(rank, world_size)}  # fmt: skip
 
 
 # -- tests ---------------------------------------------------------------------------------------
@@ -310,6 +348,21 @@ def test_mid_epoch_resume_with_stateful_dataloader_sees_the_uninterrupted_batche
         run = ranks[rank]
         assert len(run["first"]) == 2
         assert run["first"] + run["second"] == run["whole"], rank
+
+
+@pytest.mark.timeout(480)
+def test_a_step_checkpoint_at_an_epochs_last_batch_with_workers_resumes_at_the_next_epoch(
+    fits: list[dict[str, Any]],
+) -> None:
+    """Saved at epoch 0's last batch (max_steps), 2 workers: the resumed fit trains epoch 1 then 2 as uninterrupted.
+
+    Before, the restored iterator's workers drew the empty rest of epoch 0 before Lightning set epoch 1:
+    epoch 1 was never trained (StatefulDataLoader), or ran epoch 0's order (plain DataLoader)."""
+    for rank in (0, 1):
+        runs = fits[rank]["last_step"]  # _resume_at_last_step
+        for name, kind, at_epoch_end in LAST_STEP:
+            whole = [(epoch, batch) for epoch in (0, 1) for batch in expected(name, rank, epoch)]
+            assert runs[f"{name}-{kind}-{at_epoch_end}"] == whole, (name, kind, at_epoch_end, rank)
 
 
 @pytest.mark.timeout(480)

@@ -289,9 +289,12 @@ class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
         caller = sys._getframe(1)
         driver = find_driver(self, caller)
         restored = driver is not None and driver.base > 0
-        if driver is not None and driver.workers > 0 and not restored:
+        if driver is not None and driver.workers > 0:
+            # A restored iterator continues the loaded epoch unless Lightning runs another one on it
+            # (NOTE [ A step checkpoint at an epoch's last batch ] in .frameworks).
             pending = lightning_pending_epoch(caller)
-            if pending is not None and pending != self._progress.upcoming_epoch():
+            current = self._progress.epoch if restored else self._progress.upcoming_epoch()
+            if pending is not None and pending != current:
                 self.set_epoch(pending)
         # Drop the frame before suspending: it holds the loader iterator (its ``self``), which holds
         # this generator, and that cycle would keep the iterator, and its worker processes, alive

@@ -242,7 +242,8 @@ def lightning_pending_epoch(frame: FrameType | None) -> int | None:
     calls ``set_epoch``; with DataLoader workers that iterator already draws from the sampler. On
     a run resumed from an epoch-end checkpoint the sampler would still be at epoch 0, and the
     workers would prefetch epoch 0's first batches into epoch ``e + 1``. The epoch Lightning will
-    set is ``fit_loop.epoch_progress.current.processed``; the pass adopts it first.
+    set is ``fit_loop.epoch_progress.current.processed`` once ``FitLoop.reset()`` (which runs after
+    ``setup_data``) has read the checkpoint: :func:`_epoch_after_reset`. The pass adopts it first.
     """
     if "lightning.pytorch" not in sys.modules:
         return None
@@ -253,7 +254,35 @@ def lightning_pending_epoch(frame: FrameType | None) -> int | None:
         if frame.f_code.co_name == "setup_data":
             loop = frame.f_locals.get("self")
             if type(loop).__name__ == _FIT_LOOP and type(loop).__module__.startswith("lightning.pytorch."):
-                processed = getattr(getattr(getattr(loop, "epoch_progress", None), "current", None), "processed", None)
-                return processed if isinstance(processed, int) else None
+                return _epoch_after_reset(loop)
         frame = frame.f_back
     return None
+
+
+def _epoch_after_reset(loop: Any) -> int | None:
+    """``fit_loop.epoch_progress.current.processed`` as ``FitLoop.reset()`` will leave it (Lightning 2.6).
+
+    NOTE [ A step checkpoint at an epoch's last batch ]: restored from a checkpoint saved at the last
+    batch of epoch ``e`` (``every_n_train_steps``, a run stopped by ``max_steps``), ``reset()`` counts
+    epoch ``e`` as processed and the restored loader iterator, made in ``setup_data`` before that,
+    runs epoch ``e + 1``: Lightning sets epoch ``e + 1`` on the sampler only after the workers drew
+    from it, and they had drawn the empty rest of epoch ``e`` (epoch ``e + 1`` was never trained;
+    torch's ``DistributedSampler`` draws epoch ``e``'s order there). Lightning's own reading of its
+    restored progress (``update_restart_stage``, which ``reset()`` calls again on the same state)
+    says which case this is. A checkpoint saved at the epoch end (``save_on_train_epoch_end``) is
+    not one: Lightning finishes epoch ``e`` on the restored iterator (empty) and makes a new one.
+    """
+    processed = getattr(getattr(getattr(loop, "epoch_progress", None), "current", None), "processed", None)
+    if not isinstance(processed, int):
+        return None
+    epoch_loop = getattr(loop, "epoch_loop", None)
+    stage = getattr(loop, "update_restart_stage", None)
+    if epoch_loop is None or not callable(stage) or not getattr(loop, "restarting", False):
+        return processed
+    stage()
+    finished = (
+        getattr(loop, "restarted_mid_epoch", False)
+        and getattr(epoch_loop, "restarted_on_train_batch_end", False)
+        and getattr(getattr(epoch_loop, "batch_progress", None), "is_last_batch", False)
+    )
+    return processed + 1 if finished else processed
