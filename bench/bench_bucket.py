@@ -55,8 +55,8 @@ SEED = 0
 Batches = list[list[int]]
 
 
-def rng_for(epoch: int) -> np.random.Generator:
-    return np.random.default_rng([SEED, epoch])
+def rng_for(epoch: int, seed: int = SEED) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch])
 
 
 def cut(order: np.ndarray, lengths: np.ndarray, max_tokens: int | None) -> Batches:
@@ -82,8 +82,8 @@ def random_batches(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> B
     return cut(rng_for(epoch).permutation(lengths.size), lengths, max_tokens)
 
 
-def length_grouped(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Batches:
-    order = rng_for(epoch).permutation(lengths.size)
+def length_grouped(lengths: np.ndarray, max_tokens: int | None, epoch: int, seed: int = SEED) -> Batches:
+    order = rng_for(epoch, seed).permutation(lengths.size)
     batches: Batches = []
     for first in range(0, order.size, MEGABATCH):
         mega = order[first : first + MEGABATCH]
@@ -103,13 +103,14 @@ def batch_by_size(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Ba
 
 
 def bucket(
-    sort_window: int | None, seed: int = SEED, multiple: int = 1
+    sort_window: int | None, seed: int = SEED, multiple: int = 1, **options: object
 ) -> Callable[[np.ndarray, int | None, int], Batches]:
     def plan(lengths: np.ndarray, max_tokens: int | None, epoch: int) -> Batches:
         size: dict[str, int] = {"batch_size": BATCH}
         if max_tokens is not None:
             size = {"max_tokens": max_tokens, "batch_size_multiple": multiple}
-        sampler = BucketBatchSampler(lengths, sort_window=sort_window, seed=seed, num_replicas=1, rank=0, **size)
+        sampler = BucketBatchSampler(lengths, sort_window=sort_window, seed=seed, num_replicas=1, rank=0, **size,
+                                     **options)  # type: ignore[arg-type]  # fmt: skip
         sampler.set_epoch(epoch)
         return list(sampler)
 
@@ -169,6 +170,78 @@ def seed_spread(lengths: np.ndarray, seeds: int) -> None:
               f"| {min(repeats):.1%} .. {max(repeats):.1%} | {np.mean(repeats):.1%} |")  # fmt: skip
 
 
+RUN = 64  # batches: the run inside which the order should not follow the length
+SEEDS_FOR_RHO = 10
+
+
+def _spearman(values: np.ndarray) -> float:
+    ranks = np.argsort(np.argsort(values, kind="stable"), kind="stable")
+    if np.all(values == values[0]):
+        return 0.0
+    return float(np.corrcoef(np.arange(values.size), ranks)[0, 1])
+
+
+def shuffle_metrics(lengths: np.ndarray, plan: Callable[[int, int], Batches]) -> dict[str, float]:
+    """Contents and order across epochs and seeds, plus padding and balance, of ``plan(seed, epoch)``."""
+    a, b, c = plan(0, 0), plan(0, 1), plan(1, 0)
+    sets = {frozenset(batch) for batch in a}
+    longest = np.array([int(lengths[batch].max()) for batch in a])
+    rhos = []
+    for seed in range(SEEDS_FOR_RHO):  # one epoch holds few runs of 64: their mean over seeds
+        most = np.array([int(lengths[batch].max()) for batch in (a if seed == 0 else plan(seed, 0))])
+        runs = [most[i : i + RUN] for i in range(0, most.size, RUN)]  # aligned runs; the last may be shorter
+        rhos += [_spearman(run) for run in runs if run.size >= 8]
+    padded = np.array([len(batch) * max(int(lengths[batch].max()), 1) for batch in a])
+    real = sum(int(lengths[batch].sum()) for batch in a)
+    imbalance = {}
+    for world in (4, 8):
+        steps = padded[: padded.size // world * world].reshape(-1, world)  # (global steps, W)
+        imbalance[world] = float((steps.max(1) / steps.mean(1)).mean()) if steps.size else 1.0
+    return {
+        "epochs": sum(frozenset(batch) in sets for batch in b) / len(b),
+        "seeds": sum(frozenset(batch) in sets for batch in c) / len(c),
+        "rho": float(np.mean(rhos)),
+        "abs_rho": float(np.mean(np.abs(rhos))),
+        "waste": 1 - real / int(padded.sum()),
+        "w4": imbalance[4],
+        "w8": imbalance[8],
+        "first_longest": float(longest[0] == longest.max()),
+    }
+
+
+def shuffle_table(sets: dict[str, np.ndarray]) -> None:
+    """Issue 46's table: do batches change with epoch and seed, and does the order still follow the length?"""
+    print(f"\nShuffle at batch_size={BATCH}: identical batches between epochs 0 and 1 (seed 0) and between seeds 0 "
+          f"and 1 (epoch 0); Spearman rho of each batch's longest length against its position in aligned runs of "
+          f"{RUN} batches (mean, mean |rho|); waste; imbalance (max/mean padded tokens a step) at W=4 and W=8; "
+          "whether plan batch 0 holds the longest sample")  # fmt: skip
+    print("| data | scheme | same, epochs | same, seeds | rho | abs rho | waste | imbalance W=4 | W=8 "
+          "| longest first |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for data, lengths in sets.items():
+        schemes = _shuffle_schemes(lengths)
+        for name, plan in schemes.items():
+            m = shuffle_metrics(lengths, plan)
+            print(
+                f"| {data} | {name} | {m['epochs']:.1%} | {m['seeds']:.1%} | {m['rho']:+.2f} | {m['abs_rho']:.2f} "
+                f"| {m['waste']:.2%} | {m['w4']:.3f} | {m['w8']:.3f} | {'yes' if m['first_longest'] else 'no'} |"
+            )
+
+
+def _shuffle_schemes(lengths: np.ndarray) -> dict[str, Callable[[int, int], Batches]]:
+    return {
+        "length-grouped (HF idea)": lambda seed, epoch: length_grouped(lengths, None, epoch, seed),
+        "Bucket, batch_order='ascending' (before)": lambda seed, epoch: bucket(None, seed, batch_order="ascending")(
+            lengths, None, epoch
+        ),
+        "Bucket (default: mixed)": lambda seed, epoch: bucket(None, seed)(lengths, None, epoch),
+        "Bucket, longest_first=True (Trainer)": lambda seed, epoch: bucket(None, seed, longest_first=True)(
+            lengths, None, epoch
+        ),
+        "Bucket, balance_group=8": lambda seed, epoch: bucket(None, seed, balance_group=8)(lengths, None, epoch),
+    }
+
+
 def build_times(n: int, repeat: int) -> None:
     lengths = np.random.default_rng(1).integers(1, 513, n).astype(np.int64)
     print(f"\nplan build for n={n:.0e} random lengths (1..512), best of {repeat}")
@@ -217,10 +290,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1e6 lengths for the build time (smoke test)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=20, help="seeds for the BucketBatchSampler spread table")
+    parser.add_argument("--shuffle-only", action="store_true", help="the quality and shuffle tables only")
     add_data_argument(parser)
     args = parser.parse_args()
     lengths = wikitext_lengths(args.data)
     quality_table(lengths)
+    distinct = np.random.default_rng(7).permutation(np.arange(1, lengths.size + 1))
+    shuffle_table({"WikiText-2": lengths, "distinct lengths (same n)": distinct,
+                   "distinct, 25 batches": np.arange(1, 25 * BATCH + 1)})  # fmt: skip
+    if args.shuffle_only:
+        return
     seed_spread(lengths, args.seeds)
     build_times(10**6 if args.quick else 10**7, args.repeat)
 

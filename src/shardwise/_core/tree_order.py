@@ -1,13 +1,14 @@
 """A keyed order inside a group of batches sorted by cost: random at every scale, balanced at every power of two.
 
-A group of ``s`` batches in cost order is split in two halves (the first ``ceil(s / 2)``, the
-rest), each half in two again, down to single batches: a binary tree whose every node is a run
-of cost-neighbours. The group's plan order visits the tree depth first, and at every node a keyed
-coin says which half comes first. So:
+A group of ``s`` batches in cost order is split in two halves, each half in two again, down to
+single batches: a binary tree whose every node is a run of cost-neighbours. The group's plan
+order visits the tree depth first, and at every node a keyed coin says which half comes first.
+A size that is not a power of two splits into its largest power of two, visited first, and the
+rest (the coin says which takes the cheaper ranks). So:
 
-- every aligned block of ``2**k`` plan positions of a group of ``2**j >= 2**k`` batches is one
-  node, a run of ``2**k`` cost-neighbours: the ``W`` batches of a global step stay balanced for
-  every power-of-two ``W`` that divides the group, whatever ``W`` the plan is dealt to;
+- every aligned block of ``2**k`` plan positions is one node, a run of ``2**k`` cost-neighbours
+  (but the last ones of a group whose size is not a multiple of ``2**k``): the ``W`` batches of a
+  global step stay balanced for every power-of-two ``W``, whatever ``W`` the plan is dealt to;
 - which end of the group comes first is a coin at every scale, so the cost no longer rises with
   the position through the group (ascending order, its former shape, repeated in every group).
 
@@ -35,10 +36,34 @@ def _coins(keys: np.ndarray, lo: np.ndarray, size: np.ndarray) -> np.ndarray:
     return coins
 
 
-def _node_coins(keys: np.ndarray, lo: np.ndarray, size: np.ndarray, half: np.ndarray, first: np.ndarray) -> np.ndarray:
-    coins = _coins(keys, lo, size)
-    on_path = (first >= lo) & (first < lo + size)  # the node holding the rank to visit first
-    return np.where(on_path, first >= lo + half, coins) & (size > 1)
+def _children(
+    keys: np.ndarray, lo: np.ndarray, size: np.ndarray, first: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(first_lo, first_size, second_lo, second_size)``: the cost ranges of a node's two children in visiting order.
+
+    A node of a power-of-two size splits in halves, a coin choosing which is visited first. Any
+    other size splits into its largest power of two ``P``, visited first (so that every block of
+    a power of two stays aligned), and the rest, a coin choosing whether ``P`` takes the cheapest
+    or the costliest ranks. On the path to ``first`` the coin makes its child the first.
+    """
+    power = (size & (size - 1)) == 0
+    big = np.where(power, size // 2, _largest_power_of_two(size))
+    on_path = (first >= lo) & (first < lo + size)
+    coin = np.where(on_path, first >= lo + np.where(power, big, size - big), _coins(keys, lo, size)) & (size > 1)
+    # power of two: halves (lo, big), (lo + big, big); otherwise (P, rest) with P low or high in cost
+    first_lo = np.where(coin, np.where(power, lo + big, lo + size - big), lo)
+    second_lo = np.where(coin, lo, lo + big)
+    return first_lo, big, second_lo, size - big
+
+
+def _largest_power_of_two(size: np.ndarray) -> np.ndarray:
+    """The largest power of two ``<= size`` (1 for 0 and 1), elementwise."""
+    bits = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
+    power = np.left_shift(np.int64(1), bits)
+    power = np.where(power > size, power >> 1, power)  # log2's rounding, corrected both ways
+    power = np.where(power * 2 <= size, power * 2, power)
+    found: np.ndarray = np.maximum(power, 1)
+    return found
 
 
 def tree_rank(
@@ -61,14 +86,11 @@ def tree_rank(
     lo = np.zeros_like(positions)
     offset = np.zeros_like(positions)  # where the current node starts in plan order
     while positions.size and int(size.max()) > 1:
-        half = (size + 1) // 2
-        swap = _node_coins(keys, lo, size, half, first)
-        visited = np.where(swap, size - half, half)  # size of the half visited first
-        in_first = positions - offset < visited
-        left = in_first != swap  # the first half is the left one unless swapped
-        offset = np.where(in_first, offset, offset + visited)
-        lo = np.where(left, lo, lo + half)
-        size = np.where(left, half, size - half)
+        first_lo, first_size, second_lo, second_size = _children(keys, lo, size, first)
+        in_first = positions - offset < first_size
+        offset = np.where(in_first, offset, offset + first_size)
+        lo = np.where(in_first, first_lo, second_lo)
+        size = np.where(size > 1, np.where(in_first, first_size, second_size), size)
     return lo
 
 
@@ -82,11 +104,9 @@ def tree_position(
     lo = np.zeros_like(ranks)
     offset = np.zeros_like(ranks)
     while ranks.size and int(size.max()) > 1:
-        half = (size + 1) // 2
-        swap = _node_coins(keys, lo, size, half, first)
-        left = ranks < lo + half
-        visited_first = left != swap
-        offset = np.where(visited_first, offset, offset + np.where(swap, size - half, half))
-        lo = np.where(left, lo, lo + half)
-        size = np.where(left, half, size - half)
+        first_lo, first_size, second_lo, second_size = _children(keys, lo, size, first)
+        in_first = (ranks >= first_lo) & (ranks < first_lo + first_size)
+        offset = np.where(in_first, offset, offset + first_size)
+        lo = np.where(in_first, first_lo, second_lo)
+        size = np.where(size > 1, np.where(in_first, first_size, second_size), size)
     return offset

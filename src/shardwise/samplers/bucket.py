@@ -15,7 +15,7 @@ Each epoch's global plan:
    the batches come in a keyed tree order (``_core.tree_order``): each aligned power-of-two block
    of the group is a run of cost-neighbours (balanced steps), and which run comes first is a coin
    at every scale (no group ascends). With ``batch_size``, step 2 cuts the sorted stream with its
-   samples shuffled among neighbours (windows of two batches at a keyed offset), so that a set
+   samples shuffled among neighbours (windows of one batch at a keyed offset), so that a set
    of distinct lengths gets new batches every epoch. ``batch_order="ascending"`` keeps the plan
    before (plan 1: groups ascend; fixed-size batches over distinct lengths repeat every epoch).
 
