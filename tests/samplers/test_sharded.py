@@ -6,6 +6,7 @@ import inspect
 import math
 import pickle
 import typing
+from typing import Any
 
 import pytest
 import torch
@@ -268,6 +269,54 @@ def test_a_subclass_that_sets_num_samples_works_as_on_torchs_sampler() -> None:
         theirs.set_epoch(2)
         facts = [(list(s), len(s), s.num_samples, s.total_size) for s in (ours, theirs)]
         assert facts[0] == facts[1]
+
+
+def _own_order(base: type) -> type:
+    """A subclass that yields its own indices and sets num_samples, keeping the base's __len__ (torch's reads it)."""
+
+    class OwnOrder(base):  # type: ignore[valid-type, misc]
+        def __init__(self, dataset: Any, **options: Any) -> None:
+            super().__init__(dataset, **options)
+            self.num_samples = 3
+            self.total_size = 3 * self.num_replicas
+
+        def __iter__(self) -> Any:
+            return iter(range(self.rank, self.total_size, self.num_replicas))
+
+    return OwnOrder
+
+
+def test_a_subclass_with_its_own_iter_that_sets_num_samples_has_that_len_as_on_torchs() -> None:
+    """len() returns an assigned num_samples where the subclass yields its own units (was the plan's 10: len and
+    iteration disagreed), as torch's __len__ does."""
+    for base in (ShardedSampler, DistributedSampler):
+        sampler = _own_order(base)(range(20), num_replicas=2, rank=1)
+        assert (len(sampler), list(sampler), sampler.num_samples, sampler.total_size) == (3, [1, 3, 5], 3, 6), base
+
+
+def test_a_subclass_that_keeps_the_plan_and_sets_another_num_samples_is_refused_at_construction() -> None:
+    """A num_samples/total_size that the plan does not deal is refused naming the fix (it was kept and len() ignored
+    it); the value the plan deals is accepted and stays derived."""
+
+    class Assigns(ShardedSampler):
+        def __init__(self, dataset: Any, value: int, **options: Any) -> None:
+            super().__init__(dataset, **options)
+            self.num_samples = value
+
+    class AssignsTotal(ShardedSampler):
+        def __init__(self, dataset: Any, value: int, **options: Any) -> None:
+            super().__init__(dataset, **options)
+            self.total_size = value
+
+    fix = r"override __iter__ \(and __len__\) in the subclass, as torchelastic's ElasticDistributedSampler does"
+    with pytest.raises(ValueError, match=rf"num_samples should be what Assigns deals at world size 2 \(5: .*{fix}"):
+        Assigns(range(10), 4, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match=rf"total_size should be what AssignsTotal deals at world size 2 \(10: .*{fix}"):
+        AssignsTotal(range(10), 8, num_replicas=2, rank=0)
+    kept = Assigns(range(10), 5, num_replicas=2, rank=0)
+    assert (len(kept), kept.num_samples, len(list(kept))) == (5, 5, 5)
+    kept.num_replicas = 5  # derived: follows the world size
+    assert (len(kept), kept.num_samples, kept.total_size) == (2, 2, 10)
 
 
 def test_is_subscriptable_like_distributed_sampler() -> None:
