@@ -38,8 +38,10 @@ class ShardedSampler(SizedPlanSampler):
     shared keywords may be positional: it stands in for torch's), "Invalid rank" errors,
     ``ShardedSampler[int]``, ``drop_last``/``dataset`` assigned between epochs (read by the next
     pass, as torch reads them when iterating; checked, and refused mid-epoch; ``shuffle`` is a
-    plain attribute, as torch's, read by every pass), and subclasses that
-    assign ``num_samples``/``total_size`` (torch's ``ElasticDistributedSampler``).
+    plain attribute, as torch's, read by every pass), and subclasses that yield their own indices
+    and assign ``num_samples``/``total_size`` (torch's ``ElasticDistributedSampler``; ``len()`` is
+    then ``num_samples``, as torch's; a subclass that keeps this ``__iter__`` may assign only the
+    plan's own length: NOTE [ Assigned num_samples ] in ``sized``).
 
     Differences by design: the shuffled order is not torch's (same lengths, another uniform
     permutation); without ``set_epoch`` the epoch advances after every complete pass (torch
