@@ -8,7 +8,11 @@ What Lightning does, and why nothing is needed (Lightning 2.x, ``use_distributed
   re-creates the batch sampler through the record shardwise exposes: the rebuild returns the same
   object, already distributed (see ``shardwise.samplers.frameworks``);
 - Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``: on a shardwise batch sampler
-  that attribute relays the epoch to it;
+  that attribute relays the epoch to it, also through the copy of its attributes that
+  ``trainer.predict`` wraps it in (``_IndexBatchSamplerWrapper``); prediction keeps the sampler's
+  own ``drop_last``, and one built with ``drop_last=True`` warns that it drops units;
+- on resume with workers the first pass adopts the epoch Lightning will set once its loop has read
+  the checkpoint, a step checkpoint at an epoch's last batch included;
 - with ``use_distributed_sampler=False`` Lightning touches nothing and shardwise resolves rank and
   world size from the process group itself.
 
