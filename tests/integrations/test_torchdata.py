@@ -128,3 +128,56 @@ def test_to_stateful_keeps_every_setting_of_the_list() -> None:
         want = getattr(plain, setting.name) if setting.stateful else True
         assert getattr(stateful, setting.name) == want, setting.name
     assert to_stateful(plain, in_order=False).in_order is False
+
+
+# -- docs/torchdata.md's recipe with persistent workers (issue 45, item 6) -----------------------
+
+
+def _recipe_loader(kind: str, world: tuple[int, int]) -> tuple[Any, Any]:
+    """A sampler and a persistent-workers loader whose epoch (4 batches a rank) fits the prefetch window (2 x 2)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    size, rank = world
+    n = 8 * size
+    where = {"num_replicas": size, "rank": rank, "seed": 11}
+    settings: dict[str, Any] = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True}
+    sampler: Any
+    if kind == "index":
+        sampler = shardwise.ShardedSampler(n, **where)
+        return sampler, StatefulDataLoader(list(range(n)), sampler=sampler, batch_size=2, **settings)
+    if kind == "shard_batches":
+        from torch.utils.data import BatchSampler, RandomSampler
+
+        sampler = shardwise.shard_batches(BatchSampler(RandomSampler(range(n)), 2, drop_last=False), **where)
+    else:
+        sampler = shardwise.BucketBatchSampler(np.arange(n) % 3 + 1, batch_size=2, **where)
+    return sampler, StatefulDataLoader(list(range(n)), batch_sampler=sampler, **settings)
+
+
+def _recipe(kind: str, world: tuple[int, int], epochs: range, state: dict[str, Any] | None) -> tuple[Any, Any]:
+    """docs/torchdata.md's loop: set_epoch each epoch, the loader's state saved after the loop (as epoch + 1)."""
+    sampler, loader = _recipe_loader(kind, world)
+    if state is not None:
+        loader.load_state_dict(state)
+    drawn = []
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        drawn.append(_batches(loader))
+        state = loader.state_dict()
+    return drawn, state
+
+
+@pytest.mark.parametrize("world", [(1, 0), (3, 2)], ids=["W1", "W3-rank2"])
+@pytest.mark.parametrize("kind", ["index", "shard_batches", "bucket"])
+def test_recipe_with_persistent_workers_resumes_at_the_next_epoch(kind: str, world: tuple[int, int]) -> None:
+    """A state saved after epoch 0 resumes at epoch 1, then 2, when the epoch fits the prefetch window.
+
+    torchdata restores a finished state in an iterator that prefetches the next epoch and, with
+    persistent workers, restarts that same iterator: the epoch it only prefetched is not trained.
+    """
+    whole, _ = _recipe(kind, world, range(3), None)
+    head, state = _recipe(kind, world, range(1), None)
+    rest, _ = _recipe(kind, world, range(1, 3), state)
+    assert head + rest == whole
+    assert whole[1] != whole[2]
+

@@ -274,6 +274,9 @@ class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
     def __iter__(self) -> Iterator[T]:
         refuse_resharding(self)  # here, not in _begin_pass: it inspects the frames that called __iter__
         self._check_iterable()
+        live = self._pass
+        if live is not None and live.driver is not None:  # a loader restarting its iterator: the pass is over
+            live.driver.restarting(sys._getframe(1))
         return itertools.chain.from_iterable(self._pass_chunks())
 
     def _check_iterable(self) -> None:

@@ -18,7 +18,10 @@ dropped) the pass computes the units this rank trained, which ``state_dict()`` r
 - The iterator is held by a weak reference, plus its attribute dict, so the count survives the
   iterator (a loop that ``break``\\ s and then saves) without keeping its workers alive.
 - A loader that starts a new iteration over the same iterator object (``persistent_workers``)
-  replaces its sampler iterator: the old pass is then over, and counts what it handed out.
+  replaces its sampler iterator: the old pass is then over. The iterator asks the sampler for its
+  new sampler iterator before it replaces the old one and zeroes its count, so the sampler's
+  ``__iter__`` freezes what the pass delivered there (:meth:`LoaderDriver.restarting`); a pass
+  whose replacement came another way counts what it handed out.
 - A loader whose batches shardwise cannot map to units (a batch sampler that wraps the shardwise
   sampler, ``in_order=False``) with workers falls back to the handed-out count, and
   ``state_dict()`` warns, naming the exact alternative (torchdata's ``StatefulDataLoader``).
@@ -92,6 +95,28 @@ class LoaderDriver:
             return None  # the loader began a new iteration: this pass is over
         return max(0, int(state.get(_NUM_YIELDED, 0) or 0) - self.base)
 
+    def restarting(self, frame: FrameType | None) -> None:
+        """Freeze what the pass delivered when the loader iterator driving it (among the frames that
+        called the sampler's ``__iter__``, from ``frame``) is asking for a new sampler iterator.
+
+        A loader with ``persistent_workers`` restarts the same iterator object (torch's ``_reset``):
+        it asks for the new sampler iterator, then replaces the old one and sets its delivered count
+        to 0. Read before that, the count says what the loop received of this pass (all of it at an
+        epoch end; none for torchdata's iterator restored from a finished state, which only
+        prefetched the next epoch); read after, nothing says it.
+        """
+        if self._vars is None or self._vars.get(_SAMPLER_ITER) is not self._pulled:
+            return  # over already (its count is final), or replaced without asking us first
+        iterator = self._ref()
+        for _ in range(_SEARCH_DEPTH):
+            if frame is None or iterator is None:
+                return
+            if frame.f_locals.get("self") is iterator:
+                self._final = self._delivered_now()
+                self._vars = self._pulled = None
+                return
+            frame = frame.f_back
+
     def trained(self, handed: int, count: int) -> int:
         """Units of a pass of ``count`` that reached the loop, given that ``handed`` were handed out."""
         batches = self._delivered_now() if self.mapped else None
@@ -150,3 +175,4 @@ def called_by_snapshotter(depth: int = 2) -> bool:
             return True
         frame = frame.f_back
     return False
+
