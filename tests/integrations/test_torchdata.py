@@ -181,3 +181,65 @@ def test_recipe_with_persistent_workers_resumes_at_the_next_epoch(kind: str, wor
     assert head + rest == whole
     assert whole[1] != whole[2]
 
+
+# -- another world size after snapshot_every_n_steps > 1 (issue 45, item 7) -----------------------
+
+STEPS_N = 48  # 12 steps a rank at W=2 (batch 2)
+
+
+def _snapshot_loader(**world: Any) -> Any:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from tests.lockstep import worker_context
+
+    sampler = shardwise.ShardedSampler(STEPS_N, seed=4, **world)
+    return StatefulDataLoader(list(range(STEPS_N)), sampler=sampler, batch_size=2, num_workers=2,
+                              snapshot_every_n_steps=3, multiprocessing_context=worker_context())  # fmt: skip
+
+
+def _save_after_5_and_6(rank: int, world_size: int) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
+    """Job 1: six lockstep steps; the loader's state after step 5 (2 steps past a snapshot) and after step 6."""
+    import torch
+    import torch.distributed as dist
+
+    loader, trained, states = _snapshot_loader(), [], []
+    for step, batch in enumerate(loader, start=1):
+        dist.all_reduce(torch.ones(1))
+        trained += [int(i) for i in batch]
+        states.append(loader.state_dict())
+        if step == 6:
+            break
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, trained)
+    return [i for part in gathered for i in part], states[4], states[5]
+
+
+def _resume(rank: int, world_size: int, replayed: dict[str, Any], at_snapshot: dict[str, Any]) -> tuple[str, list[int]]:
+    """Job 2: load the state past a snapshot (the refusal's message), then the one at a snapshot and train the rest."""
+    import torch
+    import torch.distributed as dist
+
+    loader = _snapshot_loader()
+    loader.load_state_dict(replayed)
+    with pytest.raises(shardwise.StateMismatchError) as refused:
+        iter(loader)
+    loader = _snapshot_loader()
+    loader.load_state_dict(at_snapshot)
+    trained = []
+    for batch in loader:
+        dist.all_reduce(torch.ones(1))
+        trained += [int(i) for i in batch]
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, trained)
+    return str(refused.value), [i for part in gathered for i in part]
+
+
+def test_a_snapshot_replayed_at_another_world_size_is_refused_and_one_at_its_step_resumes_exactly() -> None:
+    """2 -> 3 ranks: a state 2 steps past torchdata's snapshot (replayed at W=3: 4 samples lost) is refused,
+    naming the fix; a state at a snapshot step (nothing replayed) resumes with every sample once."""
+    from shardwise.tools.launch import run_distributed
+
+    trained, after_5, after_6 = run_distributed(_save_after_5_and_6, 2)[0]
+    message, rest = run_distributed(_resume, 3, after_5, after_6)[0]
+    assert "world_size=2" in message and "snapshot_every_n_steps=1" in message and "skip" in message
+    assert sorted(trained + rest) == list(range(STEPS_N))

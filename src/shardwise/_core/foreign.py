@@ -80,6 +80,11 @@ PRIVATE: tuple[Private, ...] = (
             "_num_yielded", "used", f"{_DELIVERY} LoaderDriver (a restored iterator)"),
     Private("torchdata", "torchdata.stateful_dataloader.sampler", "_BatchSamplerIterator", "attribute",
             f"{_DELIVERY} frame search depth"),
+    # torchdata: the steps its restoring iterator replays after its last snapshot (another world size: refused).
+    Private("torchdata", "torchdata.stateful_dataloader.stateful_dataloader:_StatefulMultiProcessingDataLoaderIter",
+            "_STEPS_SINCE_SNAPSHOT", "attribute", f"{_DELIVERY} replayed_steps"),
+    Private("torchdata", "torchdata.stateful_dataloader.stateful_dataloader:_StatefulMultiProcessingDataLoaderIter",
+            "next_iter_state", "parameter", f"{_DELIVERY} replayed_steps (a frame's local)"),
     # Lightning: the batch sampler rebuild record, the loop that pulls before set_epoch, Fabric's epoch count.
     *(
         Private("lightning", "lightning.fabric.utilities.data", name, "used", f"{_FRAMEWORKS} install")

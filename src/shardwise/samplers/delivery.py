@@ -22,6 +22,10 @@ dropped) the pass computes the units this rank trained, which ``state_dict()`` r
   new sampler iterator before it replaces the old one and zeroes its count, so the sampler's
   ``__iter__`` freezes what the pass delivered there (:meth:`LoaderDriver.restarting`); a pass
   whose replacement came another way counts what it handed out.
+- torchdata's iterator with workers restores the snapshot it took last (every
+  ``snapshot_every_n_steps`` steps) and replays the steps the loop took after it: at another
+  world size those steps cover another number of units, so the sampler refuses such a state
+  there (:func:`replayed_steps` reads their count as the state loads).
 - A loader whose batches shardwise cannot map to units (a batch sampler that wraps the shardwise
   sampler, ``in_order=False``) with workers falls back to the handed-out count, and
   ``state_dict()`` warns, naming the exact alternative (torchdata's ``StatefulDataLoader``).
@@ -50,6 +54,9 @@ _SEARCH_DEPTH = 4  # our generator <- [BatchSampler.__iter__ | torchdata _BatchS
 _SNAPSHOTTERS = ("torchdata.stateful_dataloader.",)
 _SNAPSHOT_DEPTH = 3  # state_dict's caller, or the callers of an override that calls super().state_dict()
 _GROUPERS = ("torch.utils.data.sampler", "torchdata.stateful_dataloader.sampler")
+_STEPS_SINCE_SNAPSHOT = private("torchdata", "_STEPS_SINCE_SNAPSHOT")  # a class constant: the key's name
+_NEXT_ITER_STATE = private("torchdata", "next_iter_state")
+_REPLAY_DEPTH = 8  # load_state_dict [<- overrides] [<- torchdata's batch iterator] <- _restore_main_state <- __init__
 
 STATEFUL_FIX = (
     "checkpoint the loader instead: build it as torchdata's StatefulDataLoader (or convert it with "
@@ -176,3 +183,30 @@ def called_by_snapshotter(depth: int = 2) -> bool:
         frame = frame.f_back
     return False
 
+
+def replayed_steps(depth: int = 2) -> int:
+    """The steps torchdata's restoring iterator replays after loading the state that ``load_state_dict``
+    (``depth`` frames up) is loading; 0 when none, or when torchdata is not the caller.
+
+    torchdata's ``StatefulDataLoader`` with workers saves the snapshot it took last (one every
+    ``snapshot_every_n_steps`` steps) and the count of steps since; its iterator's ``__init__``
+    loads the snapshot, then pulls that many batches again and drops them. That ``__init__`` is
+    among the frames calling ``load_state_dict`` and holds the loader's state (``next_iter_state``),
+    read here (written for torchdata 0.11).
+    """
+    try:
+        frame: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return 0
+    for _ in range(_REPLAY_DEPTH):
+        if frame is None:
+            return 0
+        name = frame.f_globals.get("__name__", "")
+        if isinstance(name, str) and name.startswith(_SNAPSHOTTERS) and frame.f_code.co_name == "__init__":
+            restoring = frame.f_locals.get(_NEXT_ITER_STATE)
+            key = getattr(type(frame.f_locals.get("self")), _STEPS_SINCE_SNAPSHOT, None)
+            if isinstance(restoring, dict) and isinstance(key, str):
+                steps = restoring.get(key, 0)
+                return steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
+        frame = frame.f_back
+    return 0

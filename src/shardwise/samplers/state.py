@@ -13,10 +13,17 @@ import copy
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from .._core.errors import MalformedStateError, StateMismatchError, check_int
 from .._core.skips import SKIP, SKIP_IDS, IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress, make_state, read_state
-from .delivery import STATEFUL_FIX, called_by_snapshotter
+from .delivery import STATEFUL_FIX, called_by_snapshotter, replayed_steps
 from .passes import LivePass
+
+if TYPE_CHECKING:
+    from .._core.world import World
+
+SNAPSHOT_WORLD_SIZE = "world_size"
+"""In a state taken by torchdata's snapshot: the world size of the steps the loader replays after it."""
 
 
 class PlanState:
@@ -33,6 +40,9 @@ class PlanState:
 
         @property
         def seed(self) -> int: ...
+
+        @property
+        def world(self) -> World: ...
 
         def _sync(self) -> None: ...
 
@@ -63,8 +73,13 @@ class PlanState:
 
         Warns when a DataLoader with workers draws from this sampler through a batch sampler that
         wraps it, which hides how many prefetched units were trained.
+
+        A state taken by torchdata's ``StatefulDataLoader`` for its snapshots also says the world
+        size (``"world_size"``): torchdata replays the steps taken after a snapshot, and those
+        cover the saved position only at the world size they were taken at (see ``load_state_dict``).
         """
-        if called_by_snapshotter():
+        snapshot = called_by_snapshotter()
+        if snapshot:
             # torchdata snapshots at hand-out and pairs the snapshot with the delivering step.
             epoch, consumed = self._handed_out()
         else:
@@ -84,6 +99,9 @@ class PlanState:
             state[SKIP] = self._skips.to_state()  # O(ranges); absent when nothing is skipped
         if self._skip_ids:
             state[SKIP_IDS] = self._skip_ids.to_state()  # four ints a range; absent when no id is skipped
+        if snapshot:
+            live = self._pass
+            state[SNAPSHOT_WORLD_SIZE] = live.world_size if live is not None else self.world.world_size
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -96,10 +114,17 @@ class PlanState:
             on from its old position: it raises ``RuntimeError`` at its next unit. Load the state
             before iterating (frameworks do), then iterate again.
 
+        A state that torchdata's ``StatefulDataLoader`` (with workers and ``snapshot_every_n_steps``
+        above 1) restores from a snapshot taken some steps before it was saved loads only at the
+        world size it was saved at: torchdata replays those steps, which at another world size
+        cover another number of samples (skipped or repeated).
+
         Raises:
-            StateMismatchError: the state belongs to another configuration (names the field).
+            StateMismatchError: the state belongs to another configuration (names the field), or is
+                such a snapshot loading at another world size.
             MalformedStateError: the dict is not a shardwise state of a known version.
         """
+        self._refuse_replay_at_another_world_size(state_dict)
         # seed=None resumes with the seed the saved run resolved to, adopted only once the state is valid.
         adopt = self._seed_arg is None
         epoch, consumed, seed = read_state(
@@ -120,6 +145,30 @@ class PlanState:
         self._pass = None
         self._progress.load(epoch, consumed, self._plan_size(epoch))
         self._on_epoch(epoch)
+
+    def _refuse_replay_at_another_world_size(self, state_dict: dict[str, Any]) -> None:
+        """Raise if torchdata is restoring a snapshot of another world size and will replay steps after it."""
+        saved = state_dict.get(SNAPSHOT_WORLD_SIZE) if isinstance(state_dict, dict) else None
+        if saved is None:
+            return  # a state of an older shardwise, or not taken by torchdata's snapshot
+        try:
+            saved = check_int("state['world_size']", saved, minimum=1)
+        except (TypeError, ValueError) as error:
+            raise MalformedStateError(str(error)) from None
+        world_size = self.world.world_size
+        if saved == world_size:
+            return
+        steps = replayed_steps(depth=3)  # the caller of load_state_dict
+        if steps:
+            effect = "skip" if world_size > saved else "repeat"
+            raise StateMismatchError(
+                f"state is torchdata's snapshot of world_size={saved}, taken {steps} steps before the loader's "
+                f"state was saved, but this sampler has world_size={world_size}: StatefulDataLoader replays those "
+                f"{steps} steps after loading it, and at world_size={world_size} each step covers {world_size} ranks' "
+                f"batches instead of {saved}, so the resume would {effect} data. Resume at "
+                f"world_size={saved}, or save with StatefulDataLoader(..., snapshot_every_n_steps=1) (the "
+                "default: no step is replayed) or num_workers=0"
+            )
 
     def _adopt_seed(self, seed: int) -> None:
         """Take the seed of a validated state (this sampler was built with ``seed=None``)."""
