@@ -243,3 +243,27 @@ def test_split_batches_and_a_world_mismatch_are_refused_in_one_process() -> None
         )
     pinned = shardwise.ShardedSampler(8, num_replicas=2, rank=0)
     assert len(prepare_data_loader(Accelerator(cpu=True), DataLoader(range(8), sampler=pinned, batch_size=2))) == 2
+
+
+def test_gather_for_metrics_warns_where_the_padding_cannot_be_cut_exactly() -> None:
+    """An index plan of 22 on 3 ranks pads inside two ranks' last batches: reading the remainder there warns once."""
+    from accelerate import Accelerator
+
+    from shardwise.integrations.accelerate import prepare_data_loader
+
+    accelerator = Accelerator(cpu=True)
+    sampler = shardwise.ShardedSampler(22, num_replicas=3, rank=0, shuffle=False)
+    loader = prepare_data_loader(accelerator, DataLoader(range(22), sampler=sampler, batch_size=3))
+    assert loader.total_batch_size == 9  # 8 samples a rank: batches of 3, 3, 2
+    batches = iter(loader)
+    next(batches)
+    accelerator.gather_for_metrics(next(batches))  # not the last step: nothing to cut, no warning
+    next(batches)
+    with pytest.warns(RuntimeWarning, match=r"inside the batches of ranks \[1, 2\].*drop_last=True"):
+        assert accelerator.gradient_state.end_of_dataloader and accelerator.gradient_state.remainder == -1
+    assert accelerator.gradient_state.remainder == -1  # once
+    list(batches)
+    pinned = shardwise.ShardedSampler(22, num_replicas=3, rank=0, shuffle=False, drop_last=True)
+    loader = prepare_data_loader(accelerator, DataLoader(range(22), sampler=pinned, batch_size=4))
+    for _batch in loader:
+        assert accelerator.gradient_state.remainder == 0  # no padding: the whole step, no warning

@@ -172,7 +172,7 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
         if real[kept:].any():
             return _UNKNOWN, (
                 f"the padding of the plan's end ({real.size - kept} repeated samples) sits inside the batches of "
-                f"ranks {sorted(set(np.flatnonzero(~real) // len(local)))}, not after every real sample"
+                f"ranks {sorted({int(i) // len(local) for i in np.flatnonzero(~real)})}, not after every real sample"
             )
         return kept, ""
 
