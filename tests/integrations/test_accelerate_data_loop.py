@@ -267,3 +267,17 @@ def test_gather_for_metrics_warns_where_the_padding_cannot_be_cut_exactly() -> N
     loader = prepare_data_loader(accelerator, DataLoader(range(22), sampler=pinned, batch_size=4))
     for _batch in loader:
         assert accelerator.gradient_state.remainder == 0  # no padding: the whole step, no warning
+
+
+def test_the_prepared_loader_pickles() -> None:
+    """accelerate's test_pickle_accelerator, for the loader: a pickled prepared loader yields the same batches."""
+    import pickle
+
+    from accelerate import Accelerator
+
+    from shardwise.integrations.accelerate import prepare_data_loader
+
+    sampler = shardwise.ShardedSampler(8, seed=1)
+    loader = prepare_data_loader(Accelerator(cpu=True), DataLoader(list(range(8)), sampler=sampler, batch_size=2))
+    again = pickle.loads(pickle.dumps(loader))
+    assert [b.tolist() for b in again] == [b.tolist() for b in loader] and again.total_batch_size == 2

@@ -225,7 +225,9 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
         return remainder
 
     def __reduce__(self) -> Any:
-        return (_ShardwiseLoader, *super().__reduce__()[1:])
+        # A new object of this class with these attributes (DataLoaderShard's own reduce names DataLoaderShard;
+        # ``__class__`` here reports the wrapped loader's class, so the default reduce cannot name this one).
+        return (object.__new__, (_ShardwiseLoader,), self.__dict__)
 
 
 # DataLoaderStateMixin.__init_subclass__ sets a class attribute remainder = -1 on every subclass, and
