@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardwise.samplers.worker_seeds import fork_advice
 from shardwise.tools import demo, scenarios
 from shardwise.tools.demo import run_demo
 from shardwise.tools.scenarios import SCENARIOS, SHARD_FRACTIONS, SHARDED_SIZE
@@ -109,6 +110,8 @@ def test_check_command_describes_resolution() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "world_size: 2" in result.stdout and "seed_source: SHARDWISE_SEED" in result.stdout
+    # and whether this interpreter can hang forked DataLoader workers (CPython's gh-112275)
+    assert f"python: {fork_advice()}\n" in result.stdout
 
 
 def _row(scenario: str, drawn: int, data: int, padding: int | None = 0) -> demo.Row:

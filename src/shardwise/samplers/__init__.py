@@ -5,3 +5,5 @@
 ``worker_seeds`` the loader-level helpers. A new sampler goes here, imports ``base`` and the core,
 and never imports ``data``, ``integrations`` or ``tools``.
 """
+
+from . import worker_seeds as _worker_seeds  # noqa: F401  # registers the fork check (gh-112275) once

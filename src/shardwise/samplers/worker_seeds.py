@@ -1,9 +1,15 @@
-"""Seeds for each rank and each DataLoader worker, derived by hashing, never by adding.
+"""Seeds for each rank and each DataLoader worker, derived by hashing, never by adding; forked workers' hang.
 
 The common advice ``seed = 42 + local_rank`` gives rank 0 of every node the same stream (local
 ranks repeat on each node), ignores DataLoader workers, and makes seed 42 on rank 1 equal seed 43
 on rank 0. :func:`worker_seed` hashes ``(seed, epoch, global rank, worker id)`` instead, so every
 (rank, worker) pair of a job draws a distinct stream and a rerun draws the same ones.
+
+A DataLoader worker forked while another thread of its process starts or ends can hang in
+``os.fork()`` on CPython without the fix of gh-112275 (:func:`fork_may_hang`); a process running
+torch.distributed has such threads (gloo's, DDP's). The first fork of such a process on such an
+interpreter warns once (an ``os.register_at_fork`` hook, registered when ``shardwise.samplers`` is
+imported), naming the fix: a later patch release or ``multiprocessing_context="forkserver"``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -114,3 +122,55 @@ def seed_worker(worker_id: int, *, seed: int | None = None) -> None:
         logger.info(
             "worker seed: rank=%d worker_id=%d base_seed=%d -> seed=%d", world.rank, worker_id, base, value
         )
+
+
+FORK_FIXED = ((3, 10, 15), (3, 11, 8), (3, 12, 1))
+"""The first CPython release of each line with the fix of gh-112275 (3.13 and later have it)."""
+
+
+def fork_may_hang(version: tuple[int, ...], implementation: str = "cpython") -> bool:
+    """Whether a process forked on this interpreter may hang in ``os.fork()`` while another thread of the parent
+    starts or ends (CPython's gh-112275: 3.10 before 3.10.15, 3.11 before 3.11.8, 3.12.0; earlier lines too).
+
+    Example:
+        >>> fork_may_hang((3, 11, 7)), fork_may_hang((3, 11, 8)), fork_may_hang((3, 12, 0)), fork_may_hang((3, 13, 0))
+        (True, False, True, False)
+    """
+    if implementation != "cpython":
+        return False
+    line = tuple(version[:2])
+    fixed = next((first for first in FORK_FIXED if first[:2] == line), None)
+    if fixed is not None:
+        return tuple(version[:3]) < fixed
+    return line < FORK_FIXED[0][:2]  # 3.9 and older (this package needs 3.10); 3.13 and later have the fix
+
+
+def fork_advice(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str:
+    """What to do about gh-112275 on this interpreter: one sentence (``shardwise check`` and the warning say it)."""
+    shown = ".".join(map(str, version[:3]))
+    if not fork_may_hang(version, sys.implementation.name):
+        return f"Python {shown}: forked DataLoader workers are safe from gh-112275"
+    return (f"Python {shown} can hang a DataLoader worker forked while another thread starts or ends (CPython "
+            "gh-112275, fixed in 3.10.15, 3.11.8 and 3.12.1), as torch.distributed's and DDP's threads do: use a "
+            "later patch release, or DataLoader(..., multiprocessing_context=\"forkserver\")")
+
+
+_fork_warned = False
+
+
+def _warn_before_fork() -> None:
+    """``os.register_at_fork(before=...)``: warn once when a process running torch.distributed forks on an
+    interpreter with gh-112275 (a DataLoader worker under the ``fork`` start method, Linux's default)."""
+    global _fork_warned  # noqa: PLW0603  # once a process: the hook has no object to hold it
+    if _fork_warned or not fork_may_hang(tuple(sys.version_info[:3]), sys.implementation.name):
+        return
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    _fork_warned = True
+    warnings.warn(f"shardwise: this process runs torch.distributed and forks: {fork_advice()}", RuntimeWarning,
+                  stacklevel=2)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows does not fork
+    os.register_at_fork(before=_warn_before_fork)

@@ -142,10 +142,12 @@ def _app() -> Any:
         """
         check_environment(launcher=True)
         from ..samplers.sharded import ShardedSampler
+        from ..samplers.worker_seeds import fork_advice
 
         sampler = ShardedSampler(size, seed=None)
         for key, value in sampler.describe().items():
             console.print(f"{key:>14}: {value}")
+        console.print(f"{'python':>14}: {fork_advice()}", markup=False, highlight=False, soft_wrap=True)
 
     _add_verify(app, console)
     from .which import add_which  # shardwise which: provenance (tools/which.py)
