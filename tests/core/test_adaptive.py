@@ -178,7 +178,7 @@ def test_an_extended_plan_equals_the_schedule_with_the_same_changes() -> None:
         assert (grown.indices(3, epoch, np.arange(1000)) == scheduled.indices(3, epoch, np.arange(1000))).all()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.integers(1, 7), st.integers(1, 5), st.integers(1, 4), st.integers(0, 2), st.integers(0, 3))
 def test_drawn_weights_are_the_plans_weights_averaged_over_the_interval(
     interval_blocks: int, block: int, epoch_blocks: int, lag: int, cut: int

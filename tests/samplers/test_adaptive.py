@@ -383,7 +383,7 @@ def test_weights_at_and_when_refuse_positions_the_ledger_does_not_cover() -> Non
 
 
 def test_an_update_adds_no_python_objects() -> None:
-    """The ledger, the plan's weight changes and the layout grow as numpy rows: no object an update (was ~460 bytes).
+    """The ledger, the plan's weight changes and the layout grow as numpy rows: no object an update (was ~420 bytes).
 
     bench/bench_adaptive.py --memory measures the bytes (BENCHMARKS.md, "Adaptive mixtures").
     """
@@ -398,7 +398,7 @@ def test_an_update_adds_no_python_objects() -> None:
         sampler.update(position=update * 64)
     gc.collect()
     before = len(gc.get_objects())
-    for update in range(21, 521):
+    for update in range(21, 221):
         sampler.record(values, sources)
         sampler.update(position=update * 64)
     gc.collect()

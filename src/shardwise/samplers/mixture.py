@@ -91,9 +91,10 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     epoch's length is found by bisection, O(sources x changes x log n); the describe/state
     counts cost O(block) for a cut block. Adaptive weights are weight changes too: per update
     O(sources) plan work (about 0.1 ms, flat in the number of updates) and one collective, and
-    about 430 bytes a rank (the ledger, the plan's entry and layout row: 105 MB of RssAnon measured
-    after 2.4e5 updates, 1e9 samples with an update every 4096), whatever n; the saved state holds
-    ~15 bytes an update (3.7 MB there, 0.15 MB after 1e4 updates; ``bench/bench_adaptive.py``).
+    about 170 bytes a rank (the ledger's row, the plan's weight change and layout row, numpy rows
+    grown geometrically: 40 MB of RssAnon measured after 2.4e5 updates, 1e9 samples with an update
+    every 4096), whatever n; the saved state holds ~15 bytes an update (3.7 MB there, 0.15 MB after
+    1e4 updates; ``bench/bench_adaptive.py``).
 
     Args:
         sizes: the sources' sizes, or the ``ConcatDataset`` / :class:`shardwise.Mixture` itself.
