@@ -181,26 +181,22 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
         real = int((positions < rest).sum())
         if real == world and not self._completes_short_batch():
             return _NO_PADDING, ""
-        size = self._per_rank
+        name, size = type(self._plan).__name__, self._per_rank
+        if not isinstance(self._plan, ShardedBatchWrapper) or size is None:
+            # A sampler's own batches may be short anywhere (a bucket's last batch): only the wrapper's are counted.
+            return _UNKNOWN, f"the samples in {name}'s {world - real} padded batches of that step are not known"
         holds_last = real > 0 and int(positions[real - 1]) == rest - 1  # the plan's last batch, maybe short
-        short = self._short_batch() if holds_last else size
-        if size is None or short is None:
-            return _UNKNOWN, (
-                f"{type(self._plan).__name__}'s batches have no fixed size, so the real samples of the step "
-                f"with {world - real} padded batches are not known"
-            )
+        short = self._short_batch(size) if holds_last else size
+        if short is None:
+            return _UNKNOWN, f"the size of the last batch of {type(self._plan.batch_sampler).__name__} is not known"
         return (real - 1) * size + short if holds_last else real * size, ""
 
     def _completes_short_batch(self) -> bool:
         return isinstance(self._plan, ShardedBatchWrapper) and self._plan.even_batches
 
-    def _short_batch(self) -> int | None:
-        """Samples in the wrapped batch sampler's last batch (``shard_batches``), where it can be counted."""
-        plan = self._plan
-        size = self._per_rank
-        if not isinstance(plan, ShardedBatchWrapper) or size is None:
-            return None
-        inner = plan.batch_sampler
+    def _short_batch(self, size: int) -> int | None:
+        """Samples in the last batch ``shard_batches`` wraps, where they can be counted (its sampler's length)."""
+        inner = self._plan.batch_sampler  # type: ignore[attr-defined]  # a ShardedBatchWrapper (the caller checks)
         if getattr(inner, "drop_last", None) is True:
             return size
         source = getattr(inner, "sampler", None)
