@@ -240,14 +240,23 @@ def bytes_rows(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, l
     rows = []
     pace = "the ranks in lockstep (an all-reduce a step)" if spec.get("lockstep") else "each rank at its own pace"
     for count in ranks:
-        before = gauge.sent - gauge.listed
+        before, asked = gauge.sent - gauge.listed, dict(gauge.requests)
         launch(count, {**spec, "loader": "shardwise", "urls": urls, "cache": f"cache-bytes-{count}", "budget": budget,
                        "warm": False, "memory_epoch": False})
-        rows.append((f"bytes one node fetches in an epoch / the dataset, {count} rank(s) a node, 2 workers each, "
-                     f"decode={spec.get('decode', 'node')!r}, {pace}, budget = the {count_kept} largest kept shards "
-                     f"({budget / total:.0%} of the Parquet)",
+        setting = (f"{count} rank(s) a node, 2 workers each, decode={spec.get('decode', 'node')!r}, {pace}, budget = "
+                   f"the {count_kept} largest kept shards ({budget / total:.0%} of the Parquet)")
+        rows.append((f"bytes one node fetches in an epoch / the dataset, {setting}",
                      "shardwise", f"{(gauge.sent - gauge.listed - before) / total:.3f}"))
+        rows.append(requests_row(gauge, asked, shards, f"one cold epoch, start-up included, {setting}"))
     return rows
+
+
+def requests_row(gauge: Any, before: dict[str, int], shards: int, what: str) -> tuple[str, str, str]:
+    """The requests the S3 server answered since ``before`` (``gauge.requests`` then), per shard of the node:
+    what storage bills and throttles (``LIST``: a listing, a GET of the bucket)."""
+    spent = {method: gauge.requests[method] - before.get(method, 0) for method in ("LIST", "HEAD", "GET")}
+    return (f"requests one node sends per shard ({shards} shards): LIST / HEAD / GET, {what}", "shardwise",
+            " / ".join(f"{spent[method] / shards:.2f}" for method in ("LIST", "HEAD", "GET")))
 
 
 def bytes_spread(spec: dict[str, Any], fs: Any, gauge: Any, n: int, shards: int, launch: Any,

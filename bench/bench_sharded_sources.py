@@ -18,6 +18,8 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   each, one cold epoch of a quarter of ``--floor-samples`` under the documented minimum budget, each
   rank at its own pace; then ``decode="worker"`` with the ranks in lockstep (a one-element
   all-reduce a step, as DDP's gradient sync holds them) at 2 and 4 ranks, and at its own pace at 4.
+  Each with the requests the node sent per shard (``LIST`` / ``HEAD`` / ``GET``, start-up included,
+  the index already built): what object storage bills and throttles.
 - **The sampler** (``_sharded_figures.sampler_rows``): its CPU a index in the main process, over a
   source that listens to the plan as ``ShardedSource`` does, over the counts alone, and torch's
   ``DistributedSampler``'s, in this process (rank 0 of W=2, batch 32, best of 5 epochs).

@@ -7,6 +7,9 @@ round trips a rank at 1e5 shards; a listing reports size and ETag of 1,000 objec
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 
 from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
 from shardwise.data.sharded.fetch import identity
-from shardwise.data.sharded.metadata import LISTED, stat_shards
+from shardwise.data.sharded.metadata import IDENTITIES, LISTED, SHARED_FOR, stat_shards
 from tests.data.shards import put_parquet_shards
 from tests.s3_server import Gauge, make_bucket, s3_endpoint, storage_options
 
@@ -63,6 +66,60 @@ def test_a_rank_lists_each_folder_once_instead_of_a_head_a_shard(s3: dict[str, A
     assert spent.get("GET", 0) == 0, spent  # the index is the node's: no footer read again
     assert second.data_fingerprint == first.data_fingerprint
     assert [second[i]["id"] for i in (0, 47, 48, 95)] == [0, 47, 0, 47]  # ids start again in each folder
+
+
+def _start(rank: int, world_size: int, endpoint: str, cache_dir: str, index_dir: str, urls: list[str]) -> str:
+    """One rank of a node: build the source (its shards' identities taken at start-up); its data fingerprint."""
+    cache = ShardCache(cache_dir, prefetch_threads=0, storage_options=storage_options(endpoint))
+    return ShardedSource(urls, cache=cache, index_dir=index_dir).data_fingerprint
+
+
+def test_the_ranks_of_a_node_list_each_folder_once_between_them(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Two real ranks of a node (one cache directory), the index built: 2 listings and 2 HEADs for 32 shards in 2
+    folders between them, not per rank (was 4 and 4: each rank listed every folder); they agree on the data."""
+    from shardwise.tools.launch import run_distributed
+
+    urls = _urls("a", 2 * LISTED) + _urls("b", 2 * LISTED)
+    first = ShardedSource(urls, cache=ShardCache(tmp_path / "other-node", prefetch_threads=0,
+                                                 storage_options=storage_options(s3["endpoint"])),
+                          index_dir=tmp_path / "index")  # builds the index, on another node's cache: not shared here
+    gauge = s3["gauge"]
+    before = dict(gauge.requests)
+    fingerprints = run_distributed(_start, 2, s3["endpoint"], str(tmp_path / "cache"), str(tmp_path / "index"), urls,
+                                   timeout=120)  # fmt: skip
+    spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
+    assert spent.get("LIST") == 2 and spent.get("HEAD") == 2 and spent.get("GET", 0) == 0, spent
+    assert fingerprints == [first.data_fingerprint] * 2
+
+
+def test_identities_are_shared_only_with_live_processes_of_the_same_job(s3: dict[str, Any], tmp_path: Path) -> None:
+    """A source built again in the same process lists again (a shard may have changed); so does one whose
+    identities came from a process that has ended, or were written too long ago."""
+    urls = _urls("a", 2 * LISTED)
+    _source(s3, tmp_path, urls)
+    written = next((tmp_path / "cache").glob(f"{IDENTITIES}*"))
+    assert written.name.startswith(".") and not written.name.endswith(".lock")  # never taken for a shard
+    gauge = s3["gauge"]
+    for change in ("none", "ended", "old"):
+        if change != "none":
+            held = json.loads(written.read_text())
+            held["pid"] = _ended_pid() if change == "ended" else os.getppid()  # the parent: shared, but for its age
+            written.write_text(json.dumps(held))
+            if change == "old":
+                os.utime(written, (time.time() - SHARED_FOR - 1,) * 2)
+        before = dict(gauge.requests)
+        _source(s3, tmp_path, urls)
+        spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
+        assert spent.get("LIST") == 1 and spent.get("HEAD") == 1, (change, spent)
+
+
+def _ended_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return int(done.stdout)
 
 
 def test_the_listing_reports_every_shard_as_info_does(s3: dict[str, Any]) -> None:

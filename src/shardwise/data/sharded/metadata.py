@@ -5,7 +5,8 @@ metadata (Parquet footers, Arrow IPC record-batch headers, tar member names) and
 shared index cache (``shardwise.index.build_or_open``), keyed by every shard's identity (URL,
 size, ETag or modification time: ``fetch.identity``): a changed shard is read again, an unchanged
 dataset costs a listing of each folder of remote shards (``stat_shards``: ~100 requests at 1e5
-shards) or one ``HEAD`` (local: ``stat``) a shard.
+shards) or one ``HEAD`` (local: ``stat``) a shard, once for the ranks of a node that start together
+(the first lists, the others read what it found in the node cache's directory).
 
 Cost at indexing (16 shards at a time: :data:`READERS`): a Parquet shard's footer (one or two
 ranged reads); an Arrow IPC or WebDataset shard read whole once. A length or label column is
@@ -17,20 +18,24 @@ of token ids; store lengths as an integer column where start-up reads matter.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from ..._core.errors import check_iterable
 from ..._core.threads import KernelThreads
 from ...index import build_or_open
 from ...index.cache import CacheDir
+from .budget import alive
 from .fetch import Identity, identity, is_local
 from .formats import Format, ShardError, format_of, read_column, shard_facts
 
@@ -67,8 +72,13 @@ LISTED = 8
 """Remote shards in one folder from which one listing of it stands for their ``HEAD`` s (:func:`stat_shards`)."""
 
 
-def stat_shards(urls: list[str], filesystem: Callable[[str], Any]) -> list[Identity]:
-    """Every shard's identity ``(url, size, version)``, as ``info`` reports it.
+SHARED_FOR = 120.0
+"""Seconds a node's identities (:func:`stat_shards` with ``shared``) stand for the other ranks of the node's job."""
+
+
+def stat_shards(urls: list[str], filesystem: Callable[[str], Any], shared: Path | None = None) -> list[Identity]:
+    """Every shard's identity ``(url, size, version)``, as ``info`` reports it; with ``shared`` (the node cache's
+    directory), taken once for the ranks of a node that start together (:func:`_node_identities`).
 
     A folder holding :data:`LISTED` or more remote shards is listed (``ls``, detail: size and ETag
     of up to 1,000 objects a request on S3) instead of one ``HEAD`` a shard: 1e5 shards cost ~100
@@ -78,6 +88,8 @@ def stat_shards(urls: list[str], filesystem: Callable[[str], Any]) -> list[Ident
     each. The listing is dropped from the filesystem's cache afterwards (a dict an object). A folder
     holding far more objects than the shards asked for costs its whole listing (1,000 a request).
     """
+    if shared is not None and not all(is_local(url) for url in urls):
+        return _node_identities(urls, filesystem, shared)
     listed: dict[str, Identity] = {}
     folders: dict[str, list[str]] = {}
     for url in urls:
@@ -87,6 +99,60 @@ def stat_shards(urls: list[str], filesystem: Callable[[str], Any]) -> list[Ident
         if len(members) >= LISTED:
             listed.update(_listed(folder, members, filesystem))
     return [listed.get(url) or _stat(url, filesystem) for url in urls]
+
+
+IDENTITIES = ".identities-"
+"""The node cache's file of the identities a process took: ``.identities-<hash of the URLs>`` (a dot: never a shard)."""
+
+
+def _node_identities(urls: list[str], filesystem: Callable[[str], Any], directory: Path) -> list[Identity]:
+    """:func:`stat_shards` once for the ranks of a node that start together: one listing and one ``HEAD`` a node.
+
+    Every rank of a node lists the shards' folders at start-up otherwise: R ranks a node, R times the
+    requests (~100 a rank at 1e5 shards, on storage that bills and throttles them). The first rank takes
+    the file lock, lists, and writes what it found into the node cache's directory; the others wait for the
+    lock and read it. A process reads another's identities only when they are fresh: written less than
+    :data:`SHARED_FOR` seconds ago by a live process of the same job (the same parent process, as
+    torchrun's, Slurm's and ``mp.spawn``'s ranks have, or this process's parent, as Lightning's ranks
+    other than 0 have), never its own (a source built again lists again) nor a finished run's. The ranks
+    then agree on every shard's version even when a shard is rewritten while they start. A directory
+    that cannot be written, or a lock held too long, leaves this process to list by itself.
+    """
+    key = hashlib.blake2b(json.dumps(urls).encode(), digest_size=12).hexdigest()
+    path = directory / f"{IDENTITIES}{key}"
+    lock = FileLock(str(path) + ".lock")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock.acquire(timeout=SHARED_FOR)
+    except (OSError, Timeout):
+        return stat_shards(urls, filesystem)
+    try:
+        found = _fresh(path, urls)
+        if found is not None:
+            return found
+        stats = stat_shards(urls, filesystem)
+        part = path.with_name(f"{path.name}.part{os.getpid()}")
+        with contextlib.suppress(OSError):  # not shared then: each rank lists, as without a cache directory
+            part.write_text(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "urls": urls, "stats": stats}))
+            os.replace(part, path)
+        return stats
+    finally:
+        lock.release()
+
+
+def _fresh(path: Path, urls: list[str]) -> list[Identity] | None:
+    """The identities in ``path`` if another live process of this job wrote them for ``urls`` moments ago."""
+    try:
+        if time.time() - path.stat().st_mtime >= SHARED_FOR:
+            return None
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    pid = written.get("pid")
+    if (not isinstance(pid, int) or pid == os.getpid() or not alive(pid) or written.get("urls") != urls
+            or (written.get("parent") != os.getppid() and pid != os.getppid())):  # fmt: skip
+        return None
+    return [(str(url), int(size), str(version)) for url, size, version in written["stats"]]
 
 
 def _stat(url: str, filesystem: Callable[[str], Any]) -> Identity:

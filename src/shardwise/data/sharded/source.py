@@ -163,7 +163,7 @@ class ShardedSource(Dataset[dict[str, Any]]):
 
     # -- metadata ------------------------------------------------------------------------------
     def _metadata(self, index_dir: CacheDir) -> dict[str, np.ndarray]:
-        stats = stat_shards(self.urls, self.cache.filesystem)
+        stats = stat_shards(self.urls, self.cache.filesystem, shared=self.cache.directory)  # once a node
         # What a sampler's state records of this data (shardwise.samplers.identity): every shard's URL, size, version.
         self.data_fingerprint = hashlib.blake2b(json.dumps(stats).encode(), digest_size=8).hexdigest()
         # Each shard's URL, size and version as 8 bytes (0.8 MB at 1e5 shards): the cache names its
