@@ -3,7 +3,11 @@
 ``StatefulDataLoader(dataset, batch_sampler=<shardwise>)`` (or ``sampler=``) saves the sampler's
 global position in its ``state_dict()`` and restores it with ``load_state_dict()``: no batch is
 replayed, with ``num_workers=0`` or more (torchdata snapshots the sampler as indices are handed to
-workers). :func:`to_stateful` turns an existing ``DataLoader`` into one with the same settings.
+workers). The state loads at another world size too, except a state saved between two of
+torchdata's snapshots (workers and ``snapshot_every_n_steps > 1``): torchdata replays the steps
+since its snapshot, which cover another number of samples there, so loading it raises
+``StateMismatchError`` naming the fix (docs/torchdata.md). :func:`to_stateful` turns an existing
+``DataLoader`` into one with the same settings.
 """
 
 from __future__ import annotations
