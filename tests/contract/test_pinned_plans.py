@@ -89,9 +89,9 @@ PINNED: dict[str, str] = {
     "Mixture-all_exhausted": "a967b6be554f4838",
     "Mixture-by_samples": "0d0f4cefbfa6f626",
     "ClassBalanced-by_epoch": "de75d81a02b8a147",
-    "Packed-rows": "254aa7cb897a57c4",
-    "Packed-tokens-attention-split": "5ce2a2f675a7a3ea",
-    "Packed-drop": "a22a5360ef5b59d8",
+    "Packed-rows": "6a3f3d36a7d7ebd5",
+    "Packed-tokens-attention-split": "234789f57564588e",
+    "Packed-drop": "a6ec244c34de0f0a",
 }
 
 

@@ -480,3 +480,15 @@ def test_large_data_uses_the_node_shared_index_and_reopens_it_after_pickling(tmp
     spans = Counter((int(i), i.start) for b in batches for i in b)
     expected = Counter((i, k * 512) for i, n in enumerate(lengths.tolist()) for k in range(max(1, -(-n // 512))))
     assert spans == expected
+
+
+def test_a_state_of_packing_plan_2_is_refused_naming_the_release_and_rebase_state() -> None:
+    """Plan 3 (the tree order within groups) refuses a plan-2 state, naming what to do, not a data change."""
+    import shardwise
+
+    sampler = shardwise.PackedBatchSampler(np.arange(1, 60), max_len=64, rows_per_batch=2, num_replicas=1, rank=0,
+                                           seed=1)  # fmt: skip
+    state = sampler.state_dict()
+    state["fingerprint"]["plan"] = 2
+    with pytest.raises(shardwise.StateMismatchError, match=r"plan=2, but this sampler has plan=3 \(a state of another"):
+        sampler.load_state_dict(state)

@@ -36,6 +36,11 @@ PLAN_HINT = (
     " (the state holds a position in an earlier plan of this sampler; BucketBatchSampler's earlier plan loads "
     "with batch_order='ascending')"
 )
+OTHER_PLAN_HINT = (
+    " (a state of another shardwise release's plan: resume it with that release, or load "
+    "shardwise.rebase_state(state, sampler), which resumes at the same position of this plan and so repeats "
+    "or skips some of the epoch's samples)"
+)
 REBASE_HINT = "; if the data changed on purpose, load shardwise.rebase_state(state, sampler) instead"
 
 logger = logging.getLogger("shardwise")
@@ -99,7 +104,7 @@ def read_state(state: object, *, seed: int | None, fingerprint: Fingerprint) -> 
         elif saved[name] != value:
             raise StateMismatchError(
                 f"state was saved for {name}={saved[name]!r}, but this sampler has {name}={value!r}"
-                + (REBASE_HINT if name != "kind" else "")
+                + {"kind": "", "plan": OTHER_PLAN_HINT}.get(name, REBASE_HINT)
             )
     for name in sorted(LATER_FIELDS & set(saved) - set(fingerprint)):
         logger.warning("state was saved with %s=%r, which this sampler's data does not have: not checked",

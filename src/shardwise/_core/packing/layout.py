@@ -31,10 +31,11 @@ class Balance(str, enum.Enum):
 CARRIED = -2
 """``batch_of_row`` of a row handed on to the next stratum (``-1``: a row left out by ``drop_short``)."""
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 """The version of the packing plan (1: every stratum rounded its rows up to whole batches alone;
-2: a stratum hands its emptiest rows beyond a multiple of ``rows_per_batch`` on to the next).
-States and cached layouts of another version are refused."""
+2: a stratum hands its emptiest rows beyond a multiple of ``rows_per_batch`` on to the next;
+3: the batches of a balancing group come in the keyed tree order of ``_core.tree_order``, no
+longer ascending or descending in cost). States and cached layouts of another version are refused."""
 
 
 @dataclass(frozen=True, eq=False)
