@@ -561,7 +561,7 @@ def test_longest_first_puts_the_longest_batch_first_on_every_seed_and_epoch() ->
                     first.append(int(lengths[next(iter(sampler))].max()))
                 if kind != {"batch_size": 8, "drop_last": True}:  # drop_last may drop the longest's short batch
                     assert first[0] == lengths.max(), kind
-    with pytest.raises(ValueError, match="longest_first.*batch_order='mixed'"):
+    with pytest.raises(ValueError, match=r"longest_first.*batch_order='mixed'"):
         BucketBatchSampler(lengths, batch_size=8, longest_first=True, batch_order="ascending")
     with pytest.raises(ValueError, match="batch_order should be one of"):
         BucketBatchSampler(lengths, batch_size=8, batch_order="sorted")

@@ -43,8 +43,9 @@ def order_stratum(
     Batches are ordered by :func:`~shardwise._core.ordering.balanced_batch_order` over their
     ``batch_keys``: sorted by cost and shuffled in groups of ``group``, so that the W batches of a
     global step (W dividing ``group``) cost about the same, each group in the keyed tree order
-    (plan 3: every aligned power-of-two block a run of cost-neighbours, no group monotone in cost). ``key`` also shuffles rows within a
-    batch and items within a row; ``None`` keeps cost order and layout order.
+    (plan 3: every aligned power-of-two block a run of cost-neighbours, no group monotone in cost).
+    ``key`` also shuffles rows within a batch and items within a row; ``None`` keeps cost order and
+    layout order.
     """
     slot_rows, batch_of_row = layout.slot_rows, layout.batch_of_row
     num_rows, num_batches = batch_of_row.size, layout.num_batches
