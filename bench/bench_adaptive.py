@@ -6,6 +6,7 @@ Run (alone on the machine)::
     python bench/bench_adaptive.py --quick --plot weights.png  # under 2 minutes
     python bench/bench_adaptive.py --overhead-only              # the overhead tables and the memory row
     python bench/bench_adaptive.py --memory                     # the memory row alone (about a minute)
+    python bench/bench_adaptive.py --arm exp3                   # one arm of the demonstration (about 3 minutes)
 
 **Overhead.** 8 gloo ranks on this machine (CPU), side by side in one run: the update's collective
 (one ``all_reduce`` of ``4 + 2 x 3`` int64 numbers with its checks) against the baseline, a bare
@@ -358,6 +359,7 @@ def main() -> None:
     parser.add_argument("--skip-overhead", action="store_true", help="only the demonstration")
     parser.add_argument("--overhead-only", action="store_true", help="only the overhead tables (no demonstration)")
     parser.add_argument("--memory", action="store_true", help="only the private memory an update holds")
+    parser.add_argument("--arm", choices=["fixed", "exp3", "eg"], help="only this arm of the demonstration")
     options = parser.parse_args()
     steps = 160 if options.quick else 1200
     updates = 2_000 if options.quick else 10_000
@@ -366,6 +368,9 @@ def main() -> None:
 
     if options.memory:
         print_memory(memory_updates)
+        return
+    if options.arm:
+        one_arm(options, steps)
         return
     if not options.skip_overhead:
         overhead(repeats, updates)
@@ -404,6 +409,18 @@ def overhead(repeats: int, updates: int) -> None:
     print("|---|---|---|---|---|")
     print(f"| {work['first_us']:.0f} us | {work['last_us']:.0f} us | {work['torch_save_bytes'] / 1e6:.3f} MB | "
           f"{work['json_bytes'] / 1e6:.3f} MB | <= 1 MB |")  # fmt: skip
+
+
+def one_arm(options: argparse.Namespace, steps: int) -> None:
+    """One arm of the demonstration (its held-out losses, final weights and curve), without the plot or the kill."""
+    train_count, held_count = (600, 120) if options.quick else (4_000, 400)
+    trains, devs, helds = load_sources(options.data, train_count, held_count)
+    result = train(options.arm, trains, devs, helds, steps, eval_every=max(1, steps // 10))
+    held = result["held_out"]
+    print(f"| {options.arm} | wikitext {held[0]:.3f} | stdlib {held[1]:.3f} | noise {held[2]:.3f} | "
+          f"mean of the two {np.mean(held[:2]):.3f} | final weights "
+          f"{', '.join(f'{w:.2f}' for w in result['ledger'][-1])} |")  # fmt: skip
+    print("curve:", ", ".join(f"{step}: {np.mean(v[:2]):.3f}" for step, v in result["curve"]))
 
 
 def demonstration(options: argparse.Namespace, steps: int) -> None:
