@@ -108,3 +108,24 @@ def test_a_shard_another_rank_is_prefetching_takes_its_room(endpoint: str, tmp_p
         assert len(budget.node_inflight(budget.listing(tmp_path), {})) == 1
     assert budget.node_inflight(budget.listing(tmp_path), {}) == {}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(budget.FETCHING)]
+
+
+def test_the_orders_and_reservations_of_ended_processes_are_removed(tmp_path: Path) -> None:
+    """A killed rank's ``.plan-<pid>`` and ``.fetching-<pid>-...`` stay in the cache directory: the next budget check
+    of the node removes them and ranks nothing by them; a live process's order counts and stays."""
+    import os
+    import subprocess
+    import sys
+
+    from shardwise.data.sharded import budget
+
+    ended = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                               text=True, check=True).stdout)  # fmt: skip
+    live = os.getppid()  # alive for the whole test, and not this process (whose own order is never read back)
+    (tmp_path / f"{budget.PLAN}{ended}").write_text("aaa\nbbb")
+    (tmp_path / f"{budget.PLAN}{live}").write_text("ccc")
+    (tmp_path / f"{budget.FETCHING}{ended}-ddd-100").touch()
+    listed = budget.listing(tmp_path)
+    assert budget.node_upcoming(listed, {}) == {"ccc": 0}
+    assert budget.node_inflight(listed, {}) == {}
+    assert sorted(os.listdir(tmp_path)) == [f"{budget.PLAN}{live}"]
