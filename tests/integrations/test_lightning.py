@@ -200,8 +200,7 @@ def _resume(rank: int, world_size: int, directory: str, stop_at: int) -> dict[st
     return {"first": whole.seen, "whole": rest.seen, "second": resumed.seen}
 
 
-LAST_STEP = [("ShardedSampler", "stateful", False), ("TwoStreamBatchSampler", "stateful", False),
-             ("TwoStreamBatchSampler", "stateful", True), ("ShardedSampler", "plain", False)]  # fmt: skip
+LAST_STEP = [("ShardedSampler", "stateful", True), ("TwoStreamBatchSampler", "plain", False)]
 
 
 def _resume_at_last_step(rank: int, world_size: int, directory: str) -> dict[str, Any]:
