@@ -174,6 +174,10 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("bucket-sort-window-zero", _bucket(sort_window=0), V, ("sort_window", "0")),
     ("bucket-sort-window-float", _bucket(sort_window=2.5), T, ("sort_window", "2.5")),
     ("bucket-balance-group-zero", _bucket(balance_group=0), V, ("balance_group", "0")),
+    ("bucket-batch-order-unknown", _bucket(batch_order="sorted"), V, ("batch_order", "'mixed'", "'ascending'")),
+    ("bucket-longest-first-int", _bucket(longest_first=1), T, ("longest_first", "1")),
+    ("bucket-longest-first-ascending", _bucket(batch_order="ascending", longest_first=True), V,
+     ("longest_first", "batch_order='mixed'")),
     ("bucket-balance-group-none", _bucket(balance_group=None), T, ("balance_group", "None")),
     ("bucket-oversized-trim", _bucket(oversized="trim"), V, ("oversized", "'trim'", "'error'")),
     ("bucket-oversized-int", _bucket(oversized=1), V, ("oversized", "1")),
@@ -479,7 +483,7 @@ PREFIXES = {
     "locality": "LocalitySampler", "source": "ShardedSource", "shard-cache": "ShardCache",
 }
 # Enums, exceptions and results: nothing to pass badly (the enums' values are rows of the samplers).
-NOTHING_TO_PASS = {"Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",
+NOTHING_TO_PASS = {"BatchOrder", "Even", "MixtureStop", "Oversized", "SmallClasses", "MalformedStateError", "StateMismatchError",
                    "RaggedStoreError", "PaddedBatch", "worker_seeds", "__version__", "TooLong", "PackedSample",
                    "PackedBatch", "ProvenanceUnsupported", "Trained", "TrainedBatch", "ShardError",
                    "PendingWeightsError", "PolicyStep", "SourceStatistics", "WeightLedger"}  # fmt: skip
