@@ -17,7 +17,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from shardwise.data.sharded import ShardCache, ShardedSource, ShardError
-from shardwise.data.sharded.metadata import IDENTITIES
+from shardwise.data.sharded.metadata import EXPANDED, IDENTITIES
 from shardwise.samplers.locality import LocalitySampler
 from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
@@ -85,7 +85,8 @@ def test_a_shard_rewritten_on_s3_mid_epoch_is_refused(s3: dict[str, Any], tmp_pa
     assert f"shard s3://{BUCKET}/{decode}/2.parquet (needed for sample {STARTS[2]}) changed since it was indexed" \
         in str(error)
     assert served == list(range(STARTS[2]))  # shards 0 and 1 whole, nothing of the new shard 2
-    left = [name for name in os.listdir(tmp_path / "cache") if not name.startswith(IDENTITIES)]  # the node's, kept
+    left = [name for name in os.listdir(tmp_path / "cache")
+            if not name.startswith((IDENTITIES, EXPANDED))]  # what the node's ranks share at start-up: kept
     assert not any(name.startswith(".") or ".part" in name for name in left), left
 
 

@@ -68,7 +68,7 @@ def test_a_rank_lists_each_folder_once_instead_of_a_head_a_shard(s3: dict[str, A
     assert [second[i]["id"] for i in (0, 47, 48, 95)] == [0, 47, 0, 47]  # ids start again in each folder
 
 
-def _start(rank: int, world_size: int, endpoint: str, cache_dir: str, index_dir: str, urls: list[str]) -> str:
+def _start(rank: int, world_size: int, endpoint: str, cache_dir: str, index_dir: str, urls: list[str] | str) -> str:
     """One rank of a node: build the source (its shards' identities taken at start-up); its data fingerprint."""
     cache = ShardCache(cache_dir, prefetch_threads=0, storage_options=storage_options(endpoint))
     return ShardedSource(urls, cache=cache, index_dir=index_dir).data_fingerprint
@@ -90,6 +90,24 @@ def test_the_ranks_of_a_node_list_each_folder_once_between_them(s3: dict[str, An
     spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
     assert spent.get("LIST") == 2 and spent.get("HEAD") == 2 and spent.get("GET", 0) == 0, spent
     assert fingerprints == [first.data_fingerprint] * 2
+
+
+def test_the_ranks_of_a_node_list_a_folder_url_once_between_them(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Given a folder, two real ranks of a node find its shards and take their identities once between them: 3
+    listings and 1 HEAD (each rank sent 3 and 1 before: the folder's test, its listing, the identities')."""
+    from shardwise.tools.launch import run_distributed
+
+    folder = f"s3://{BUCKET}/a/"
+    options = storage_options(s3["endpoint"])
+    first = ShardedSource(folder, cache=ShardCache(tmp_path / "other-node", prefetch_threads=0, storage_options=options),
+                          index_dir=tmp_path / "index")  # fmt: skip
+    gauge = s3["gauge"]
+    before = dict(gauge.requests)
+    fingerprints = run_distributed(_start, 2, s3["endpoint"], str(tmp_path / "cache"), str(tmp_path / "index"), folder,
+                                   timeout=120)  # fmt: skip
+    spent = {method: count - before.get(method, 0) for method, count in gauge.requests.items()}
+    assert fingerprints == [first.data_fingerprint] * 2
+    assert spent.get("LIST") == 3 and spent.get("HEAD") == 1 and spent.get("GET", 0) == 0, spent
 
 
 def test_identities_are_shared_only_with_live_processes_of_the_same_job(s3: dict[str, Any], tmp_path: Path) -> None:

@@ -42,30 +42,43 @@ from .formats import Format, ShardError, format_of, read_column, shard_facts
 KIND = "sharded-meta"
 
 
-def expand_urls(urls: object, storage_options: dict[str, Any]) -> list[str]:
-    """A list of shard URLs from a list, a glob (``s3://bucket/train-*.parquet``) or a folder."""
-    import fsspec
+def expand_urls(urls: object, storage_options: dict[str, Any], shared: Path | None = None) -> list[str]:
+    """A list of shard URLs from a list, a glob (``s3://bucket/train-*.parquet``) or a folder.
 
+    ``shared`` (the node cache's directory): a remote folder or glob is listed once for the ranks of a
+    node that start together (:func:`node_once`), not once a rank.
+    """
     if isinstance(urls, (str, os.PathLike)):
         text = os.fspath(urls)
-        fs, _, paths = fsspec.get_fs_token_paths(text, storage_options=storage_options)
-        protocol = text.split("://", 1)[0] + "://" if "://" in text else ""
-        if len(paths) == 1 and fs.isdir(paths[0]):
-            paths = sorted(p for p in fs.find(paths[0]) if format_of(p) is not None)
-        elif len(paths) == 1 and format_of(paths[0]) is None and not fs.exists(paths[0]):
-            # Neither a folder nor a shard file: without this, the next error would be about format=.
-            raise ValueError(
-                f"urls should name shard files, a glob or a folder, but urls={text!r} does not exist; check the "
-                "path (and storage_options for a remote one)"
-            )
-        found = [protocol + p if protocol and not p.startswith(protocol) else p for p in paths]
-        if not found:
-            raise ValueError(f"urls should name shard files, but urls={text!r} matched none (.parquet, .arrow, .tar)")
-        return found
+        if shared is not None and "://" in text and not is_local(text):
+            found: list[str] = node_once(shared, EXPANDED, [text, storage_options],
+                                         lambda: _expand(text, storage_options))  # fmt: skip
+            return found
+        return _expand(text, storage_options)
     listed = [os.fspath(u) for u in check_iterable("urls", urls, of="shard URLs")]
     if not listed or not all(isinstance(u, str) and u for u in listed):
         raise ValueError(f"urls should be a non-empty list of shard URLs, but got urls={urls!r}")
     return listed
+
+
+def _expand(text: str, storage_options: dict[str, Any]) -> list[str]:
+    """The shard URLs of the folder or glob ``text`` (or ``[text]``, a shard)."""
+    import fsspec
+
+    fs, _, paths = fsspec.get_fs_token_paths(text, storage_options=storage_options)
+    protocol = text.split("://", 1)[0] + "://" if "://" in text else ""
+    if len(paths) == 1 and fs.isdir(paths[0]):
+        paths = sorted(p for p in fs.find(paths[0]) if format_of(p) is not None)
+    elif len(paths) == 1 and format_of(paths[0]) is None and not fs.exists(paths[0]):
+        # Neither a folder nor a shard file: without this, the next error would be about format=.
+        raise ValueError(
+            f"urls should name shard files, a glob or a folder, but urls={text!r} does not exist; check the "
+            "path (and storage_options for a remote one)"
+        )
+    found = [protocol + p if protocol and not p.startswith(protocol) else p for p in paths]
+    if not found:
+        raise ValueError(f"urls should name shard files, but urls={text!r} matched none (.parquet, .arrow, .tar)")
+    return found
 
 
 LISTED = 8
@@ -103,45 +116,60 @@ def stat_shards(urls: list[str], filesystem: Callable[[str], Any], shared: Path 
 
 IDENTITIES = ".identities-"
 """The node cache's file of the identities a process took: ``.identities-<hash of the URLs>`` (a dot: never a shard)."""
+EXPANDED = ".urls-"
+"""The node cache's file of the shard URLs a folder or glob expanded to: ``.urls-<hash of it and the options>``."""
 
 
 def _node_identities(urls: list[str], filesystem: Callable[[str], Any], directory: Path) -> list[Identity]:
     """:func:`stat_shards` once for the ranks of a node that start together: one listing and one ``HEAD`` a node.
 
     Every rank of a node lists the shards' folders at start-up otherwise: R ranks a node, R times the
-    requests (~100 a rank at 1e5 shards, on storage that bills and throttles them). The first rank takes
-    the file lock, lists, and writes what it found into the node cache's directory; the others wait for the
-    lock and read it. A process reads another's identities only when they are fresh: written less than
-    :data:`SHARED_FOR` seconds ago by a live process of the same job (the same parent process, as
-    torchrun's, Slurm's and ``mp.spawn``'s ranks have, or this process's parent, as Lightning's ranks
-    other than 0 have), never its own (a source built again lists again) nor a finished run's. The ranks
-    then agree on every shard's version even when a shard is rewritten while they start. A directory
-    that cannot be written, or a lock held too long, leaves this process to list by itself.
+    requests (~100 a rank at 1e5 shards, on storage that bills and throttles them). The ranks then agree
+    on every shard's version even when a shard is rewritten while they start (:func:`node_once`).
     """
-    key = hashlib.blake2b(json.dumps(urls).encode(), digest_size=12).hexdigest()
-    path = directory / f"{IDENTITIES}{key}"
+    stats = node_once(directory, IDENTITIES, urls, lambda: stat_shards(urls, filesystem))
+    return [(str(url), int(size), str(version)) for url, size, version in stats]
+
+
+def node_once(directory: Path, prefix: str, key: object, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON data) once for the ranks of a node that start together: the first takes the file lock
+    ``directory/<prefix><hash of key>.lock``, computes and writes the result there; the others wait for the lock
+    and read it.
+
+    A process reads another's result only when it is fresh: written less than :data:`SHARED_FOR`
+    seconds ago by a live process of the same job (the same parent process, as torchrun's, Slurm's and
+    ``mp.spawn``'s ranks have, or this process's parent, as Lightning's ranks other than 0 have), never
+    its own (a source built again asks storage again) nor a finished run's. Only the hash of ``key`` is
+    written (it may hold credentials). A directory that cannot be written, or a lock held too long,
+    leaves this process to compute by itself.
+    """
+    try:
+        digest = hashlib.blake2b(json.dumps(key, sort_keys=True, default=repr).encode(), digest_size=12).hexdigest()
+    except (TypeError, ValueError):
+        return compute()
+    path = directory / f"{prefix}{digest}"
     lock = FileLock(str(path) + ".lock")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=SHARED_FOR)
     except (OSError, Timeout):
-        return stat_shards(urls, filesystem)
+        return compute()
     try:
-        found = _fresh(path, urls)
+        found = _fresh(path, digest)
         if found is not None:
             return found
-        stats = stat_shards(urls, filesystem)
+        value = compute()
         part = path.with_name(f"{path.name}.part{os.getpid()}")
-        with contextlib.suppress(OSError):  # not shared then: each rank lists, as without a cache directory
-            part.write_text(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "urls": urls, "stats": stats}))
+        with contextlib.suppress(OSError):  # not shared then: each rank asks storage, as without a cache directory
+            part.write_text(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "key": digest, "value": value}))
             os.replace(part, path)
-        return stats
+        return value
     finally:
         lock.release()
 
 
-def _fresh(path: Path, urls: list[str]) -> list[Identity] | None:
-    """The identities in ``path`` if another live process of this job wrote them for ``urls`` moments ago."""
+def _fresh(path: Path, digest: str) -> Any:
+    """What ``path`` holds if another live process of this job wrote it for ``digest`` moments ago, else ``None``."""
     try:
         if time.time() - path.stat().st_mtime >= SHARED_FOR:
             return None
@@ -149,10 +177,10 @@ def _fresh(path: Path, urls: list[str]) -> list[Identity] | None:
     except (OSError, ValueError):
         return None
     pid = written.get("pid")
-    if (not isinstance(pid, int) or pid == os.getpid() or not alive(pid) or written.get("urls") != urls
+    if (not isinstance(pid, int) or pid == os.getpid() or not alive(pid) or written.get("key") != digest
             or (written.get("parent") != os.getppid() and pid != os.getppid())):  # fmt: skip
         return None
-    return [(str(url), int(size), str(version)) for url, size, version in written["stats"]]
+    return written.get("value")
 
 
 def _stat(url: str, filesystem: Callable[[str], Any]) -> Identity:

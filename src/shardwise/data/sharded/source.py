@@ -125,7 +125,8 @@ class ShardedSource(Dataset[dict[str, Any]]):
                             f"storage_options={storage_options!r} ({type(storage_options).__name__})")
         index_dir = check_cache_dir(index_dir, name="index_dir")
         self.storage_options = dict(storage_options or (cache.storage_options if cache is not None else {}))
-        self.urls = expand_urls(urls, self.storage_options)
+        self.cache = cache if cache is not None else ShardCache(storage_options=self.storage_options)
+        self.urls = expand_urls(urls, self.storage_options, shared=self.cache.directory)  # a folder: listed once a node
         if given_format is None:
             found = {format_of(u) for u in self.urls}
             if len(found) != 1 or None in found:
@@ -140,7 +141,6 @@ class ShardedSource(Dataset[dict[str, Any]]):
             # inherit it: imported in each worker instead, it cost ~0.13 s of CPU per worker per
             # epoch (workers are forked anew each epoch), most of a warm epoch's start-up.
             pyarrow()
-        self.cache = cache if cache is not None else ShardCache(storage_options=self.storage_options)
         arrays = self._metadata(index_dir)
         self.shard_sizes: np.ndarray = arrays["counts"]
         self.file_sizes: np.ndarray = arrays["bytes"]
