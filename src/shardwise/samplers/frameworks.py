@@ -267,22 +267,26 @@ def _epoch_after_reset(loop: Any) -> int | None:
     epoch ``e`` as processed and the restored loader iterator, made in ``setup_data`` before that,
     runs epoch ``e + 1``: Lightning sets epoch ``e + 1`` on the sampler only after the workers drew
     from it, and they had drawn the empty rest of epoch ``e`` (epoch ``e + 1`` was never trained;
-    torch's ``DistributedSampler`` draws epoch ``e``'s order there). Lightning's own reading of its
-    restored progress (``update_restart_stage``, which ``reset()`` calls again on the same state)
-    says which case this is. A checkpoint saved at the epoch end (``save_on_train_epoch_end``) is
-    not one: Lightning finishes epoch ``e`` on the restored iterator (empty) and makes a new one.
+    torch's ``DistributedSampler`` draws epoch ``e``'s order there). This reads, without changing
+    anything, the restored progress ``reset()`` decides by: ``FitLoop.restarted_mid_epoch``, the
+    epoch loop's ``restarted_on_train_batch_end`` and ``batch_progress.is_last_batch``, as
+    ``update_restart_stage`` computes the first two. Once ``reset()`` has counted the epoch (a
+    ``setup_data`` that reloads the loader later), the same reading gives ``processed`` itself. A
+    checkpoint saved at the epoch end (``save_on_train_epoch_end``, alone) is not such a case:
+    Lightning finishes epoch ``e`` on the restored iterator (empty) and makes a new one.
     """
-    processed = getattr(getattr(getattr(loop, "epoch_progress", None), "current", None), "processed", None)
-    if not isinstance(processed, int):
-        return None
-    epoch_loop = getattr(loop, "epoch_loop", None)
-    stage = getattr(loop, "update_restart_stage", None)
-    if epoch_loop is None or not callable(stage) or not getattr(loop, "restarting", False):
-        return processed
-    stage()
-    finished = (
-        getattr(loop, "restarted_mid_epoch", False)
-        and getattr(epoch_loop, "restarted_on_train_batch_end", False)
-        and getattr(getattr(epoch_loop, "batch_progress", None), "is_last_batch", False)
-    )
+    try:
+        processed = loop.epoch_progress.current.processed
+        if not isinstance(processed, int) or not loop.restarting:
+            return processed if isinstance(processed, int) else None
+        epochs, epoch_loop = loop.epoch_progress.total, loop.epoch_loop
+        batches = epoch_loop.batch_progress.total
+        mid_epoch = (epochs.started == epochs.ready and epochs.processed == epochs.started - 1
+                     and epochs.completed == epochs.processed)  # fmt: skip
+        on_batch_end = epoch_loop.restarting and (batches.started == batches.ready == batches.processed
+                                                  and batches.completed == batches.processed - 1)  # fmt: skip
+        finished = mid_epoch and on_batch_end and epoch_loop.batch_progress.is_last_batch is True
+    except AttributeError:  # another Lightning: the loop's own count, as before this case was known
+        processed = getattr(getattr(getattr(loop, "epoch_progress", None), "current", None), "processed", None)
+        return processed if isinstance(processed, int) else None
     return processed + 1 if finished else processed
