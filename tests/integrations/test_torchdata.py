@@ -41,38 +41,46 @@ def _batches(loader: Any, count: int | None = None) -> list[list[int]]:
     return out
 
 
-def _continue(kind: str, num_workers: int, state: dict[str, Any], queue: Any) -> None:
+CASES = [(kind, workers) for kind in ("index", "batch") for workers in (0, 2)]
+
+
+def _continue(states: list[dict[str, Any]], queue: Any) -> None:
     import warnings
 
     from tests.lockstep import worker_context
 
     warnings.filterwarnings("ignore")
-    # A spawned process spawns its workers by default, each importing torch again (~5 s a test): fork them
-    # (or use a fork server that has imported torch, where fork is unsafe: lockstep.worker_context).
-    loader = _loader(kind, num_workers, worker_context() if num_workers else None)
-    loader.load_state_dict(state)
-    rest = _batches(loader)
-    queue.put((rest, _batches(loader)))  # the rest of this epoch, then the whole next epoch
+    out = []
+    for (kind, num_workers), state in zip(CASES, states, strict=True):
+        # A spawned process spawns its workers by default, each importing torch again (~5 s a loader): fork them
+        # (or use a fork server that has imported torch, where fork is unsafe: lockstep.worker_context).
+        loader = _loader(kind, num_workers, worker_context() if num_workers else None)
+        loader.load_state_dict(state)
+        rest = _batches(loader)
+        out.append((rest, _batches(loader)))  # the rest of this epoch, then the whole next epoch
+    queue.put(out)
 
 
-@pytest.mark.parametrize("kind", ["index", "batch"])
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_state_mid_epoch_continues_in_a_new_process(kind: str, num_workers: int) -> None:
-    """A new loader in a new process, loading the mid-epoch state, yields exactly the uninterrupted rest."""
-    whole = _loader(kind, num_workers)
-    epoch0, epoch1 = _batches(whole), _batches(whole)
-    first = _loader(kind, num_workers)
-    head = _batches(first, 3)
-    state = first.state_dict()
-    del first
+def test_state_mid_epoch_continues_in_a_new_process() -> None:
+    """A new loader in a new process, loading the mid-epoch state, yields exactly the uninterrupted rest and then
+    the next epoch: index and batch samplers, 0 and 2 workers (one new process for the four cases)."""
+    expected, heads, states = [], [], []
+    for kind, num_workers in CASES:
+        whole = _loader(kind, num_workers)
+        expected.append((_batches(whole), _batches(whole)))
+        first = _loader(kind, num_workers)
+        heads.append(_batches(first, 3))
+        states.append(first.state_dict())
+        del first, whole
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    process = ctx.Process(target=_continue, args=(kind, num_workers, state, queue))
+    process = ctx.Process(target=_continue, args=(states, queue))
     process.start()
-    rest, next_epoch = queue.get(timeout=90)
+    resumed = queue.get(timeout=90)
     process.join(timeout=30)
-    assert head + rest == epoch0
-    assert next_epoch == epoch1 != epoch0
+    for case, head, (epoch0, epoch1), (rest, next_epoch) in zip(CASES, heads, expected, resumed, strict=True):
+        assert head + rest == epoch0, case
+        assert next_epoch == epoch1 != epoch0, case
 
 
 def test_sampler_state_inside_the_loader_state_is_o1() -> None:
@@ -184,34 +192,31 @@ def test_recipe_with_persistent_workers_resumes_at_the_next_epoch(kind: str, wor
 
 # -- another world size after snapshot_every_n_steps > 1 (issue 45, item 7) -----------------------
 
-STEPS_N = 48  # 12 steps a rank at W=2 (batch 2)
+STEPS_N = 48  # 8 steps a rank at W=3 (batch 2)
 
 
-def _snapshot_loader(**world: Any) -> Any:
+def _snapshot_loader(context: str | None = None, **world: Any) -> Any:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from tests.lockstep import worker_context
 
     sampler = shardwise.ShardedSampler(STEPS_N, seed=4, **world)
     return StatefulDataLoader(list(range(STEPS_N)), sampler=sampler, batch_size=2, num_workers=2,
-                              snapshot_every_n_steps=3, multiprocessing_context=worker_context())  # fmt: skip
+                              snapshot_every_n_steps=3, multiprocessing_context=context or worker_context())  # fmt: skip
 
 
-def _save_after_5_and_6(rank: int, world_size: int) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
-    """Job 1: six lockstep steps; the loader's state after step 5 (2 steps past a snapshot) and after step 6."""
-    import torch
-    import torch.distributed as dist
-
-    loader, trained, states = _snapshot_loader(), [], []
-    for step, batch in enumerate(loader, start=1):
-        dist.all_reduce(torch.ones(1))
-        trained += [int(i) for i in batch]
-        states.append(loader.state_dict())
+def _save_after_5_and_6() -> tuple[list[int], dict[str, Any], dict[str, Any]]:
+    """The saving job's three ranks in lockstep here (their workers fork from this process, which runs no process
+    group): six steps; rank 0's loader state after step 5 (2 steps past a snapshot) and after step 6."""
+    loaders = [_snapshot_loader("fork", num_replicas=3, rank=rank) for rank in range(3)]
+    trained: list[int] = []
+    states = []
+    for step, batches in enumerate(zip(*loaders, strict=True), start=1):
+        trained += [int(i) for batch in batches for i in batch]
+        states.append(loaders[0].state_dict())
         if step == 6:
             break
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, trained)
-    return [i for part in gathered for i in part], states[4], states[5]
+    return trained, states[4], states[5]
 
 
 def _resume(rank: int, world_size: int, replayed: dict[str, Any], at_snapshot: dict[str, Any]) -> tuple[str, list[int]]:
@@ -235,11 +240,11 @@ def _resume(rank: int, world_size: int, replayed: dict[str, Any], at_snapshot: d
 
 
 def test_a_snapshot_replayed_at_another_world_size_is_refused_and_one_at_its_step_resumes_exactly() -> None:
-    """2 -> 3 ranks: a state 2 steps past torchdata's snapshot (replayed at W=3: 4 samples lost) is refused,
-    naming the fix; a state at a snapshot step (nothing replayed) resumes with every sample once."""
+    """3 -> 2 real gloo ranks: a state 2 steps past torchdata's snapshot (replayed at W=2: 4 samples repeated) is
+    refused, naming the fix; a state at a snapshot step (nothing replayed) resumes with every sample once."""
     from shardwise.tools.launch import run_distributed
 
-    trained, after_5, after_6 = run_distributed(_save_after_5_and_6, 2)[0]
-    message, rest = run_distributed(_resume, 3, after_5, after_6)[0]
-    assert "world_size=2" in message and "snapshot_every_n_steps=1" in message and "skip" in message
+    trained, after_5, after_6 = _save_after_5_and_6()
+    message, rest = run_distributed(_resume, 2, after_5, after_6)[0]
+    assert "world_size=3" in message and "snapshot_every_n_steps=1" in message and "repeat" in message
     assert sorted(trained + rest) == list(range(STEPS_N))
