@@ -119,3 +119,33 @@ def test_the_check_finds_a_reach_into_another_module() -> None:
         "inner._seed_arg",
         "sampler._plan_size",
     ]
+
+
+def foreign_names_by_string(modules: dict[str, ast.Module]) -> list[str]:
+    """``module:line: call`` of every getattr/hasattr/setattr/delattr of a private name given as a string that
+    no shardwise module defines: another library's private name, which must come from ``_core.foreign``'s
+    table (``private(library, name)``), not a literal the table's check cannot see."""
+    ours: set[str] = set()
+    for tree in modules.values():
+        attributes, methods = _definitions(tree)
+        ours |= attributes | methods
+    found = []
+    for module, tree in modules.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+                continue
+            name = node.args[1]
+            if node.func.id in {"getattr", "hasattr", "setattr", "delattr"} and isinstance(name, ast.Constant) \
+                    and isinstance(name.value, str) and _private(name.value) and name.value not in ours:  # fmt: skip
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def test_foreign_private_names_are_not_read_by_string() -> None:
+    """A foreign private name read with getattr("_name") goes through the table (numpy's memmap._mmap was one)."""
+    found = foreign_names_by_string(_modules())
+    assert not found, "read it as getattr(obj, private(library, name)) with a row in _core/foreign.py:\n" + "\n".join(found)
+    planted = ast.parse('raw = getattr(values, "_mmap", None)\nown = hasattr(cls, "_keyword_kind")')
+    assert foreign_names_by_string({"planted.py": planted, **_modules()}) == [
+        "planted.py:1: getattr(values, '_mmap', None)"
+    ]

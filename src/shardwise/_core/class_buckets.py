@@ -48,6 +48,7 @@ import numpy as np
 
 from . import threads
 from .class_index import CHUNK, COMPILED_CHUNK, dense_table, group_in_one_pass, id_function, kernels, raw_kernels
+from .foreign import private
 
 BUCKET_ITEMS = 1 << 21
 """A bucket of several classes holds at most twice this many samples: pass 2's scratch (16 MiB of uint32)."""
@@ -282,7 +283,7 @@ class _Output:
 
 def _file_offset(out: np.ndarray) -> tuple[str, int] | None:
     """``(path, byte offset of out[0])`` when ``out`` is a contiguous 1-D view of a writable shared file mapping."""
-    raw = getattr(out, "_mmap", None)
+    raw = getattr(out, private("numpy", "_mmap"), None)
     if not isinstance(out, np.memmap) or not out.filename or getattr(out, "mode", None) not in ("r+", "w+"):
         return None
     if not isinstance(raw, mmap.mmap) or out.ndim != 1 or not out.flags.c_contiguous or not hasattr(os, "pwrite"):

@@ -34,6 +34,7 @@ from typing import Any
 __all__ = ["PRIVATE", "TESTED", "Private", "check", "check_loaded", "missing", "private", "rows"]
 
 TESTED = {
+    "numpy": "2.4.6",
     "torch": "2.13.0",
     "torchdata": "0.11.0",
     "lightning": "2.6.6",
@@ -122,6 +123,14 @@ PRIVATE: tuple[Private, ...] = (
             "integrations/transformers.py get_train_dataloader"),
     Private("transformers", "transformers.trainer", "skip_first_batches", "attribute",
             "integrations/transformers.py _run_epoch (replaced for a resumed epoch)"),
+    # numpy: the mmap object under a memmap (page advice, sampled hashing of a mapped file).
+    Private("numpy", "numpy:memmap", "_mmap", "used",
+            "index/builders.py advise, index/keys.py sampled digest, _core/class_buckets.py"),
+    # torch.compile's wrapper around the model it compiled (packing reads the model's attention).
+    Private("torch", "torch._dynamo.eval_frame:OptimizedModule", "_orig_mod", "used", "data/attention.py unwrap"),
+    # transformers: the attention implementation a model runs (no public accessor on the config).
+    Private("transformers", "transformers.configuration_utils:PretrainedConfig", "_attn_implementation", "attribute",
+            "data/attention.py"),
     # HF datasets: no public accessor for the indices mapping or the fingerprint.
     Private("datasets", "datasets.arrow_dataset:Dataset", "_indices", "used", "index/arrow.py hf_private"),
     Private("datasets", "datasets.arrow_dataset:Dataset", "_fingerprint", "used", "index/arrow.py hf_private"),

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .._core.errors import check_str
+from .._core.foreign import private
 
 ROW_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 """HF attention implementations that build a per-document mask from ``position_ids`` (with no cache)."""
@@ -64,7 +65,7 @@ OWN = PackLayout("own")
 def _unwrap(model: Any) -> Any:
     """The model under DDP/FSDP-style ``.module``, ``torch.compile``'s ``_orig_mod`` and PEFT's base model."""
     for _ in range(8):
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        inner = getattr(model, private("torch", "_orig_mod"), None) or getattr(model, "module", None)
         if inner is None and callable(getattr(model, "get_base_model", None)):
             inner = model.get_base_model()
         if inner is None or inner is model:
@@ -83,7 +84,7 @@ def _takes(model: Any) -> tuple[set[str], bool]:
 def model_implementation(model: Any) -> str | None:
     """The HF ``attn_implementation`` of ``model`` (unwrapped), or ``None`` for a model that is not an HF one."""
     config = getattr(_unwrap(model), "config", None)
-    implementation = getattr(config, "_attn_implementation", None)
+    implementation = getattr(config, private("transformers", "_attn_implementation"), None)
     return implementation if isinstance(implementation, str) else None
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from .._core.class_buckets import group_by_class
 from .._core.errors import check_int, check_path, check_str
 from .._core.files import advise_pages
+from .._core.foreign import private
 from .progress import Progress
 
 CHUNK = 1 << 20
@@ -77,7 +78,8 @@ def populate(array: Any, first: int = 0, stop: int | None = None) -> None:
     size = (stop - first) * array.itemsize
     if size <= 0 or size > POPULATE_MAX:
         return  # all at once, its pages would be dirty (and written back) long before the build writes them
-    advise_pages(getattr(array, "_mmap", None), array.ctypes.data + first * array.itemsize, size, advice)
+    mapped = getattr(array, private("numpy", "_mmap"), None)
+    advise_pages(mapped, array.ctypes.data + first * array.itemsize, size, advice)
 
 
 POPULATE_WINDOW = 1 << 23

@@ -27,6 +27,7 @@ import numpy as np
 
 from .._core.arrays import digest_hasher
 from .._core.files import advise_pages
+from .._core.foreign import private
 
 SAMPLED_BLOCKS = 64
 BLOCK_ELEMENTS_BYTES = 4096
@@ -59,7 +60,7 @@ def key_of(values: Any) -> str:
     where = file_position(values)
     if where is not None:
         hasher.update(repr(("mapped", *where, array.strides)).encode())
-        _update_sampled(hasher, array, getattr(values, "_mmap", None))
+        _update_sampled(hasher, array, getattr(values, private("numpy", "_mmap"), None))
     else:
         _update_full(hasher, array)
     return hasher.hexdigest()
@@ -76,7 +77,7 @@ def file_position(values: Any) -> tuple[Any, ...] | None:
     """``(path, dev, inode, size, mtime_ns, byte offset)`` of a memory-mapped array, else ``None``."""
     if not isinstance(values, np.memmap) or values.filename is None:
         return None
-    raw = getattr(values, "_mmap", None)
+    raw = getattr(values, private("numpy", "_mmap"), None)
     if not isinstance(raw, mmap.mmap) or values.size == 0:
         return None
     try:
