@@ -134,7 +134,8 @@ def test_every_foreign_library_is_pinned_at_its_tested_version() -> None:
 
     pins = (PACKAGE.parents[1] / "constraints.txt").read_text().lower()
     for library, version in TESTED.items():
-        assert f"{library}=={version}" in pins, f"constraints.txt should pin {library}=={version}"
+        distribution = library.partition(".")[0]  # torch._dynamo: a part of torch, checked on its own
+        assert f"{distribution}=={version}" in pins, f"constraints.txt should pin {distribution}=={version}"
 
 
 def test_check_loaded_checks_only_rows_whose_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:

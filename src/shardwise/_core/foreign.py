@@ -36,13 +36,17 @@ __all__ = ["PRIVATE", "TESTED", "Private", "check", "check_loaded", "missing", "
 TESTED = {
     "numpy": "2.4.6",
     "torch": "2.13.0",
+    "torch._dynamo": "2.13.0",
     "torchdata": "0.11.0",
     "lightning": "2.6.6",
     "accelerate": "1.15.0",
     "transformers": "5.23.0",
     "datasets": "5.2.0",
 }
-"""The version of each library the whole table was tested with (constraints.txt pins them)."""
+"""The version of each library the whole table was tested with (constraints.txt pins them).
+
+A dotted key is a part of a distribution checked on its own (``torch._dynamo``: importing it costs
+~2 s, so the samplers' ``check("torch")`` does not; the code that meets a compiled model does)."""
 
 KINDS = ("attribute", "used", "parameter")
 
@@ -127,7 +131,8 @@ PRIVATE: tuple[Private, ...] = (
     Private("numpy", "numpy:memmap", "_mmap", "used",
             "index/builders.py advise, index/keys.py sampled digest, _core/class_buckets.py"),
     # torch.compile's wrapper around the model it compiled (packing reads the model's attention).
-    Private("torch", "torch._dynamo.eval_frame:OptimizedModule", "_orig_mod", "used", "data/attention.py unwrap"),
+    Private("torch._dynamo", "torch._dynamo.eval_frame:OptimizedModule", "_orig_mod", "used",
+            "data/attention.py unwrap"),
     # transformers: the attention implementation a model runs (no public accessor on the config).
     Private("transformers", "transformers.configuration_utils:PretrainedConfig", "_attn_implementation", "attribute",
             "data/attention.py"),
@@ -200,11 +205,16 @@ def missing(library: str) -> list[Private]:
     return [row for row in rows(library) if not _present(row)]
 
 
+def _distribution(library: str) -> str:
+    """The distribution a table key belongs to (``torch._dynamo`` -> ``torch``)."""
+    return library.partition(".")[0]
+
+
 def _installed(library: str) -> str:
     try:
         from importlib.metadata import version
 
-        return version(library)
+        return version(_distribution(library))
     except Exception:  # not installed as a distribution (a source tree): say so
         return "(version unknown)"
 
@@ -214,7 +224,8 @@ def _error(library: str, absent: list[Private]) -> ImportError:
     names = ", ".join(f"{row.owner}.{row.name} (used by {row.used_in})" for row in absent)
     return ImportError(
         f"shardwise relies on private names of {library} that {library} {_installed(library)} lacks: {names}; "
-        f"shardwise is tested with {library}=={tested}: install it with pip install '{library}=={tested}'"
+        f"shardwise is tested with {_distribution(library)}=={tested}: install it with pip install "
+        f"'{_distribution(library)}=={tested}'"
     )
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from .._core.errors import check_str
-from .._core.foreign import private
+from .._core.foreign import check_loaded, private
 
 ROW_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 """HF attention implementations that build a per-document mask from ``position_ids`` (with no cache)."""
@@ -64,8 +64,9 @@ OWN = PackLayout("own")
 
 def _unwrap(model: Any) -> Any:
     """The model under DDP/FSDP-style ``.module``, ``torch.compile``'s ``_orig_mod`` and PEFT's base model."""
+    check_loaded("torch._dynamo")  # a compiled model has loaded it; nothing is imported here
     for _ in range(8):
-        inner = getattr(model, private("torch", "_orig_mod"), None) or getattr(model, "module", None)
+        inner = getattr(model, private("torch._dynamo", "_orig_mod"), None) or getattr(model, "module", None)
         if inner is None and callable(getattr(model, "get_base_model", None)):
             inner = model.get_base_model()
         if inner is None or inner is model:
