@@ -68,6 +68,7 @@ def bucket_plan(
     count = order.size
     if count == 0:
         return BatchPlan.empty()
+    mixed = mixed and key is not None
     span = count if window is None else max(min(window, count), 1)
     if batch_size is not None:
         span = -(-span // batch_size) * batch_size  # no window ends inside a batch
@@ -97,7 +98,6 @@ def bucket_plan(
         )
         plan = BatchPlan(order, offsets)
     groups_key = None if key is None else derive_seed(key, "groups")
-    mixed = mixed and key is not None
     first = None
     if longest_first and mixed:
         longest = int(np.argmax(lengths[plan.order]))  # its place in the stream

@@ -128,7 +128,8 @@ class GroupShuffle:
         True
     """
 
-    __slots__ = ("_first", "_full", "_group", "_groups", "_rest", "_short", "_top", "_within")
+    __slots__ = ("_first", "_first_group", "_first_within", "_full", "_group", "_groups", "_rest", "_short", "_top",
+                 "_within")
 
     def __init__(self, count: int, group: int, key: int | None, *, within: bool = False,
                  first: int | None = None) -> None:  # fmt: skip
@@ -140,6 +141,7 @@ class GroupShuffle:
         self._short = self._full
         self._within: int | None = None
         self._first = -1 if first is None or key is None else first  # a cost rank
+        self._first_group, self._first_within = -2, -1  # its cost group and rank in it (-2: no group)
         self._top = 0  # the plan group swapped with plan group 0 (first); 0: none
         if key is None or count == 0:
             return
@@ -151,9 +153,14 @@ class GroupShuffle:
         self._groups = Permutation(self._full, derive_seed(key, "groups"))
         if within:
             self._within = derive_seed(key, "within")
-            if self._first >= 0 and self._full:
-                cost_group = self._cost_group_of(self._first)
-                self._top = int(positions_of(self._groups, np.asarray([cost_group], dtype=np.int64))[0])
+            if self._first >= 0:
+                self._first_group = self._cost_group_of(self._first)
+                in_short = self._first_group == self._full
+                start = self._short * group if in_short else int(self._group_starts(np.asarray(self._first_group)))
+                self._first_within = self._first - start
+                if self._full and not in_short:
+                    found = positions_of(self._groups, np.asarray([self._first_group], dtype=np.int64))
+                    self._top = int(found[0])
 
     def cost_rank(self, positions: np.ndarray) -> np.ndarray:
         """The cost-order position of each plan position (int64, the shape of ``positions``)."""
@@ -214,7 +221,7 @@ class GroupShuffle:
 
     # -- within groups: the keyed tree ----------------------------------------------------------
     def _cost_groups(self, plan_groups: np.ndarray) -> np.ndarray:
-        """The cost-order group of each plan group (full groups; the costliest first when asked)."""
+        """The cost-order group of each plan group (full groups; the group of ``first`` dealt first)."""
         top = self._top
         swapped = np.where(plan_groups == 0, top, np.where(plan_groups == top, 0, plan_groups))
         if self._groups is None:
@@ -232,17 +239,12 @@ class GroupShuffle:
         return swapped
 
     def _tree_keys(self, in_short: np.ndarray, cost_group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(sizes, keys, forced)`` of each element's group, for :mod:`tree_order`."""
+        """``(sizes, keys, firsts)`` of each element's group, for :mod:`tree_order`."""
         if self._within is None:
             raise RuntimeError("_tree_keys is for within-group orders")
         ids = np.where(in_short, self._full, cost_group)  # the short group is keyed after the full ones
         sizes = np.where(in_short, self._rest, self._group)
-        firsts = np.full(ids.shape, -1, dtype=np.int64)
-        if self._first >= 0:
-            first_group = self._cost_group_of(self._first)
-            short = first_group == self._full
-            start = self._short * self._group if short else int(self._group_starts(np.asarray(first_group)))
-            firsts[ids == first_group] = self._first - start  # its rank within its group
+        firsts = np.where(ids == self._first_group, self._first_within, -1)
         return sizes, group_keys(self._within, ids), firsts
 
     def _tree_cost_rank(self, positions: np.ndarray) -> np.ndarray:

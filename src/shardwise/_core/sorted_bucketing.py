@@ -342,22 +342,17 @@ class SortedBucketPlan:
         window's samples are shuffled by a keyed permutation: a batch takes neighbours in length,
         never the same ones two epochs in a row, whatever the lengths. The identity otherwise.
         """
-        cut = np.asarray(cut, dtype=np.int64)
-        if not self._window:
-            return cut
-        return self._neighbours(cut, inverse=False)
+        return self._neighbours(np.asarray(cut, dtype=np.int64), inverse=False)
 
     def _cut_positions(self, stream: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`members`."""
-        if not self._window:
-            return stream
         return self._neighbours(stream, inverse=True)
 
     def _neighbours(self, positions: np.ndarray, *, inverse: bool) -> np.ndarray:
         n = self.num_samples - (1 if self._longest_first else 0)  # longest_first: the longest stays last
-        if n <= 0:
+        if not self._window or self.key is None or n <= 0:
             return positions
-        moved = neighbour_shuffle(np.minimum(positions, n - 1), n, self._window, self.key or 0, inverse=inverse)
+        moved = neighbour_shuffle(np.minimum(positions, n - 1), n, self._window, self.key, inverse=inverse)
         found: np.ndarray = np.where(positions < n, moved, positions)
         return found
 
