@@ -120,6 +120,11 @@ CASES: list[Case] = [
          max_len=10, tokens_per_batch=25, balance="attention", window=16, **kw), min_n=1),
     Case("Packed-drop", lambda n, **kw: shardwise.PackedBatchSampler(np.arange(n) % 9 + 1, max_len=12,
          rows_per_batch=3, drop_last=True, **kw), min_n=12),
+    Case("PackedMixture", lambda n, **kw: shardwise.PackedMixtureSampler([np.arange(n) * 7 % 13 + 1, [5] * 4 + [30]],
+         [0.7, 0.3], max_len=8, rows_per_batch=2, **kw), min_n=1),
+    Case("PackedMixture-batches-noshuffle", lambda n, **kw: shardwise.PackedMixtureSampler(
+         [[4, *np.arange(n) % 9], np.arange(n) % 4 + 1, [3, 0, 2]], [0.5, 0.3, 0.2], max_len=6, rows_per_batch=3,
+         num_batches=n // 3 + 1, shuffle=False, **kw), shuffles=False, min_n=1),
 ]
 
 

@@ -35,6 +35,7 @@ _SOURCES: dict[str, str] = {
     "PackedBatchSampler": ".samplers.packed",
     "PackedDataset": ".data.packed_dataset",
     "PackedIndex": "._core.packing",
+    "PackedMixtureSampler": ".samplers.packed_mixture",
     "PackedSample": ".data.packed_dataset",
     "PadCollate": ".data.collate",
     "PendingWeightsError": "._core.mixture",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from .samplers.locality import LocalitySampler
     from .samplers.mixture import MixtureSampler
     from .samplers.packed import PackedBatchSampler
+    from .samplers.packed_mixture import PackedMixtureSampler
     from .samplers.provenance import ProvenanceUnsupported, Trained, TrainedBatch, skip_steps, when, which
     from .samplers.rebase import rebase_state
     from .samplers.scheduled import ScheduledBatchSampler
@@ -151,6 +153,7 @@ __all__ = [
     "PackedBatchSampler",
     "PackedDataset",
     "PackedIndex",
+    "PackedMixtureSampler",
     "PackedSample",
     "PadCollate",
     "PaddedBatch",

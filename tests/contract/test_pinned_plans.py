@@ -92,6 +92,8 @@ PINNED: dict[str, str] = {
     "Packed-rows": "6a3f3d36a7d7ebd5",
     "Packed-tokens-attention-split": "234789f57564588e",
     "Packed-drop": "a6ec244c34de0f0a",
+    "PackedMixture": "4caebc6a116f784b",
+    "PackedMixture-batches-noshuffle": "fefc5d8b215fbccd",
 }
 
 

@@ -110,8 +110,8 @@ class Weights:
         return [a / self.denominator for a in self.a]
 
 
-CONSTANT, BY_SAMPLES = "constant", "by_samples"
-"""Kinds of :class:`WeightSchedule` (with ``thresholds.BY_EPOCH``)."""
+CONSTANT, BY_SAMPLES, BY_TOKENS = "constant", "by_samples", "by_tokens"
+"""Kinds of :class:`WeightSchedule` (with ``thresholds.BY_EPOCH``); ``by_tokens`` is for mixtures weighted in tokens."""
 
 
 class WeightSchedule(Stepwise):
@@ -143,6 +143,11 @@ class WeightSchedule(Stepwise):
     def by_samples(cls, points: Mapping[int, Any]) -> WeightSchedule:
         """``{samples consumed (all ranks, whole run): weights}``, e.g. ``{0: [0.9, 0.1], 10**6: [0.5, 0.5]}``."""
         return cls(BY_SAMPLES, *_read_points(points, "samples"))
+
+    @classmethod
+    def by_tokens(cls, points: Mapping[int, Any]) -> WeightSchedule:
+        """``{tokens consumed (all ranks, whole run): weights}``, for :class:`~shardwise.PackedMixtureSampler`."""
+        return cls(BY_TOKENS, *_read_points(points, "tokens"))
 
     @classmethod
     def by_epoch(cls, points: Mapping[int, Any]) -> WeightSchedule:

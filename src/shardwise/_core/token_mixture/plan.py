@@ -1,0 +1,183 @@
+"""The plan of a packed mixture weighted in tokens: epoch sizes, weight segments, and every batch's rows.
+
+Batch ``j`` of epoch ``e`` holds, of every source ``i``, the tokens ``[Q_i(j), Q_i(j + 1))`` of the
+source's stream for the epoch (:mod:`.quotas`: exact to a token per batch; :mod:`.streams`: the
+source's documents in keyed orders, cycle after cycle), cut into full rows (:mod:`.rows`). Every
+batch is found from its position in O(sources x (chunks + chunk)) without replay or table, and
+nothing depends on the world size.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from ..seeds import derive_seed
+from ..thresholds import BY_EPOCH
+from ..weights import BY_TOKENS, Weights, WeightSchedule, exact_weights
+from .quotas import EpochQuotas, check_quota_size
+from .rows import cut_rows
+from .streams import SourceStream, chunk_count, chunk_tokens
+
+SOURCE_STREAM, ROW_ORDER = "token-mixture-source", "token-mixture-rows"
+"""Purposes of the plan's keys (``derive_seed`` paths)."""
+
+
+class TokenStop(str, enum.Enum):
+    """Where an epoch of a packed mixture ends."""
+
+    NUM_BATCHES = "num_batches"
+    """After ``num_batches`` batches."""
+    ALL_EXHAUSTED = "all_exhausted"
+    """At the first batch by which every source with a positive weight has given all its tokens."""
+    FIRST_EXHAUSTED = "first_exhausted"
+    """At the first batch by which some source with a positive weight has given all its tokens."""
+
+
+class TokenMixturePlan:
+    """The global plan of a packed mixture: batches of ``rows_per_batch`` full rows of ``max_len`` tokens.
+
+    Args:
+        lengths: one 1-D integer array (or memory map) of document lengths per source.
+        schedule: the weights, shares of tokens: constant, ``by_epoch`` or ``by_tokens``.
+        max_len: tokens per row.
+        rows_per_batch: rows per batch (a plan unit).
+        stop: the epoch's end; ``num_batches`` with :attr:`TokenStop.NUM_BATCHES`.
+        shuffle: keyed orders of documents, chunks and pieces; ``False``: index order, sources' pieces
+            in source order.
+    """
+
+    def __init__(
+        self,
+        lengths: list[Any],
+        schedule: WeightSchedule,
+        *,
+        max_len: int,
+        rows_per_batch: int,
+        stop: TokenStop,
+        num_batches: int | None,
+        shuffle: bool,
+    ) -> None:
+        self.lengths, self.schedule, self.shuffle = lengths, schedule, shuffle
+        self.max_len, self.rows_per_batch = max_len, rows_per_batch
+        self.tokens_per_batch = max_len * rows_per_batch
+        self.stop, self.num_batches = stop, num_batches
+        self.sizes = np.asarray([len(x) for x in lengths], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        check_quota_size(self.tokens_per_batch, len(lengths))
+        self.totals = [chunk_tokens(x, chunk_count(len(x), shuffle=shuffle)) for x in lengths]
+        self.source_tokens = np.asarray([int(t.sum()) for t in self.totals], dtype=np.int64)
+        self._entries = [Weights(*exact_weights(np.asarray(w, dtype=np.float64))) for w in schedule.weights]
+        for entry, threshold in zip(self._entries, schedule.thresholds, strict=True):
+            self._check_tokens(entry, threshold)
+        self._starts: list[int] = [0]  # batches before each epoch, memoised (by_tokens needs them)
+        self._quotas: tuple[int, EpochQuotas] | None = None
+        self._streams: tuple[int, int, list[SourceStream]] | None = None  # (epoch, seed, streams)
+
+    def _check_tokens(self, weights: Weights, threshold: int) -> None:
+        empty = [i for i, (a, tokens) in enumerate(zip(weights.a, self.source_tokens, strict=True)) if a and not tokens]
+        if empty:
+            kind = self.schedule.kind
+            where = "" if kind == "constant" else f" (weights from {kind} threshold {threshold})"
+            raise ValueError(
+                f"lengths of source {empty[0]} add up to 0 tokens, but its weight is positive{where}: a source "
+                f"with a weight needs tokens; give it weight 0 or leave it out"
+            )
+
+    # -- weights and sizes -----------------------------------------------------------------------
+    def epoch_start(self, epoch: int) -> int:
+        """Batches of the run before ``epoch`` (all ranks together)."""
+        while len(self._starts) <= epoch:
+            self._starts.append(self._starts[-1] + self.epoch_size(len(self._starts) - 1))
+        return self._starts[epoch]
+
+    def quotas(self, epoch: int) -> EpochQuotas:
+        """The epoch's weight segments, with every change of a ``by_tokens`` schedule placed on its batch."""
+        if self._quotas is None or self._quotas[0] != epoch:
+            kind = self.schedule.kind
+            if kind == BY_TOKENS:
+                quotas = self._by_tokens(epoch)
+            else:
+                level = self.schedule.level_at(epoch, 0) if kind == BY_EPOCH else 0
+                quotas = EpochQuotas(self._entries[level], self.tokens_per_batch)
+            self._quotas = (epoch, quotas)
+        return self._quotas[1]
+
+    def _by_tokens(self, epoch: int) -> EpochQuotas:
+        """Tokens consumed over the run decide the weights; a change starts at the first batch at or after it."""
+        start = self.epoch_start(epoch) * self.tokens_per_batch
+        level = self.schedule.level_at(epoch, start)
+        quotas = EpochQuotas(self._entries[level], self.tokens_per_batch)
+        size = self.epoch_size(epoch)
+        for threshold, entry in zip(self.schedule.thresholds[level + 1 :], self._entries[level + 1 :], strict=True):
+            batch = -(-(threshold - start) // self.tokens_per_batch)
+            if batch >= size:
+                break
+            quotas.change(batch, entry)
+        return quotas
+
+    def epoch_size(self, epoch: int) -> int:
+        """Batches in ``epoch``."""
+        if self.stop is TokenStop.NUM_BATCHES:
+            assert self.num_batches is not None
+            return self.num_batches
+        quotas = self.quotas(epoch)
+        weights = quotas.segments[0].weights
+        reach = []
+        for source, (a, tokens) in enumerate(zip(weights.a, self.source_tokens, strict=True)):
+            if a:
+                guess = -(-int(tokens) * weights.denominator // (a * self.tokens_per_batch)) + 1  # floors: enough
+                reached = quotas.first_reaching(source, int(tokens), limit=guess)
+                assert reached is not None, "a source's floor quota reaches its tokens by the guess"
+                reach.append(reached)
+        return max(1, max(reach) if self.stop is TokenStop.ALL_EXHAUSTED else min(reach))
+
+    # -- the batches -----------------------------------------------------------------------------
+    def streams(self, epoch: int, seed: int) -> list[SourceStream]:
+        if self._streams is None or self._streams[:2] != (epoch, seed):
+            streams = [
+                SourceStream(x, derive_seed(seed, epoch, SOURCE_STREAM, i), shuffle=self.shuffle, totals=t)
+                for i, (x, t) in enumerate(zip(self.lengths, self.totals, strict=True))
+            ]
+            self._streams = (epoch, seed, streams)
+        return self._streams[2]
+
+    def batch(self, epoch: int, seed: int, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Batch ``batch`` of ``epoch``: ``(ids, rows, starts, stops)``, ids in the sources' concatenation."""
+        parts = []
+        streams = self.streams(epoch, seed)
+        for source, (first, stop) in enumerate(self.quotas(epoch).batch_tokens(batch)):
+            if stop > first:
+                documents, starts, stops = streams[source].pieces(first, stop)
+                parts.append((documents + self.offsets[source], starts, stops))
+        ids, starts, stops = (np.concatenate(p) for p in zip(*parts, strict=True))
+        key = derive_seed(seed, epoch, ROW_ORDER, batch) if self.shuffle else None
+        return cut_rows(ids, starts, stops, max_len=self.max_len, key=key)
+
+    def source_of(self, index: int) -> tuple[int, int]:
+        """``(source, document)`` of a global id."""
+        source = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return source, index - int(self.offsets[source])
+
+    def positions_of(self, epoch: int, seed: int, index: int) -> np.ndarray:
+        """Every batch of ``epoch`` holding a piece of global id ``index``, once a piece, sorted (every cycle)."""
+        source, document = self.source_of(index)
+        size = self.epoch_size(epoch)
+        quotas = self.quotas(epoch)
+        drawn = quotas.cumulative(size)[source]  # the source's tokens in the epoch
+        tokens = int(self.source_tokens[source])
+        stream = self.streams(epoch, seed)[source]
+        found: list[int] = []
+        for cycle in range(-(-drawn // tokens) if tokens else 0):
+            offset, length = stream.offset_of(cycle, document)
+            first = cycle * tokens + offset
+            if not length or first >= drawn:
+                continue
+            last = min(first + length, drawn) - 1
+            low, high = quotas.batch_of(source, first, limit=size), quotas.batch_of(source, last, limit=size)
+            found.extend(range(low, high + 1))
+        # a piece per row it spans: count them in each batch found (O(batch) each, provenance only)
+        pieces = [int(np.count_nonzero(self.batch(epoch, seed, b)[0] == index)) for b in sorted(set(found))]
+        return np.repeat(np.asarray(sorted(set(found)), dtype=np.int64), pieces)

@@ -1,0 +1,161 @@
+"""One source of a packed mixture as a stream of tokens: its documents, in a keyed order per cycle.
+
+A source's documents are dealt into ``K`` **strided chunks** (chunk ``k`` holds documents ``k, k + K,
+k + 2K, ...``, so every chunk samples the whole index range: data sorted by date, length or topic
+is spread over all chunks). Each cycle of the source (a pass over all its tokens) visits the chunks
+in a keyed order and each chunk's documents in a keyed order of their own, and concatenates them:
+the cycle's stream of tokens. A token offset is found by two binary searches (the cycle's chunk
+prefix sums, then the chunk's document prefix sums), so any range of the stream is read in
+O(K + chunk) without replaying the stream.
+
+Memory: ``K <= MAX_CHUNKS`` chunk totals (computed once, one pass over the lengths), the current
+cycle's chunk order and prefix sums (``K`` each), and the current chunk (``n / K`` documents): at
+most ~1.5 MB whatever ``n``; at 1e9 documents chunks of 15,259 documents. Zero-length documents take
+no tokens and are never in a range.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..permutation import Permutation, positions_of
+from ..seeds import derive_seed
+
+MAX_CHUNKS = 1 << 16
+"""Most chunks a source is dealt into: bounds the per-cycle tables (8 bytes a chunk, twice)."""
+
+CHUNK_DOCUMENTS = 1 << 12
+"""Documents a chunk holds while fewer than ``MAX_CHUNKS`` chunks are needed."""
+
+_READ_ROWS = 1 << 10  # rows of K lengths summed at a time by chunk_tokens: O(K * 1Ki) temporaries
+
+CYCLE_CHUNKS, CHUNK_DOCS = "token-mixture-chunks", "token-mixture-documents"
+"""Purposes of the keyed orders (``derive_seed`` paths)."""
+
+
+def chunk_count(n: int, *, shuffle: bool) -> int:
+    """Chunks of a source of ``n`` documents: one without shuffling (the source's own order)."""
+    if not shuffle or n <= CHUNK_DOCUMENTS:
+        return 1
+    return min(MAX_CHUNKS, -(-n // CHUNK_DOCUMENTS))
+
+
+def chunk_tokens(lengths: Any, chunks: int) -> np.ndarray:
+    """``(chunks,)`` int64: the tokens of each strided chunk, one pass over ``lengths`` in blocks."""
+    n = len(lengths)
+    totals = np.zeros(chunks, dtype=np.int64)
+    full = n // chunks
+    for first in range(0, full, _READ_ROWS):
+        stop = min(full, first + _READ_ROWS)
+        block = np.asarray(lengths[first * chunks : stop * chunks], dtype=np.int64)
+        totals += block.reshape(stop - first, chunks).sum(axis=0)
+    tail = np.asarray(lengths[full * chunks : n], dtype=np.int64)
+    totals[: tail.size] += tail
+    return totals
+
+
+class SourceStream:
+    """The token stream of one source, cycle by cycle, read by token range.
+
+    Args:
+        lengths: the source's document lengths (a 1-D integer array or memory map, read by slices).
+        key: the source's key for an epoch (``derive_seed(seed, epoch, source)``); cycles derive from it.
+        shuffle: keyed orders; ``False`` reads the documents in index order.
+        totals: the chunk totals, if already computed (they do not depend on the key).
+    """
+
+    __slots__ = ("_chunk", "_cycle", "chunks", "key", "lengths", "n", "shuffle", "tokens", "totals")
+
+    def __init__(self, lengths: Any, key: int, *, shuffle: bool, totals: np.ndarray | None = None) -> None:
+        self.lengths, self.key, self.shuffle = lengths, key, shuffle
+        self.n = len(lengths)
+        self.chunks = chunk_count(self.n, shuffle=shuffle)
+        self.totals = chunk_tokens(lengths, self.chunks) if totals is None else totals
+        self.tokens = int(self.totals.sum())
+        self._cycle: tuple[int, np.ndarray, np.ndarray] | None = None  # (cycle, chunk order, prefix sums)
+        self._chunk: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (cycle, chunk, documents, prefix)
+
+    # -- one cycle: the order of chunks and of documents -----------------------------------------
+    def _chunk_order(self, cycle: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._cycle is None or self._cycle[0] != cycle:
+            if self.chunks == 1:
+                order = np.zeros(1, dtype=np.int64)
+            else:
+                order = Permutation(self.chunks, derive_seed(self.key, CYCLE_CHUNKS, cycle))(np.arange(self.chunks))
+            prefix = np.zeros(self.chunks + 1, dtype=np.int64)
+            np.cumsum(self.totals[order], out=prefix[1:])
+            self._cycle = (cycle, order, prefix)
+        return self._cycle[1], self._cycle[2]
+
+    def _members(self, chunk: int) -> np.ndarray:
+        """The documents of ``chunk`` in index order."""
+        return np.arange(chunk, self.n, self.chunks, dtype=np.int64)
+
+    def _document_permutation(self, cycle: int, chunk: int, size: int) -> Permutation:
+        return Permutation(size, derive_seed(self.key, CHUNK_DOCS, cycle, chunk))
+
+    def _chunk_documents(self, cycle: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """The documents of ``chunk`` in the cycle's order, and their prefix sums of tokens."""
+        if self._chunk is None or self._chunk[:2] != (cycle, chunk):
+            members = self._members(chunk)
+            if self.shuffle:
+                members = members[self._document_permutation(cycle, chunk, members.size)(np.arange(members.size))]
+            if self.chunks == 1 and not self.shuffle:
+                sizes = np.asarray(self.lengths[0 : self.n], dtype=np.int64)
+            else:
+                sizes = np.asarray(self.lengths[chunk :: self.chunks], dtype=np.int64)
+                if self.shuffle:
+                    sizes = sizes[(members - chunk) // self.chunks]
+            prefix = np.zeros(members.size + 1, dtype=np.int64)
+            np.cumsum(sizes, out=prefix[1:])
+            self._chunk = (cycle, chunk, members, prefix)
+        return self._chunk[2], self._chunk[3]
+
+    # -- reading ---------------------------------------------------------------------------------
+    def pieces(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The documents covering stream tokens ``[first, stop)`` (across cycles) and each one's token range.
+
+        Returns ``(documents, starts, stops)``: document ``documents[k]``'s tokens ``[starts[k],
+        stops[k])``, in stream order; a document cut by the range's ends gives its part inside.
+        """
+        out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        while first < stop:
+            cycle, offset = divmod(first, self.tokens)
+            end = min(stop - first, self.tokens - offset) + offset
+            self._cycle_pieces(cycle, offset, end, out)
+            first += end - offset
+        if not out:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty, empty
+        return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))  # type: ignore[return-value]
+
+    def _cycle_pieces(self, cycle: int, first: int, stop: int, out: list[Any]) -> None:
+        order, prefix = self._chunk_order(cycle)
+        at = int(np.searchsorted(prefix, first, side="right")) - 1
+        while first < stop:
+            base = int(prefix[at])
+            documents, inner = self._chunk_documents(cycle, int(order[at]))
+            low, high = first - base, min(stop, int(prefix[at + 1])) - base
+            lo = int(np.searchsorted(inner, low, side="right")) - 1
+            hi = int(np.searchsorted(inner, high, side="left"))
+            starts = np.maximum(low - inner[lo:hi], 0)
+            stops = np.minimum(high - inner[lo:hi], np.diff(inner[lo : hi + 1]))
+            keep = starts < stops
+            out.append((documents[lo:hi][keep], starts[keep], stops[keep]))
+            first = base + high
+            at += 1
+
+    def offset_of(self, cycle: int, document: int) -> tuple[int, int]:
+        """Where ``document`` lies in the cycle's stream: its first token's offset and its length."""
+        order, prefix = self._chunk_order(cycle)
+        chunk = document % self.chunks
+        rank = int(np.flatnonzero(order == chunk)[0]) if self.chunks > 1 else 0
+        documents, inner = self._chunk_documents(cycle, chunk)
+        slot = (document - chunk) // self.chunks
+        if self.shuffle:
+            where = int(positions_of(self._document_permutation(cycle, chunk, documents.size), np.asarray([slot]))[0])
+        else:
+            where = slot
+        return int(prefix[rank] + inner[where]), int(inner[where + 1] - inner[where])

@@ -1,0 +1,224 @@
+"""``PackedMixtureSampler``: a mixture of sources weighted in tokens, packed into full rows, distributed.
+
+The arithmetic (token quotas, the sources' token streams, rows) lives in
+:mod:`shardwise._core.token_mixture`; this module is the torch shell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from .._core.arrays import digest
+from .._core.errors import check_choice, check_int
+from .._core.packing import PackedIndex
+from .._core.state import Fingerprint
+from .._core.thresholds import BY_EPOCH
+from .._core.token_mixture import TokenMixturePlan, TokenStop
+from .._core.weights import BY_TOKENS, CONSTANT, WeightSchedule, as_weight_schedule
+from .._core.world import World
+from ..index.lengths import LengthsInput
+from .base import PlanSampler
+from .keywords import ShuffledKeywords
+from .passes import UnitSource
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+PLAN_VERSION = 1
+"""The plan's version in the state fingerprint: a release that changes the plan bumps it."""
+
+
+def source_lengths(lengths: object) -> list[Any]:
+    """One checked lengths array per source (a large array or memory map as is, else a compact copy)."""
+    if isinstance(lengths, (str, bytes, np.ndarray)) or not isinstance(lengths, Sequence) or not lengths:
+        raise TypeError(
+            "lengths should be a non-empty sequence with one lengths input per source (each a 1-D sequence of "
+            f"token counts, an array, a memory map or an HF column), but got lengths={type(lengths).__name__}"
+        )
+    out = []
+    for values in lengths:
+        given = LengthsInput.of(values)
+        given.value_range()  # every value a non-negative integer, checked once
+        out.append(given.values if isinstance(given.values, np.ndarray) else given.compact())
+    return out
+
+
+class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
+    """Batches of full rows drawn from several sources, whose weights are shares of **tokens**.
+
+    Give it each source's document lengths (token counts) and the weights; wrap the sources in
+    :class:`shardwise.Mixture` (index ``offset_i + k`` is document ``k`` of source ``i``) and that in
+    :class:`~shardwise.PackedDataset`, and collate with :func:`~shardwise.pack_collate`. Each batch
+    is ``rows_per_batch`` rows of exactly ``max_len`` tokens, a list of :class:`PackedIndex` (a
+    document, its row and its token range).
+
+    - **Weights in tokens.** Batch ``j`` holds of source ``i`` exactly the tokens
+      ``Q_i(j + 1) - Q_i(j)`` of its stream, where ``Q_i`` rounds ``w_i * j * rows_per_batch *
+      max_len`` down (one source, the largest, takes the remainder): every batch is within one token
+      of each weight (``S - 1`` for that source), so every window of whole batches is too, and a
+      source whose share of a batch is at least one token is in every batch: small weights are never
+      rounded away. Weights are shares of the tokens the model sees, not of documents (a source of
+      long documents weighted 0.2 gives 20% of the tokens, not 20% of the documents).
+    - **Full rows.** A batch's pieces are put in a keyed order, concatenated and cut every
+      ``max_len`` tokens: 100% fill, rows mix sources, a document is cut where a row or its source's
+      share of a batch ends, and each piece is its own document for attention and positions
+      (pretraining's concatenate-and-chunk). Ranks get ``rows_per_batch`` full rows a step each:
+      equal tokens on every rank.
+    - **Each source cycles on its own**, through its documents in a keyed order per cycle and epoch
+      (strided chunks of documents in a keyed order, each chunk's documents in a keyed order:
+      :mod:`shardwise._core.token_mixture.streams`); a source runs out and starts again reshuffled.
+    - **Epochs.** ``num_batches`` batches; without it ``stop="all_exhausted"`` (every source with a
+      weight has given all its tokens at least once) or ``"first_exhausted"``.
+    - **Weights that change.** A :class:`WeightSchedule` ``by_epoch`` or ``by_tokens`` (tokens
+      consumed over the run, all ranks together; a change takes effect at the first batch at or
+      after its threshold). ``by_tokens`` needs ``num_batches``.
+    - **Resume.** The plan is a function of (lengths, weights, seed, epoch, position): the state is
+      ``(epoch, consumed, seed, fingerprint)``, loaded at any world size in O(1), without replay.
+
+    Cost at 1e9 documents: the lengths (mapped, not copied, when given as an array or memory map)
+    and one pass over them at construction (their check and every source's chunk totals); a rank
+    holds at most 65,536 chunk totals per source and the current cycle's chunk order (1 MB a
+    source) and one chunk of ~15,000 documents: private memory does not grow with n. A batch costs
+    two binary searches and one chunk's keyed order per source when its chunk changes.
+
+    Args:
+        lengths: one lengths input per source (anything ``LengthsInput.of`` takes: a sequence, an array
+            or memory map, an HF column).
+        weights: one non-negative weight per source (only ratios matter), shares of tokens; or a
+            :class:`WeightSchedule` (``constant``, ``by_epoch``, ``by_tokens``).
+        max_len: tokens per row (the context length).
+        rows_per_batch: rows per batch (a rank's batch of a step).
+        num_batches: batches per epoch over all ranks (then ``stop="num_batches"``).
+        stop: ``"num_batches"``, ``"all_exhausted"`` (default without ``num_batches``) or
+            ``"first_exhausted"``.
+        shuffle: keyed orders of documents and of pieces in rows, new every epoch; ``False``: each
+            source in index order, sources' pieces in source order.
+        seed: base seed, identical on every rank; ``None`` resolves one that every rank shares.
+        num_replicas: world size; default: torch.distributed, then the launcher's environment.
+        rank: global rank; default: as ``num_replicas``.
+        drop_last: cut the last partial global step instead of padding it by repeating batches from the
+            plan's start.
+
+    Example:
+        >>> sampler = PackedMixtureSampler([[300, 200, 500], [50] * 40], [0.5, 0.5], max_len=100,
+        ...                                rows_per_batch=2, seed=0, num_replicas=1, rank=0)
+        >>> batch = next(iter(sampler))
+        >>> [sum(i.stop - i.start for i in batch if i.row == r) for r in range(2)]
+        [100, 100]
+        >>> sum(i.stop - i.start for i in batch if int(i) < 3)  # source 0: half the tokens
+        100
+    """
+
+    _CHUNK = 64
+    _FIRST_CHUNK = 1
+
+    def __init__(
+        self,
+        lengths: Sequence[Any],
+        weights: Any,
+        *,
+        max_len: int,
+        rows_per_batch: int,
+        num_batches: int | None = None,
+        stop: TokenStop | str | None = None,
+        **options: Unpack[ShuffledKeywords],
+    ) -> None:
+        keywords = self._read_keywords(options)
+        self.max_len = check_int("max_len", max_len, minimum=1)
+        self.rows_per_batch = check_int("rows_per_batch", rows_per_batch, minimum=1)
+        self.num_batches = None if num_batches is None else check_int("num_batches", num_batches, minimum=1)
+        default = TokenStop.NUM_BATCHES if num_batches is not None else TokenStop.ALL_EXHAUSTED
+        self.stop = default if stop is None else check_choice("stop", stop, TokenStop)
+        if (self.stop is TokenStop.NUM_BATCHES) != (self.num_batches is not None):
+            raise ValueError(
+                f"num_batches goes with stop='num_batches' (and stop='num_batches' needs it), but got "
+                f"num_batches={num_batches!r}, stop={self.stop.value!r}"
+            )
+        arrays = source_lengths(lengths)
+        self.weights = self._schedule(weights, len(arrays))
+        self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
+        self._plan = TokenMixturePlan(arrays, self.weights, max_len=self.max_len, rows_per_batch=self.rows_per_batch,
+                                      stop=self.stop, num_batches=self.num_batches, shuffle=self.shuffle)  # fmt: skip
+        self.sizes = self._plan.sizes
+        self._lengths_digest = digest(np.concatenate([np.asarray(t, dtype=np.int64) for t in self._plan.totals]))
+        self._init_plan(keywords)
+
+    def _schedule(self, weights: Any, sources: int) -> WeightSchedule:
+        if type(weights).__name__ == "AdaptiveWeights":
+            raise TypeError(
+                "weights=AdaptiveWeights(...) is not supported by PackedMixtureSampler yet: pass fixed weights or a "
+                "WeightSchedule (by_epoch, by_tokens), or use MixtureSampler for adaptive weights in samples"
+            )
+        schedule = as_weight_schedule(weights)
+        if schedule.kind not in (CONSTANT, BY_EPOCH, BY_TOKENS):
+            raise ValueError(
+                "weights should be fixed weights or a WeightSchedule constant, by_epoch or by_tokens (tokens "
+                f"consumed), but got a {schedule.kind} schedule; use WeightSchedule.by_tokens with thresholds in tokens"
+            )
+        if schedule.kind == BY_TOKENS and self.stop is not TokenStop.NUM_BATCHES:
+            raise ValueError(
+                "weights=WeightSchedule.by_tokens(...) needs num_batches (an epoch's length may not depend on weights "
+                f"that change inside it), but got stop={self.stop.value!r}; pass num_batches"
+            )
+        schedule.check_sources(sources)
+        return schedule
+
+    @property
+    def plan(self) -> TokenMixturePlan:
+        """The global plan (numpy only): epoch sizes, quotas, and every batch by position."""
+        return self._plan
+
+    @property
+    def source_tokens(self) -> list[int]:
+        """Every source's tokens (the sum of its lengths)."""
+        return [int(x) for x in self._plan.source_tokens]
+
+    def _batches(self, epoch: int, seed: int, positions: np.ndarray) -> list[list[int]]:
+        out: list[list[int]] = []
+        for position in positions.tolist():
+            ids, rows, starts, stops = self._plan.batch(epoch, seed, position)
+            spans = zip(ids.tolist(), rows.tolist(), starts.tolist(), stops.tolist(), strict=True)
+            out.append([PackedIndex.trusted(i, r, a, z) for i, r, a, z in spans])
+        return out
+
+    # -- PlanSampler hooks ---------------------------------------------------------------------
+    def _plan_size(self, epoch: int) -> int:
+        return self._plan.epoch_size(epoch)
+
+    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        return lambda positions: self._batches(epoch, seed, positions)
+
+    def _id_count(self) -> int:
+        return int(self.sizes.sum())
+
+    def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Every batch of ``epoch`` holding a token of document ``index`` (provenance)."""
+        index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
+        return self._plan.positions_of(epoch, self.seed, index)
+
+    def _fingerprint(self) -> Fingerprint:
+        return {
+            "sizes": self.sizes.tolist(),
+            "lengths": self._lengths_digest,
+            "weights": self.weights.fingerprint(),
+            "max_len": self.max_len,
+            "rows_per_batch": self.rows_per_batch,
+            "stop": self.stop.value,
+            "num_batches": self.num_batches,
+            "shuffle": self.shuffle,
+            "plan": PLAN_VERSION,
+        }
+
+    def _config(self) -> dict[str, Any]:
+        schedule = self.weights
+        weights = schedule.weights[0].tolist() if schedule.kind == CONSTANT else repr(schedule)
+        return {"weights": weights, "max_len": self.max_len, "rows_per_batch": self.rows_per_batch,
+                "stop": self.stop.value, "num_batches": self.num_batches, "shuffle": self.shuffle,
+                "drop_last": self.drop_last}  # fmt: skip
+
+    def _data_repr(self) -> str:
+        return f"sizes={self.sizes.tolist()}, tokens={self.source_tokens}"
