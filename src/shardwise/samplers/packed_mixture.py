@@ -6,7 +6,7 @@ The arithmetic (token quotas, the sources' token streams, rows) lives in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,19 +32,22 @@ PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
 
 
-def source_lengths(lengths: object) -> list[Any]:
-    """One checked lengths array per source (a large array or memory map as is, else a compact copy)."""
-    if isinstance(lengths, (str, bytes, np.ndarray)) or not isinstance(lengths, Sequence) or not lengths:
+def source_lengths(lengths: object) -> tuple[list[str], list[Any]]:
+    """Source names and one checked lengths array per source (a large array or memory map as is, else a copy)."""
+    names = [str(name) for name in lengths] if isinstance(lengths, Mapping) else None
+    values_of = list(lengths.values()) if isinstance(lengths, Mapping) else lengths
+    if isinstance(values_of, (str, bytes, np.ndarray)) or not isinstance(values_of, Sequence) or not values_of:
         raise TypeError(
-            "lengths should be a non-empty sequence with one lengths input per source (each a 1-D sequence of "
-            f"token counts, an array, a memory map or an HF column), but got lengths={type(lengths).__name__}"
+            "lengths should be a non-empty sequence (or {name: lengths} mapping) with one lengths input per source "
+            "(each a 1-D sequence of token counts, an array, a memory map or an HF column), but got "
+            f"lengths={type(lengths).__name__}"
         )
     out = []
-    for values in lengths:
+    for values in values_of:
         given = LengthsInput.of(values)
         given.value_range()  # every value a non-negative integer, checked once
         out.append(given.values if isinstance(given.values, np.ndarray) else given.compact())
-    return out
+    return names or [str(i) for i in range(len(out))], out
 
 
 class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -87,7 +90,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     Args:
         lengths: one lengths input per source (anything ``LengthsInput.of`` takes: a sequence, an array
-            or memory map, an HF column).
+            or memory map, an HF column), or ``{name: lengths}`` (the names ``which`` reports).
         weights: one non-negative weight per source (only ratios matter), shares of tokens; or a
             :class:`WeightSchedule` (``constant``, ``by_epoch``, ``by_tokens``).
         max_len: tokens per row (the context length).
@@ -118,7 +121,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def __init__(
         self,
-        lengths: Sequence[Any],
+        lengths: Sequence[Any] | Mapping[str, Any],
         weights: Any,
         *,
         max_len: int,
@@ -138,7 +141,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 f"num_batches goes with stop='num_batches' (and stop='num_batches' needs it), but got "
                 f"num_batches={num_batches!r}, stop={self.stop.value!r}"
             )
-        arrays = source_lengths(lengths)
+        self.source_names, arrays = source_lengths(lengths)
         self.weights = self._schedule(weights, len(arrays))
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         self._plan = TokenMixturePlan(arrays, self.weights, max_len=self.max_len, rows_per_batch=self.rows_per_batch,
@@ -173,6 +176,11 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return self._plan
 
     @property
+    def offsets(self) -> list[int]:
+        """Where each source starts in the concatenated index space (``shardwise.Mixture``'s order)."""
+        return [int(x) for x in self._plan.offsets]
+
+    @property
     def source_tokens(self) -> list[int]:
         """Every source's tokens (the sum of its lengths)."""
         return [int(x) for x in self._plan.source_tokens]
@@ -203,6 +211,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _fingerprint(self) -> Fingerprint:
         return {
             "sizes": self.sizes.tolist(),
+            "names": self.source_names,
             "lengths": self._lengths_digest,
             "weights": self.weights.fingerprint(),
             "max_len": self.max_len,

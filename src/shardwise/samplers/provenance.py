@@ -32,7 +32,9 @@ class TrainedBatch:
     """What one rank trained at one step: sample ids, and for a mixture each one's source.
 
     ``sources[k]`` names the source of ``indices[k]`` and ``source_indices[k]`` is its index within
-    that source (``None`` for a sampler that is not a mixture).
+    that source (``None`` for a sampler that is not a mixture). For packed batches ``pieces[k]`` is
+    ``(row, start, stop)``: the row of the batch and the token range of ``indices[k]`` it trained
+    (``None`` for batches that are not packed).
     """
 
     epoch: int
@@ -41,6 +43,7 @@ class TrainedBatch:
     indices: list[int]
     sources: list[str] | None = None
     source_indices: list[int] | None = None
+    pieces: list[tuple[int, int, int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,10 +126,17 @@ def _mixture_of(sampler: object) -> Any:
     return None
 
 
-def _flatten(units: list[Any]) -> list[int]:
+def _flatten(units: list[Any]) -> list[Any]:
     if units and isinstance(units[0], (list, tuple)):
-        return [int(i) for unit in units for i in unit]
-    return [int(i) for i in units]
+        return [i for unit in units for i in unit]
+    return list(units)
+
+
+def _pieces(items: list[Any]) -> list[tuple[int, int, int]] | None:
+    """``(row, start, stop)`` of every item of packed batches (``PackedIndex``), else ``None``."""
+    if not items or not all(hasattr(i, "row") and hasattr(i, "stop") for i in items):
+        return None
+    return [(int(i.row), int(i.start), int(i.stop)) for i in items]
 
 
 def which(
@@ -178,9 +188,7 @@ def which(
     mixture = _mixture_of(sampler)
     # Every rank's positions in one ascending call: one pass over the plan for all ranks (a shard()
     # wrapper reads its sampler forward), and a single round of numpy calls instead of one per rank.
-    per_rank = [
-        sampler.step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks
-    ]
+    per_rank = [sampler.step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks]
     together = np.concatenate(per_rank)
     order = np.argsort(together, kind="stable")
     units: list[Any] = [None] * together.size
@@ -189,15 +197,16 @@ def which(
     bounds = np.cumsum([0, *(len(p) for p in per_rank)]).tolist()
     found = []
     for n, r in enumerate(ranks):
-        indices = _flatten(units[bounds[n] : bounds[n + 1]])
+        items = _flatten(units[bounds[n] : bounds[n + 1]])
+        indices, pieces = [int(i) for i in items], _pieces(items)
         if mixture is None:
-            found.append(TrainedBatch(epoch, int(step), r, indices))
+            found.append(TrainedBatch(epoch, int(step), r, indices, pieces=pieces))
             continue
         offsets = np.asarray(mixture.offsets, dtype=np.int64)
         where = np.searchsorted(offsets, np.asarray(indices, dtype=np.int64), side="right") - 1
         names = [mixture.source_names[i] for i in where.tolist()]
         within = (np.asarray(indices, dtype=np.int64) - offsets[where]).tolist()
-        found.append(TrainedBatch(epoch, int(step), r, indices, names, within))
+        found.append(TrainedBatch(epoch, int(step), r, indices, names, within, pieces))
     return found
 
 
