@@ -7,22 +7,27 @@ The arithmetic (token quotas, the sources' token streams, rows) lives in
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.arrays import digest
+from .._core.arrays import check_non_negative_integers, digest
 from .._core.errors import check_choice, check_int
 from .._core.packing import PackedIndex
 from .._core.state import Fingerprint
 from .._core.thresholds import BY_EPOCH
 from .._core.token_mixture import TokenMixturePlan, TokenStop
+from .._core.token_mixture.streams import chunk_count, chunk_tokens
 from .._core.weights import BY_TOKENS, CONSTANT, WeightSchedule, as_weight_schedule
 from .._core.world import World
+from ..index import build_or_open, read_checked
+from ..index.cache import CacheDir
 from ..index.lengths import LengthsInput
 from .base import PlanSampler
-from .keywords import ShuffledKeywords
+from .keywords import ShuffledCachedKeywords
+from .packed_build import SHARED_FROM
 from .passes import UnitSource
 
 if TYPE_CHECKING:
@@ -32,8 +37,12 @@ PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
 
 
-def source_lengths(lengths: object) -> tuple[list[str], list[Any]]:
-    """Source names and one checked lengths array per source (a large array or memory map as is, else a copy)."""
+CHUNKS_KIND = "token-mixture-chunks"
+"""The shared index of a source's chunk totals (and its lengths' range), one entry per lengths input."""
+
+
+def source_lengths(lengths: object) -> tuple[list[str], list[LengthsInput]]:
+    """Source names and one resolved lengths input per source."""
     names = [str(name) for name in lengths] if isinstance(lengths, Mapping) else None
     values_of = list(lengths.values()) if isinstance(lengths, Mapping) else lengths
     if isinstance(values_of, (str, bytes, np.ndarray)) or not isinstance(values_of, Sequence) or not values_of:
@@ -42,12 +51,30 @@ def source_lengths(lengths: object) -> tuple[list[str], list[Any]]:
             "(each a 1-D sequence of token counts, an array, a memory map or an HF column), but got "
             f"lengths={type(lengths).__name__}"
         )
-    out = []
-    for values in values_of:
-        given = LengthsInput.of(values)
-        given.value_range()  # every value a non-negative integer, checked once
-        out.append(given.values if isinstance(given.values, np.ndarray) else given.compact())
-    return names or [str(i) for i in range(len(out))], out
+    inputs = [LengthsInput.of(values) for values in values_of]
+    return names or [str(i) for i in range(len(inputs))], inputs
+
+
+def source_table(
+    lengths: LengthsInput, *, shuffle: bool, cache_dir: CacheDir, timeout: float
+) -> tuple[Any, np.ndarray]:
+    """One source's lengths (checked) and chunk totals: from the node's shared index from ``SHARED_FROM`` on.
+
+    The check and the totals read every length once per node: another rank maps two small files
+    (its start does not grow with n); small sources are read privately, a compact copy.
+    """
+    chunks = chunk_count(lengths.size, shuffle=shuffle)
+    if lengths.size < SHARED_FROM or not isinstance(lengths.values, np.ndarray):
+        array = lengths.compact()  # checks every value
+        return array, chunk_tokens(array, chunks)
+    values = lengths.values
+
+    def build(directory: Path) -> None:
+        check_non_negative_integers("lengths", values, holds="integers (token counts)", noun="integers")
+        np.save(directory / "totals.npy", chunk_tokens(values, chunks))
+
+    arrays = build_or_open(CHUNKS_KIND, f"{lengths.key}|{chunks}", build, cache_dir=cache_dir, timeout=timeout)
+    return values, np.asarray(read_checked(arrays["totals"], arrays["totals"][:]), dtype=np.int64)
 
 
 class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -105,6 +132,10 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
         rank: global rank; default: as ``num_replicas``.
         drop_last: cut the last partial global step instead of padding it by repeating batches from the
             plan's start.
+        cache_dir: where the sources' chunk totals live (from 2**18 documents a source given as an array
+            or memory map; see :func:`shardwise.index.build_or_open`): ``None`` the default cache,
+            ``False`` private.
+        cache_timeout: seconds to wait for another process of the node building them.
 
     Example:
         >>> sampler = PackedMixtureSampler([[300, 200, 500], [50] * 40], [0.5, 0.5], max_len=100,
@@ -128,7 +159,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
         rows_per_batch: int,
         num_batches: int | None = None,
         stop: TokenStop | str | None = None,
-        **options: Unpack[ShuffledKeywords],
+        **options: Unpack[ShuffledCachedKeywords],
     ) -> None:
         keywords = self._read_keywords(options)
         self.max_len = check_int("max_len", max_len, minimum=1)
@@ -141,11 +172,14 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 f"num_batches goes with stop='num_batches' (and stop='num_batches' needs it), but got "
                 f"num_batches={num_batches!r}, stop={self.stop.value!r}"
             )
-        self.source_names, arrays = source_lengths(lengths)
-        self.weights = self._schedule(weights, len(arrays))
+        self.source_names, inputs = source_lengths(lengths)
+        self.weights = self._schedule(weights, len(inputs))
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
-        self._plan = TokenMixturePlan(arrays, self.weights, max_len=self.max_len, rows_per_batch=self.rows_per_batch,
-                                      stop=self.stop, num_batches=self.num_batches, shuffle=self.shuffle)  # fmt: skip
+        tables = [source_table(x, shuffle=self.shuffle, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
+                  for x in inputs]  # fmt: skip
+        self._plan = TokenMixturePlan([t[0] for t in tables], self.weights, totals=[t[1] for t in tables],
+                                      max_len=self.max_len, rows_per_batch=self.rows_per_batch, stop=self.stop,
+                                      num_batches=self.num_batches, shuffle=self.shuffle)  # fmt: skip
         self.sizes = self._plan.sizes
         self._lengths_digest = digest(np.concatenate([np.asarray(t, dtype=np.int64) for t in self._plan.totals]))
         self._init_plan(keywords)

@@ -47,6 +47,7 @@ class TokenMixturePlan:
         stop: the epoch's end; ``num_batches`` with :attr:`TokenStop.NUM_BATCHES`.
         shuffle: keyed orders of documents, chunks and pieces; ``False``: index order, sources' pieces
             in source order.
+        totals: every source's chunk totals (:func:`.streams.chunk_tokens`), if computed already.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class TokenMixturePlan:
         stop: TokenStop,
         num_batches: int | None,
         shuffle: bool,
+        totals: list[np.ndarray] | None = None,
     ) -> None:
         self.lengths, self.schedule, self.shuffle = lengths, schedule, shuffle
         self.max_len, self.rows_per_batch = max_len, rows_per_batch
@@ -67,7 +69,7 @@ class TokenMixturePlan:
         self.sizes = np.asarray([len(x) for x in lengths], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         check_quota_size(self.tokens_per_batch, len(lengths))
-        self.totals = [chunk_tokens(x, chunk_count(len(x), shuffle=shuffle)) for x in lengths]
+        self.totals = totals or [chunk_tokens(x, chunk_count(len(x), shuffle=shuffle)) for x in lengths]
         self.source_tokens = np.asarray([int(t.sum()) for t in self.totals], dtype=np.int64)
         self._entries = [Weights(*exact_weights(np.asarray(w, dtype=np.float64))) for w in schedule.weights]
         for entry, threshold in zip(self._entries, schedule.thresholds, strict=True):
