@@ -351,6 +351,14 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("packed-lengths-ragged", lambda tmp: PackedBatchSampler(RAGGED, max_len=8, rows_per_batch=2), T, ("lengths",)),
     ("packed-shuffle-int", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2, shuffle=1), T, ("shuffle", "1")),
     ("packed-rows-bool", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=True), T, ("rows_per_batch", "True")),
+    # -- PackedMixtureSampler ---------------------------------------------------------------------------
+    ("packed-mixture-zero-token-source", lambda tmp: shardwise.PackedMixtureSampler([[0, 0], [5]], [1, 1], max_len=8, rows_per_batch=2), V, ("source 0", "0 tokens", "weight 0")),
+    ("packed-mixture-one-source-flat", lambda tmp: shardwise.PackedMixtureSampler([3, 4], [1], max_len=8, rows_per_batch=2), V, ("lengths",)),
+    ("packed-mixture-weights-count", lambda tmp: shardwise.PackedMixtureSampler([[3], [4]], [1], max_len=8, rows_per_batch=2), V, ("weights",)),
+    ("packed-mixture-by-samples", lambda tmp: shardwise.PackedMixtureSampler([[3], [4]], WeightSchedule.by_samples({0: [1, 1]}), max_len=8, rows_per_batch=2), V, ("by_tokens", "by_samples")),
+    ("packed-mixture-stop-unknown", lambda tmp: shardwise.PackedMixtureSampler([[3], [4]], [1, 1], max_len=8, rows_per_batch=2, stop="never"), V, ("stop", "'never'", "'all_exhausted'")),
+    ("packed-mixture-small-batch", lambda tmp: shardwise.PackedMixtureSampler([[3], [4], [5]], [1, 1, 1], max_len=2, rows_per_batch=2), V, ("rows_per_batch * max_len", "9")),
+    ("packed-mixture-rows-zero", lambda tmp: shardwise.PackedMixtureSampler([[3], [4]], [1, 1], max_len=8, rows_per_batch=0), V, ("rows_per_batch", "0")),
     ("pack-collate-batch-none", lambda tmp: pack_collate(None), T, ("batch", "None")),  # type: ignore[arg-type]
     ("pack-collate-max-len-zero", lambda tmp: pack_collate([[1, 2]], max_len=0), V, ("max_len", "0")),
     ("packcollate-rows-negative", lambda tmp: PackCollate(rows=-1), V, ("rows", "-1")),
@@ -475,7 +483,7 @@ PREFIXES = {
     "adaptive": "AdaptiveWeights", "exp3": "Exp3", "exp-gradient": "ExponentiatedGradient",
     "mixture-datasets": "Mixture", "weight-schedule": "WeightSchedule", "temperature": "temperature_weights",
     "verify": "verify", "verify-report": "VerifyReport",
-    "packed": "PackedBatchSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
+    "packed": "PackedBatchSampler", "packed-mixture": "PackedMixtureSampler", "pack-collate": "pack_collate", "packcollate": "PackCollate",
     "packed-dataset": "PackedDataset", "packed-index": "PackedIndex",
     "column": "column",
     "which": "which", "when": "when", "skip-steps": "skip_steps", "skip-positions": "ShardedSampler", "skip-ids": "ShardedSampler",
