@@ -9,11 +9,13 @@ nothing depends on the world size.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from typing import Any
 
 import numpy as np
 
+from ..mixture import PendingWeightsError
 from ..seeds import derive_seed
 from ..thresholds import BY_EPOCH
 from ..weights import BY_TOKENS, Weights, WeightSchedule, exact_weights
@@ -74,7 +76,14 @@ class TokenMixturePlan:
         self._entries = [Weights(*exact_weights(np.asarray(w, dtype=np.float64))) for w in schedule.weights]
         for entry, threshold in zip(self._entries, schedule.thresholds, strict=True):
             self._check_tokens(entry, threshold)
-        self._starts: list[int] = [0]  # batches before each epoch, memoised (by_tokens needs them)
+        self._starts: list[int] = [0]  # batches before each epoch, memoised
+        # Weights by run batch: the initial ones, then every by_tokens change (at the first batch at or after
+        # its threshold) or adaptive update (``extend``); known_until: batches past the ledger's are refused.
+        self._change_at, self._changes = [0], [self._entries[0]]
+        if schedule.kind == BY_TOKENS:
+            for threshold, entry in zip(schedule.thresholds[1:], self._entries[1:], strict=True):
+                self.extend(-(-threshold // self.tokens_per_batch), entry, 0)
+        self.known_until: int | None = None
         self._quotas: tuple[int, EpochQuotas] | None = None
         self._streams: tuple[int, int, list[SourceStream]] | None = None  # (epoch, seed, streams)
 
@@ -96,29 +105,41 @@ class TokenMixturePlan:
         return self._starts[epoch]
 
     def quotas(self, epoch: int) -> EpochQuotas:
-        """The epoch's weight segments, with every change of a ``by_tokens`` schedule placed on its batch."""
+        """The epoch's weight segments: its ``by_epoch`` weights, or every change at a run batch placed on its batch."""
         if self._quotas is None or self._quotas[0] != epoch:
-            kind = self.schedule.kind
-            if kind == BY_TOKENS:
-                quotas = self._by_tokens(epoch)
+            if self.schedule.kind == BY_EPOCH:
+                quotas = EpochQuotas(self._entries[self.schedule.level_at(epoch, 0)], self.tokens_per_batch)
             else:
-                level = self.schedule.level_at(epoch, 0) if kind == BY_EPOCH else 0
-                quotas = EpochQuotas(self._entries[level], self.tokens_per_batch)
+                start = self.epoch_start(epoch)
+                at = bisect.bisect_right(self._change_at, start) - 1
+                quotas = EpochQuotas(self._changes[at], self.tokens_per_batch)
+                later = zip(self._change_at[at + 1 :], self._changes[at + 1 :], strict=True)
+                for batch, weights in later:  # only with num_batches (by_tokens, adaptive): the size is known
+                    if batch >= start + self.epoch_size(epoch):
+                        break
+                    quotas.change(batch - start, weights)
             self._quotas = (epoch, quotas)
         return self._quotas[1]
 
-    def _by_tokens(self, epoch: int) -> EpochQuotas:
-        """Tokens consumed over the run decide the weights; a change starts at the first batch at or after it."""
-        start = self.epoch_start(epoch) * self.tokens_per_batch
-        level = self.schedule.level_at(epoch, start)
-        quotas = EpochQuotas(self._entries[level], self.tokens_per_batch)
-        size = self.epoch_size(epoch)
-        for threshold, entry in zip(self.schedule.thresholds[level + 1 :], self._entries[level + 1 :], strict=True):
-            batch = -(-(threshold - start) // self.tokens_per_batch)
-            if batch >= size:
-                break
-            quotas.change(batch, entry)
-        return quotas
+    def extend(self, batch: int, weights: Weights, known_until: int) -> None:
+        """New weights from run batch ``batch`` on (an adaptive ledger's update); batches below ``known_until`` known.
+
+        NOTE [ An adaptive ledger is a weight schedule written at run time ] (``_core/adaptive``).
+        """
+        last = self._change_at[-1]
+        if batch < last:
+            raise ValueError(f"weight changes should come in order, but got run batch {batch} after {last}")
+        if batch == last:
+            self._changes[-1] = weights
+        else:
+            self._change_at.append(batch)
+            self._changes.append(weights)
+        self.known_until = known_until
+        self._quotas = None
+
+    def weights_at(self, epoch: int, batch: int) -> Weights:
+        """The exact weights in force at batch ``batch`` of ``epoch``."""
+        return self.quotas(epoch).segment_at(batch).weights
 
     def epoch_size(self, epoch: int) -> int:
         """Batches in ``epoch``."""
@@ -147,7 +168,17 @@ class TokenMixturePlan:
         return self._streams[2]
 
     def batch(self, epoch: int, seed: int, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Batch ``batch`` of ``epoch``: ``(ids, rows, starts, stops)``, ids in the sources' concatenation."""
+        """Batch ``batch`` of ``epoch``: ``(ids, rows, starts, stops)``, ids in the sources' concatenation.
+
+        Raises:
+            PendingWeightsError: an adaptive ledger has not set the batch's weights yet.
+        """
+        if self.known_until is not None and self.epoch_start(epoch) + batch >= self.known_until:
+            raise PendingWeightsError(
+                f"batch {batch} of epoch {epoch} (run batch {self.epoch_start(epoch) + batch}) draws with weights that "
+                f"no update has set yet: the ledger holds them up to run batch {self.known_until}. Call "
+                "sampler.update() on every rank when sampler.update_due()"
+            )
         parts = []
         streams = self.streams(epoch, seed)
         for source, (first, stop) in enumerate(self.quotas(epoch).batch_tokens(batch)):
