@@ -57,6 +57,7 @@ from ..data.packing import PackCollate
 from ..samplers.base import PlanSampler
 from ..samplers.frameworks import is_batch_plan
 from ..samplers.packed import PackedBatchSampler
+from ..samplers.packed_mixture import PackedMixtureSampler
 from . import require
 from .loader_settings import trainer_settings
 from .trainer_sampling import default_train_sampler
@@ -89,6 +90,10 @@ _HOOKS = tuple(
 """Trainer's private methods :class:`ShardwiseTrainerMixin` overrides or calls (see ``shardwise._core.foreign``)."""
 _TRAIN_BATCH_SIZE = private("transformers", "_train_batch_size")
 _SKIP = private("transformers", "skip_first_batches")  # transformers.trainer's, replaced in a resumed epoch
+
+PACKED_SAMPLERS = (PackedBatchSampler, PackedMixtureSampler)
+"""Samplers whose batches are packed rows of ``PackedIndex`` pieces (read through ``PackedDataset``, laid out by
+``PackCollate``)."""
 
 
 class _Position:
@@ -217,7 +222,7 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
         collator = self.data_collator
         if not arrow:
             collator = self._get_collator_with_removed_columns(self.data_collator, description="Training")
-        if isinstance(sampler, PackedBatchSampler) and not isinstance(dataset, PackedDataset):
+        if isinstance(sampler, PACKED_SAMPLERS) and not isinstance(dataset, PackedDataset):
             dataset = self._packed_dataset(dataset)
         args = self.args
         params: dict[str, Any] = {
@@ -256,10 +261,11 @@ class ShardwiseTrainerMixin(_Base):  # type: ignore[misc]
             if not collator.layout.hf:
                 self.data_collator = collator.for_model(self.model)
                 logger.info("PackCollate fitted to the model: %r", self.data_collator)
-        elif isinstance(sampler, PackedBatchSampler):
+        elif isinstance(sampler, PACKED_SAMPLERS):
             raise TypeError(
-                f"PackedBatchSampler's batches are packed rows that data_collator={type(collator).__name__} does not "
-                "lay out; pass data_collator=shardwise.PackCollate(max_len=..., rows=...) (fitted to the model here)"
+                f"{type(sampler).__name__}'s batches are packed rows that data_collator={type(collator).__name__} "
+                "does not lay out; pass data_collator=shardwise.PackCollate(max_len=..., rows=...) (fitted to the "
+                "model here)"
             )
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
