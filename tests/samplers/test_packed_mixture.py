@@ -163,3 +163,13 @@ def test_bad_input_is_refused_naming_the_parameter(build: object, error: type, w
         build()  # type: ignore[operator]
     for word in words:
         assert word in str(raised.value), (word, str(raised.value))
+
+
+def test_without_shuffle_a_large_source_is_read_in_index_order_in_contiguous_chunks() -> None:
+    """No shuffle: documents in index order, chunk by chunk (a rank never holds the whole source's order)."""
+    lengths = np.random.default_rng(2).integers(0, 30, 9_000)
+    s = sampler([lengths, [25] * 10], [0.9, 0.1], max_len=128, rows_per_batch=2, num_batches=60, shuffle=False)
+    stream = s.plan.streams(0, s.seed)[0]
+    assert stream.chunks == 3 and not s.plan.shuffle
+    first = [int(p) for batch in s for p in batch if int(p) < lengths.size]
+    assert first == sorted(first) and first[0] == int(np.flatnonzero(lengths)[0])

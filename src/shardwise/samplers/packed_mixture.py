@@ -63,17 +63,18 @@ def source_table(
     The check and the totals read every length once per node: another rank maps two small files
     (its start does not grow with n); small sources are read privately, a compact copy.
     """
-    chunks = chunk_count(lengths.size, shuffle=shuffle)
+    chunks = chunk_count(lengths.size)
     if lengths.size < SHARED_FROM or not isinstance(lengths.values, np.ndarray):
         array = lengths.compact()  # checks every value
-        return array, chunk_tokens(array, chunks)
+        return array, chunk_tokens(array, chunks, strided=shuffle)
     values = lengths.values
 
     def build(directory: Path) -> None:
         check_non_negative_integers("lengths", values, holds="integers (token counts)", noun="integers")
-        np.save(directory / "totals.npy", chunk_tokens(values, chunks))
+        np.save(directory / "totals.npy", chunk_tokens(values, chunks, strided=shuffle))
 
-    arrays = build_or_open(CHUNKS_KIND, f"{lengths.key}|{chunks}", build, cache_dir=cache_dir, timeout=timeout)
+    key = f"{lengths.key}|{chunks}|{'strided' if shuffle else 'contiguous'}"
+    arrays = build_or_open(CHUNKS_KIND, key, build, cache_dir=cache_dir, timeout=timeout)
     return values, np.asarray(read_checked(arrays["totals"], arrays["totals"][:]), dtype=np.int64)
 
 

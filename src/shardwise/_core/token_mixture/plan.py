@@ -71,7 +71,7 @@ class TokenMixturePlan:
         self.sizes = np.asarray([len(x) for x in lengths], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         check_quota_size(self.tokens_per_batch, len(lengths))
-        self.totals = totals or [chunk_tokens(x, chunk_count(len(x), shuffle=shuffle)) for x in lengths]
+        self.totals = totals or [chunk_tokens(x, chunk_count(len(x)), strided=shuffle) for x in lengths]
         self.source_tokens = np.asarray([int(t.sum()) for t in self.totals], dtype=np.int64)
         self._entries = [Weights(*exact_weights(np.asarray(w, dtype=np.float64))) for w in schedule.weights]
         for entry, threshold in zip(self._entries, schedule.thresholds, strict=True):

@@ -1,12 +1,13 @@
 """One source of a packed mixture as a stream of tokens: its documents, in a keyed order per cycle.
 
-A source's documents are dealt into ``K`` **strided chunks** (chunk ``k`` holds documents ``k, k + K,
-k + 2K, ...``, so every chunk samples the whole index range: data sorted by date, length or topic
-is spread over all chunks). Each cycle of the source (a pass over all its tokens) visits the chunks
-in a keyed order and each chunk's documents in a keyed order of their own, and concatenates them:
-the cycle's stream of tokens. A token offset is found by two binary searches (the cycle's chunk
-prefix sums, then the chunk's document prefix sums), so any range of the stream is read in
-O(K + chunk) without replaying the stream.
+A source's documents are dealt into ``K`` **strided chunks** (chunk ``k`` holds documents ``k, k +
+K, k + 2K, ...``, so every chunk samples the whole index range: data sorted by date, length or topic
+is spread over all chunks); without shuffling, into contiguous chunks read in index order. Each
+cycle of the source (a pass over all its tokens) visits the chunks in a keyed order and each chunk's
+documents in a keyed order of their own, and concatenates them: the cycle's stream of tokens. A
+token offset is found by two binary searches (the cycle's chunk prefix sums, then the chunk's
+document prefix sums), so any range of the stream is read in O(K + chunk) without replaying the
+stream.
 
 Memory: ``K <= MAX_CHUNKS`` chunk totals (computed once, one pass over the lengths), the current
 cycle's chunk order and prefix sums (``K`` each), and the current chunk (``n / K`` documents): at
@@ -35,17 +36,22 @@ CYCLE_CHUNKS, CHUNK_DOCS = "token-mixture-chunks", "token-mixture-documents"
 """Purposes of the keyed orders (``derive_seed`` paths)."""
 
 
-def chunk_count(n: int, *, shuffle: bool) -> int:
-    """Chunks of a source of ``n`` documents: one without shuffling (the source's own order)."""
-    if not shuffle or n <= CHUNK_DOCUMENTS:
-        return 1
-    return min(MAX_CHUNKS, -(-n // CHUNK_DOCUMENTS))
+def chunk_count(n: int) -> int:
+    """Chunks of a source of ``n`` documents: one up to ``CHUNK_DOCUMENTS``, at most ``MAX_CHUNKS``."""
+    return 1 if n <= CHUNK_DOCUMENTS else min(MAX_CHUNKS, -(-n // CHUNK_DOCUMENTS))
 
 
-def chunk_tokens(lengths: Any, chunks: int) -> np.ndarray:
-    """``(chunks,)`` int64: the tokens of each strided chunk, one pass over ``lengths`` in blocks."""
+def chunk_tokens(lengths: Any, chunks: int, *, strided: bool) -> np.ndarray:
+    """``(chunks,)`` int64: the tokens of each chunk (strided, else contiguous), one pass over ``lengths`` in blocks."""
     n = len(lengths)
     totals = np.zeros(chunks, dtype=np.int64)
+    if not strided:  # chunk k: documents [k * size, (k + 1) * size)
+        size = -(-n // chunks)
+        for first in range(0, chunks, _READ_ROWS):
+            stop = min(chunks, first + _READ_ROWS)
+            block = np.asarray(lengths[first * size : min(n, stop * size)], dtype=np.int64)
+            totals[first:stop] = np.add.reduceat(block, np.arange(0, block.size, size)) if block.size else 0
+        return totals
     full = n // chunks
     for first in range(0, full, _READ_ROWS):
         stop = min(full, first + _READ_ROWS)
@@ -66,13 +72,14 @@ class SourceStream:
         totals: the chunk totals, if already computed (they do not depend on the key).
     """
 
-    __slots__ = ("_chunk", "_cycle", "chunks", "key", "lengths", "n", "shuffle", "tokens", "totals")
+    __slots__ = ("_chunk", "_cycle", "chunks", "key", "lengths", "n", "shuffle", "size", "tokens", "totals")
 
     def __init__(self, lengths: Any, key: int, *, shuffle: bool, totals: np.ndarray | None = None) -> None:
         self.lengths, self.key, self.shuffle = lengths, key, shuffle
         self.n = len(lengths)
-        self.chunks = chunk_count(self.n, shuffle=shuffle)
-        self.totals = chunk_tokens(lengths, self.chunks) if totals is None else totals
+        self.chunks = chunk_count(self.n)
+        self.size = -(-self.n // self.chunks)  # documents a contiguous chunk holds (without shuffling)
+        self.totals = chunk_tokens(lengths, self.chunks, strided=shuffle) if totals is None else totals
         self.tokens = int(self.totals.sum())
         self._cycle: tuple[int, np.ndarray, np.ndarray] | None = None  # (cycle, chunk order, prefix sums)
         self._chunk: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (cycle, chunk, documents, prefix)
@@ -80,8 +87,8 @@ class SourceStream:
     # -- one cycle: the order of chunks and of documents -----------------------------------------
     def _chunk_order(self, cycle: int) -> tuple[np.ndarray, np.ndarray]:
         if self._cycle is None or self._cycle[0] != cycle:
-            if self.chunks == 1:
-                order = np.zeros(1, dtype=np.int64)
+            if self.chunks == 1 or not self.shuffle:
+                order = np.arange(self.chunks, dtype=np.int64)
             else:
                 order = Permutation(self.chunks, derive_seed(self.key, CYCLE_CHUNKS, cycle))(np.arange(self.chunks))
             prefix = np.zeros(self.chunks + 1, dtype=np.int64)
@@ -90,8 +97,17 @@ class SourceStream:
         return self._cycle[1], self._cycle[2]
 
     def _members(self, chunk: int) -> np.ndarray:
-        """The documents of ``chunk`` in index order."""
-        return np.arange(chunk, self.n, self.chunks, dtype=np.int64)
+        """The documents of ``chunk`` in index order: strided when shuffling, else a contiguous range."""
+        if self.shuffle:
+            return np.arange(chunk, self.n, self.chunks, dtype=np.int64)
+        return np.arange(chunk * self.size, min(self.n, (chunk + 1) * self.size), dtype=np.int64)
+
+    def _slot(self, document: int) -> tuple[int, int]:
+        """``(chunk, slot)``: the chunk holding ``document`` and its place there in index order."""
+        if self.shuffle:
+            chunk = document % self.chunks
+            return chunk, (document - chunk) // self.chunks
+        return document // self.size, document % self.size
 
     def _document_permutation(self, cycle: int, chunk: int, size: int) -> Permutation:
         return Permutation(size, derive_seed(self.key, CHUNK_DOCS, cycle, chunk))
@@ -102,12 +118,10 @@ class SourceStream:
             members = self._members(chunk)
             if self.shuffle:
                 members = members[self._document_permutation(cycle, chunk, members.size)(np.arange(members.size))]
-            if self.chunks == 1 and not self.shuffle:
-                sizes = np.asarray(self.lengths[0 : self.n], dtype=np.int64)
+            if self.shuffle:
+                sizes = np.asarray(self.lengths[chunk :: self.chunks], dtype=np.int64)[(members - chunk) // self.chunks]
             else:
-                sizes = np.asarray(self.lengths[chunk :: self.chunks], dtype=np.int64)
-                if self.shuffle:
-                    sizes = sizes[(members - chunk) // self.chunks]
+                sizes = np.asarray(self.lengths[int(members[0]) : int(members[-1]) + 1], dtype=np.int64)
             prefix = np.zeros(members.size + 1, dtype=np.int64)
             np.cumsum(sizes, out=prefix[1:])
             self._chunk = (cycle, chunk, members, prefix)
@@ -150,10 +164,9 @@ class SourceStream:
     def offset_of(self, cycle: int, document: int) -> tuple[int, int]:
         """Where ``document`` lies in the cycle's stream: its first token's offset and its length."""
         order, prefix = self._chunk_order(cycle)
-        chunk = document % self.chunks
+        chunk, slot = self._slot(document)
         rank = int(np.flatnonzero(order == chunk)[0]) if self.chunks > 1 else 0
         documents, inner = self._chunk_documents(cycle, chunk)
-        slot = (document - chunk) // self.chunks
         if self.shuffle:
             where = int(positions_of(self._document_permutation(cycle, chunk, documents.size), np.asarray([slot]))[0])
         else:
