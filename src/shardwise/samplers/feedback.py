@@ -96,15 +96,25 @@ class Feedback:
     """The ledger of an adaptive mixture and this rank's report pending for the next update.
 
     ``epoch_size`` and ``block``: the plan's positions an epoch and a block, where the weights in
-    force change (NOTE [ The weights that drew an interval ] in ``_core.adaptive``).
+    force change (NOTE [ The weights that drew an interval ] in ``_core.adaptive``). ``least_share``:
+    the least share a positive weight is drawn with (default: one position a block); a plan whose
+    positions each hold every weighted source (a packed mixture's batches) passes 1.
     """
 
-    __slots__ = ("adaptive", "block", "counts", "epoch_size", "ledger", "lifted", "sums")
+    __slots__ = ("adaptive", "block", "counts", "epoch_size", "least", "ledger", "lifted", "sums")
 
-    def __init__(self, adaptive: AdaptiveWeights, initial: np.ndarray, block: int, epoch_size: int) -> None:
+    def __init__(
+        self,
+        adaptive: AdaptiveWeights,
+        initial: np.ndarray,
+        block: int,
+        epoch_size: int,
+        least_share: int | None = None,
+    ) -> None:
         self.adaptive, self.block, self.epoch_size = adaptive, block, epoch_size
-        self.lifted = False  # a policy's weight below 1/block was lifted (warned once a sampler)
-        shares = quantize_shares(initial, min_share_for(block))
+        self.least = min_share_for(block) if least_share is None else least_share  # a positive weight's least share
+        self.lifted = False  # a policy's weight below the least share was lifted (warned once a sampler)
+        shares = quantize_shares(initial, self.least)
         self.ledger = WeightLedger(adaptive.interval, shares, initial_state(adaptive.policy, initial), adaptive.lag)
         self.sums = np.zeros(len(initial), dtype=np.int64)
         self.counts = np.zeros(len(initial), dtype=np.int64)
@@ -149,7 +159,7 @@ class Feedback:
         weights (what the plan draws, and what the policy sees next) and the first lift warns.
         """
         name = getattr(self.adaptive.policy, "__qualname__", type(self.adaptive.policy).__name__)
-        least = min_share_for(self.block)
+        least = self.least
         positive = int((weights > 0).sum())
         if positive * least > SHARE_DENOMINATOR:
             raise ValueError(

@@ -6,15 +6,17 @@ The arithmetic (token quotas, the sources' token streams, rows) lives in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.arrays import check_non_negative_integers, digest
-from .._core.errors import check_choice, check_int
+from .._core.adaptive import WeightLedger
+from .._core.adaptive_policies import AdaptiveWeights, as_initial
+from .._core.arrays import as_lookup_indices, check_non_negative_integers, digest
+from .._core.errors import MalformedStateError, check_choice, check_int
 from .._core.packing import PackedIndex
 from .._core.state import Fingerprint
 from .._core.thresholds import BY_EPOCH
@@ -26,12 +28,16 @@ from ..index import build_or_open, read_checked
 from ..index.cache import CacheDir
 from ..index.lengths import LengthsInput
 from .base import PlanSampler
+from .feedback import AdaptiveMixin, Feedback
 from .keywords import ShuffledCachedKeywords
 from .packed_build import SHARED_FROM
 from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+ADAPTIVE = "adaptive"
+"""The state key of an adaptive mixture's weight ledger (as ``MixtureSampler``'s)."""
 
 PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
@@ -78,7 +84,7 @@ def source_table(
     return values, np.asarray(read_checked(arrays["totals"], arrays["totals"][:]), dtype=np.int64)
 
 
-class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
+class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[int]]):
     """Batches of full rows drawn from several sources, whose weights are shares of **tokens**.
 
     Give it each source's document lengths (token counts) and the weights; wrap the sources in
@@ -107,6 +113,11 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
     - **Weights that change.** A :class:`WeightSchedule` ``by_epoch`` or ``by_tokens`` (tokens
       consumed over the run, all ranks together; a change takes effect at the first batch at or
       after its threshold). ``by_tokens`` needs ``num_batches``.
+    - **Adaptive weights.** ``weights=AdaptiveWeights(policy, interval=...)`` (with ``num_batches``;
+      ``interval`` in batches over all ranks) moves the weights from what the loop reports:
+      ``record_tokens(losses, batch.sample_ids)`` each step (each token's source read from its
+      document id), ``update()`` when ``update_due()``: one all_reduce an update, every update in a
+      ledger in the state, the same weights on every rank and after a resume at any world size.
     - **Resume.** The plan is a function of (lengths, weights, seed, epoch, position): the state is
       ``(epoch, consumed, seed, fingerprint)``, loaded at any world size in O(1), without replay.
 
@@ -119,8 +130,9 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
     Args:
         lengths: one lengths input per source (anything ``LengthsInput.of`` takes: a sequence, an array
             or memory map, an HF column), or ``{name: lengths}`` (the names ``which`` reports).
-        weights: one non-negative weight per source (only ratios matter), shares of tokens; or a
-            :class:`WeightSchedule` (``constant``, ``by_epoch``, ``by_tokens``).
+        weights: one non-negative weight per source (only ratios matter), shares of tokens; a
+            :class:`WeightSchedule` (``constant``, ``by_epoch``, ``by_tokens``); or
+            :class:`AdaptiveWeights` (then ``num_batches``).
         max_len: tokens per row (the context length).
         rows_per_batch: rows per batch (a rank's batch of a step).
         num_batches: batches per epoch over all ranks (then ``stop="num_batches"``).
@@ -150,6 +162,9 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     _CHUNK = 64
     _FIRST_CHUNK = 1
+    # AdaptiveMixin reads the plan through what both mixture plans provide (epoch_start, extend, known_until,
+    # check_known, weights_at); its annotation names MixturePlan.
+    _plan: TokenMixturePlan  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -174,23 +189,37 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
                 f"num_batches={num_batches!r}, stop={self.stop.value!r}"
             )
         self.source_names, inputs = source_lengths(lengths)
-        self.weights = self._schedule(weights, len(inputs))
+        self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
+        initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(inputs))
+        self.weights = self._schedule(weights if initial is None else initial, len(inputs))
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         tables = [source_table(x, shuffle=self.shuffle, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
                   for x in inputs]  # fmt: skip
-        self._plan = TokenMixturePlan([t[0] for t in tables], self.weights, totals=[t[1] for t in tables],
-                                      max_len=self.max_len, rows_per_batch=self.rows_per_batch, stop=self.stop,
-                                      num_batches=self.num_batches, shuffle=self.shuffle)  # fmt: skip
+        self._tables = ([t[0] for t in tables], [t[1] for t in tables])
+        self._plan = self._new_plan(1)
         self.sizes = self._plan.sizes
         self._lengths_digest = digest(np.concatenate([np.asarray(t, dtype=np.int64) for t in self._plan.totals]))
+        self._feedback: Feedback | None = None
+        if self.adaptive is not None and initial is not None:
+            if self.num_batches is None:
+                raise ValueError(
+                    f"weights=AdaptiveWeights(...) needs num_batches (an epoch's length may not depend on weights not "
+                    f"yet known), but got stop={self.stop.value!r}; pass num_batches"
+                )
+            # NOTE [ Adaptive weights in tokens ]: weights change at any batch (block 1), and every positive
+            # weight is drawn as asked (its tokens floor per batch, the sum exact): no least share to lift to.
+            self._feedback = Feedback(self.adaptive, initial, 1, self.num_batches, least_share=1)
+            self._plan.known_until = self._feedback.ledger.known_until
         self._init_plan(keywords)
 
+    def _new_plan(self, block: int) -> TokenMixturePlan:
+        """The plan of the initial weights (an adaptive ledger's updates are extended onto it)."""
+        lengths, totals = self._tables
+        return TokenMixturePlan(lengths, self.weights, totals=totals, max_len=self.max_len,
+                                rows_per_batch=self.rows_per_batch, stop=self.stop, num_batches=self.num_batches,
+                                shuffle=self.shuffle)  # fmt: skip
+
     def _schedule(self, weights: Any, sources: int) -> WeightSchedule:
-        if type(weights).__name__ == "AdaptiveWeights":
-            raise TypeError(
-                "weights=AdaptiveWeights(...) is not supported by PackedMixtureSampler yet: pass fixed weights or a "
-                "WeightSchedule (by_epoch, by_tokens), or use MixtureSampler for adaptive weights in samples"
-            )
         schedule = as_weight_schedule(weights)
         if schedule.kind not in (CONSTANT, BY_EPOCH, BY_TOKENS):
             raise ValueError(
@@ -228,6 +257,72 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
             out.append([PackedIndex.trusted(i, r, a, z) for i, r, a, z in spans])
         return out
 
+    # -- adaptive weights ----------------------------------------------------------------------
+    def sources_of(self, indices: Any) -> np.ndarray:
+        """The source of each global document id (int64; ids in ``[0, sum(sizes))``).
+
+        Raises:
+            TypeError: ``indices`` are not integers.
+            IndexError: an id is negative or ``>= sum(sizes)``.
+        """
+        total = int(self.sizes.sum())
+        checked = as_lookup_indices(
+            "indices", indices, size=total, of=f"{len(self.sizes)} sources of {total} documents"
+        )
+        return np.searchsorted(self._plan.offsets, checked, side="right").astype(np.int64) - 1
+
+    def record_tokens(self, losses: Any, sample_ids: Any, mask: Any = None) -> None:
+        """Add per-token losses to this rank's report, each token's source read from its document id.
+
+        ``sample_ids`` is a packed batch's (``batch.sample_ids``: the document each token came
+        from, -1 on padding); ``losses`` the same shape (the loss of predicting each token; see
+        docs/packed_mixture.md for a causal LM's shift). Tokens with a negative id or ``mask``
+        false are left out. The policy sees each source's mean token loss.
+        """
+        ids = np.asarray(sample_ids.cpu() if hasattr(sample_ids, "cpu") else sample_ids).reshape(-1)
+        values = np.asarray(losses.detach().cpu().double() if hasattr(losses, "detach") else losses).reshape(-1)
+        if values.shape != ids.shape:
+            raise ValueError(
+                f"losses should have one value per token of sample_ids ({ids.size}), but got {values.size} values"
+            )
+        keep = ids >= 0
+        if mask is not None:
+            keep &= np.asarray(mask.cpu() if hasattr(mask, "cpu") else mask, dtype=bool).reshape(-1)
+        self.record(values[keep], self.sources_of(ids[keep]))
+
+    def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        if self._feedback is None:
+            return None
+        plan, epoch = self._plan, self._progress.epoch  # the live pass's: it waits for the ledger's weights
+        return lambda positions: plan.known_prefix(epoch, positions)
+
+    def _follow_ledger(self) -> None:
+        """Nothing to follow: the epoch's size does not depend on the ledger (no skipped ids)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shell's O(1) state; an adaptive mixture adds its weight ledger (``state["adaptive"]``)."""
+        state = super().state_dict()
+        if self._feedback is not None:
+            state[ADAPTIVE] = self._feedback.ledger.to_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The shell's resume; an adaptive mixture also takes the saved ledger and replays it into the plan."""
+        feedback = self._feedback
+        if feedback is None:
+            super().load_state_dict(state_dict)
+            return
+        if not isinstance(state_dict, dict) or ADAPTIVE not in state_dict:
+            raise MalformedStateError(
+                "state should hold 'adaptive' (the weight ledger) for a PackedMixtureSampler with adaptive weights; "
+                "save sampler.state_dict() of an adaptive sampler"
+            )
+        ledger = WeightLedger.from_state(
+            state_dict[ADAPTIVE], feedback.ledger.interval, len(self.sizes), feedback.ledger.lag
+        )
+        super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
+        self._plan = feedback.plan_of(ledger, self._new_plan)  # type: ignore[arg-type,assignment]
+
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
         return self._plan.epoch_size(epoch)
@@ -248,7 +343,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
             "sizes": self.sizes.tolist(),
             "names": self.source_names,
             "lengths": self._lengths_digest,
-            "weights": self.weights.fingerprint(),
+            "weights": self.weights.fingerprint() if self.adaptive is None else self.adaptive.fingerprint(),
             "max_len": self.max_len,
             "rows_per_batch": self.rows_per_batch,
             "stop": self.stop.value,
@@ -260,6 +355,8 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
     def _config(self) -> dict[str, Any]:
         schedule = self.weights
         weights = schedule.weights[0].tolist() if schedule.kind == CONSTANT else repr(schedule)
+        if self.adaptive is not None:
+            weights = repr(self.adaptive)
         return {"weights": weights, "max_len": self.max_len, "rows_per_batch": self.rows_per_batch,
                 "stop": self.stop.value, "num_batches": self.num_batches, "shuffle": self.shuffle,
                 "drop_last": self.drop_last}  # fmt: skip

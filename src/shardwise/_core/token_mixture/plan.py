@@ -137,9 +137,29 @@ class TokenMixturePlan:
         self.known_until = known_until
         self._quotas = None
 
-    def weights_at(self, epoch: int, batch: int) -> Weights:
-        """The exact weights in force at batch ``batch`` of ``epoch``."""
-        return self.quotas(epoch).segment_at(batch).weights
+    def weights_at(self, epoch: int, batch: int) -> list[float]:
+        """The weights in force at batch ``batch`` of ``epoch`` (exact shares summing to 1)."""
+        return self.quotas(epoch).segment_at(batch).weights.shares()
+
+    def known_prefix(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The leading ``positions`` of ``epoch`` (ascending) whose weights are known (all without a ledger)."""
+        if self.known_until is None:
+            return positions
+        return positions[: int(np.searchsorted(positions, self.known_until - self.epoch_start(epoch)))]
+
+    def check_known(self, epoch: int, positions: np.ndarray) -> None:
+        """Raise :class:`PendingWeightsError` if a position's weights are not known yet."""
+        if self.known_until is not None and positions.size:
+            self._refuse_unknown(epoch, int(positions.max()))
+
+    def _refuse_unknown(self, epoch: int, batch: int) -> None:
+        run = self.epoch_start(epoch) + batch
+        if self.known_until is not None and run >= self.known_until:
+            raise PendingWeightsError(
+                f"batch {batch} of epoch {epoch} (run batch {run}) draws with weights that no update has set yet: "
+                f"the ledger holds them up to run batch {self.known_until}. Call sampler.update() on every rank "
+                "when sampler.update_due()"
+            )
 
     def epoch_size(self, epoch: int) -> int:
         """Batches in ``epoch``."""
@@ -173,12 +193,7 @@ class TokenMixturePlan:
         Raises:
             PendingWeightsError: an adaptive ledger has not set the batch's weights yet.
         """
-        if self.known_until is not None and self.epoch_start(epoch) + batch >= self.known_until:
-            raise PendingWeightsError(
-                f"batch {batch} of epoch {epoch} (run batch {self.epoch_start(epoch) + batch}) draws with weights that "
-                f"no update has set yet: the ledger holds them up to run batch {self.known_until}. Call "
-                "sampler.update() on every rank when sampler.update_due()"
-            )
+        self._refuse_unknown(epoch, batch)
         parts = []
         streams = self.streams(epoch, seed)
         for source, (first, stop) in enumerate(self.quotas(epoch).batch_tokens(batch)):
