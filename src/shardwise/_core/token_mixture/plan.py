@@ -142,10 +142,19 @@ class TokenMixturePlan:
         return self.quotas(epoch).segment_at(batch).weights.shares()
 
     def known_prefix(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """The leading ``positions`` of ``epoch`` (ascending) whose weights are known (all without a ledger)."""
+        """The leading ``positions`` of ``epoch`` whose weights are known (a pass stops there until the next update).
+
+        Raises:
+            PendingWeightsError: not even the first one is known.
+        """
         if self.known_until is None:
             return positions
-        return positions[: int(np.searchsorted(positions, self.known_until - self.epoch_start(epoch)))]
+        beyond = np.flatnonzero(positions >= self.known_until - self.epoch_start(epoch))
+        if not beyond.size:
+            return positions
+        if not beyond[0]:
+            self._refuse_unknown(epoch, int(positions[0]))
+        return positions[: int(beyond[0])]
 
     def check_known(self, epoch: int, positions: np.ndarray) -> None:
         """Raise :class:`PendingWeightsError` if a position's weights are not known yet."""
