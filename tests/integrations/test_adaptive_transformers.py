@@ -92,7 +92,7 @@ def test_the_trainer_moves_weights_from_its_loss_and_a_resume_continues_the_ledg
 
 
 def test_packed_batches_are_refused_not_recorded_row_by_row(tmp_path: Path) -> None:
-    """A packed row holds several documents: the Trainer's one loss a row cannot be a sample's; it says so."""
+    """A MixtureSampler's packed rows hold several documents: one loss a row cannot be a sample's; it says so."""
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
     from shardwise import PackCollate, PackedDataset
@@ -110,3 +110,50 @@ def test_packed_batches_are_refused_not_recorded_row_by_row(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="got packed batches"):
         trainer.train()
     assert sampler.ledger.updates == 0 and sampler.pending == 0
+
+
+def test_packed_mixture_batches_report_each_tokens_loss_to_its_source_and_resume_the_ledger(tmp_path: Path) -> None:
+    """PackedMixtureSampler through the Trainer: each predicted token's loss goes to its document's source."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from shardwise import PackCollate, PackedMixtureSampler
+    from shardwise.integrations.adaptive_mixture import AdaptiveMixtureTrainer
+
+    sources = {"repeat": Source("repeat", 30), "count": Source("count", 30), "noise": Source("noise", 30)}
+    data = Mixture(sources)
+
+    def train(resume: str | None) -> tuple[PackedMixtureSampler, list[np.ndarray]]:
+        adaptive = AdaptiveWeights(ExponentiatedGradient(rate=1.0, smoothing=0.5, floor=0.1), interval=4)
+        lengths = {name: [LENGTH] * len(source) for name, source in sources.items()}
+        sampler = PackedMixtureSampler(lengths, adaptive, max_len=2 * LENGTH, rows_per_batch=2, num_batches=16,
+                                       seed=1, num_replicas=1, rank=0)  # fmt: skip
+        recorded: list[np.ndarray] = []
+        record = sampler.record
+        sampler.record = lambda values, found: (  # type: ignore[method-assign]
+            recorded.append(np.bincount(np.asarray(found), minlength=3)),
+            record(values, found),
+        )[1]
+        args = TrainingArguments(str(tmp_path), num_train_epochs=2, save_strategy="steps", save_steps=8,
+                                 use_cpu=True, report_to="none", disable_tqdm=True, logging_strategy="no", seed=5,
+                                 learning_rate=5e-3)  # fmt: skip
+        torch.manual_seed(0)
+        config = GPT2Config(vocab_size=VOCAB, n_positions=2 * LENGTH, n_embd=16, n_layer=1, n_head=2)
+        collator = PackCollate(max_len=2 * LENGTH, rows=2)
+        trainer = AdaptiveMixtureTrainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
+                                         data_collator=collator, train_sampler=sampler)  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return sampler, recorded
+
+    sampler, recorded = train(None)
+    expected = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for position in range(16):
+            ids, _, starts, stops = sampler.plan.batch(epoch, sampler.seed, position)
+            # a piece's first token is no target (a document's first label is -100, and so is a row's first position)
+            expected.append(np.bincount(sampler.sources_of(ids), weights=stops - starts - 1, minlength=3).astype(int))
+    assert len(recorded) == 32 and all((r == e).all() for r, e in zip(recorded, expected, strict=True))
+    ledger = sampler.ledger
+    assert ledger.updates == 8 and not np.allclose(ledger.weights[-1], ledger.weights[0])
+    resumed, _ = train(str(tmp_path / "checkpoint-8"))
+    assert (resumed.ledger.shares == ledger.shares).all()

@@ -1,12 +1,15 @@
 """HF ``Trainer``: adaptive mixture weights from the loss the Trainer computes, per sample where it can.
 
 :class:`AdaptiveMixtureMixin` goes before ``ShardwiseTrainer``'s base (or before TRL's trainers,
-as ``ShardwiseTrainerMixin`` does) with ``train_sampler=MixtureSampler(..., weights=AdaptiveWeights(...))``:
+as ``ShardwiseTrainerMixin`` does) with ``train_sampler=MixtureSampler(..., weights=AdaptiveWeights(...))``
+(or a ``PackedMixtureSampler`` with adaptive weights):
 
 - ``compute_loss`` asks the model's outputs back and turns them into one loss per sample: for
   logits ``(B, T, V)`` with ``labels`` ``(B, T)`` (a causal LM; labels shifted as HF's models shift
   them, ``-100`` ignored) the mean token loss of each sequence, for logits ``(B, C)`` with labels
   ``(B,)`` each sample's cross-entropy; any other model reports the batch loss for every sample.
+- With a ``PackedMixtureSampler`` (packed rows, weights in tokens) each token's loss goes to its
+  document's source, read from the packed batch's ``sample_ids`` (``PackCollate``'s bookkeeping).
 - Each sample's source comes from the plan, not the batch: the batch being trained is the next
   one the mixin counts (``ShardwiseTrainerMixin`` counts trained batches for its checkpoints), so
   its plan positions, and their sources, follow by arithmetic; the dataset needs no source column.
@@ -29,13 +32,14 @@ import numpy as np
 from .._core.plan import rank_positions
 from ..data.packed_batch import PackedBatch
 from ..samplers.mixture import MixtureSampler
+from ..samplers.packed_mixture import PackedMixtureSampler
 from . import require
 from .transformers import ShardwiseTrainerMixin
 
 _transformers = require("transformers", "transformers", "transformers", "adaptive_mixture")
 _Trainer: Any = _transformers.Trainer
 
-__all__ = ["AdaptiveMixtureMixin", "AdaptiveMixtureTrainer", "per_sample_losses"]
+__all__ = ["AdaptiveMixtureMixin", "AdaptiveMixtureTrainer", "per_sample_losses", "per_token_losses"]
 
 
 def per_sample_losses(outputs: Any, inputs: Any, loss: Any) -> np.ndarray:
@@ -59,16 +63,38 @@ def per_sample_losses(outputs: Any, inputs: Any, loss: Any) -> np.ndarray:
     return np.asarray(values.detach().cpu().double().numpy())
 
 
+def per_token_losses(outputs: Any, inputs: Any) -> tuple[Any, Any] | None:
+    """``(losses, targets)`` of a causal LM's packed batch: each token's loss and label, ``(R, L - 1)`` each.
+
+    Position ``t`` predicts label ``t + 1`` (as HF's models shift them); labels of ``-100`` (padding,
+    and each packed document's first token) have loss 0 here and are left out by the caller.
+    ``None`` when the outputs hold no ``(R, L, V)`` logits beside ``(R, L)`` labels.
+    """
+    import torch
+
+    logits = getattr(outputs, "logits", None) if not isinstance(outputs, dict) else outputs.get("logits")
+    labels = inputs.get("labels") if isinstance(inputs, dict) else None
+    if logits is None or labels is None or logits.dim() != 3 or labels.dim() != 2:
+        return None
+    with torch.no_grad():
+        targets = labels[:, 1:]
+        shifted = logits[:, :-1].float().transpose(1, 2)  # (R, V, L - 1): cross_entropy's class dimension
+        losses = torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="none")
+    return losses, targets
+
+
 class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
     """``ShardwiseTrainerMixin`` that reports each trained sample's loss to an adaptive ``MixtureSampler``.
 
     With any other sampler it behaves as ``ShardwiseTrainerMixin``. See the module docstring.
     """
 
-    def _adaptive_sampler(self, model: Any) -> MixtureSampler | None:
+    _packed_sample_ids: Any = None  # the packed batch being trained: each token's document (its bookkeeping)
+
+    def _adaptive_sampler(self, model: Any) -> MixtureSampler | PackedMixtureSampler | None:
         sampler = self.train_sampler
         training = getattr(model, "training", True)
-        if training and isinstance(sampler, MixtureSampler) and sampler.adaptive is not None:
+        if training and isinstance(sampler, (MixtureSampler, PackedMixtureSampler)) and sampler.adaptive is not None:
             return sampler
         return None
 
@@ -77,9 +103,26 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
         if sampler is None or self._shardwise_position is None:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, **kwargs)
-        values = per_sample_losses(outputs, inputs, loss)
-        sampler.record(values, self._batch_sources(sampler, len(values)))
+        if isinstance(sampler, PackedMixtureSampler):
+            self._record_packed(sampler, outputs, inputs)
+        else:
+            values = per_sample_losses(outputs, inputs, loss)
+            sampler.record(values, self._batch_sources(sampler, len(values)))
         return (loss, outputs) if return_outputs else loss
+
+    def _record_packed(self, sampler: PackedMixtureSampler, outputs: Any, inputs: Any) -> None:
+        """Each token's loss to its document's source, from the packed batch's ``sample_ids``."""
+        found = per_token_losses(outputs, inputs)
+        sample_ids = self._packed_sample_ids
+        if found is None or sample_ids is None:
+            raise ValueError(
+                "AdaptiveMixtureTrainer with a PackedMixtureSampler reports each token's loss to its source: it needs "
+                "(rows, length, vocabulary) logits beside (rows, length) labels from the model, and the packed batch "
+                "of PackCollate(model=...) in rows (a flash-attention model's single flattened row works too)"
+            )
+        losses, targets = found
+        ids = sample_ids.reshape(targets.shape[0], -1)[:, 1:]  # the document of each predicted token
+        sampler.record_tokens(losses, ids, targets != -100)
 
     def _batch_sources(self, sampler: MixtureSampler, count: int) -> np.ndarray:
         """The sources of the batch being trained: the next ``count`` units of this rank's pass."""
@@ -94,14 +137,15 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         sampler = self._adaptive_sampler(model)
-        if sampler is not None and isinstance(inputs, PackedBatch):
+        if isinstance(sampler, MixtureSampler) and isinstance(inputs, PackedBatch):
             # Rows are not samples: a loss per row, tagged with the first rows' sources, would be wrong silently.
             raise ValueError(
-                "AdaptiveMixtureTrainer reads one loss per sample from the model's outputs, but got packed "
-                "batches (PackCollate): several documents share a row. Train packed mixture batches with the "
-                "loop of docs/mixture.md ('Sharded sources and packed rows'), which records each document's "
-                "loss from document_ids and sample_ids, or collate without packing"
+                "AdaptiveMixtureTrainer reads one loss per sample from a MixtureSampler's batches, but got packed "
+                "batches (PackCollate): several documents share a row. Use shardwise.PackedMixtureSampler (weights "
+                "in tokens, each token's loss reported to its source), or collate without packing"
             )
+        # Trainer's _prepare_inputs keeps a packed batch's model inputs only: take its bookkeeping here.
+        self._packed_sample_ids = getattr(inputs, "sample_ids", None) if isinstance(inputs, PackedBatch) else None
         loss = super().training_step(model, inputs, *args, **kwargs)  # counts the batch as trained
         position = self._shardwise_position
         if sampler is not None and position is not None:
