@@ -93,7 +93,7 @@ class FollowEpochLength(_Callback):  # type: ignore[misc]
 
 
 class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
-    """Records each trained batch's per-sample losses in an adaptive ``MixtureSampler``; updates when due.
+    """Records each trained batch's losses in an adaptive mixture sampler; updates when due.
 
     ``training_step`` returns ``{"loss": loss, "sample_losses": (B,) losses, "sources": (B,) source
     numbers}`` (``sources`` may instead be in the batch, as ``Mixture(..., source_key="source")``
@@ -101,20 +101,49 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
     are recorded (local); when the interval ends every rank calls ``sampler.update()`` (one all_reduce).
     Lightning runs checkpoint callbacks after this one, so a checkpoint at that step holds the update.
 
+    With a ``PackedMixtureSampler`` (packed rows, weights in tokens), ``training_step`` returns
+    ``{"loss": loss, "token_losses": (R, L - 1)}``, the loss of each predicted token (position ``t``
+    predicting label ``t + 1``); each goes to its document's source, read from the batch's
+    ``sample_ids``, and tokens labelled ``-100`` are left out.
+
     Args:
         sampler: the ``MixtureSampler`` built with ``weights=AdaptiveWeights(...)``.
         losses: the key of the per-sample losses in ``training_step``'s output.
         sources: the key of the sources in the output, else in a dict batch.
+        tokens: the key of a packed batch's per-token losses in the output.
 
     Example:
         >>> trainer = Trainer(callbacks=[AdaptiveMixtureCallback(sampler)])  # doctest: +SKIP
     """
 
-    def __init__(self, sampler: Any, *, losses: str = "sample_losses", sources: str = "source") -> None:
+    def __init__(
+        self, sampler: Any, *, losses: str = "sample_losses", sources: str = "source", tokens: str = "token_losses"
+    ) -> None:
         super().__init__()
-        self.sampler, self.losses, self.sources = sampler, losses, sources
+        self.sampler, self.losses, self.sources, self.tokens = sampler, losses, sources, tokens
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if isinstance(outputs, dict) and self.tokens in outputs and hasattr(self.sampler, "record_tokens"):
+            self._record_tokens(outputs[self.tokens].detach(), batch)
+        else:
+            self._record_samples(outputs, batch)
+        if self.sampler.update_due():
+            self.sampler.update()
+
+    def _record_tokens(self, losses: Any, batch: Any) -> None:
+        """A packed batch (``PackedMixtureSampler``): each predicted token's loss to its document's source."""
+        labels = batch["labels"] if isinstance(batch, dict) and "labels" in batch else None
+        sample_ids = getattr(batch, "sample_ids", None)
+        if labels is None or sample_ids is None or losses.shape != labels[:, 1:].shape:
+            raise ValueError(
+                f"AdaptiveMixtureCallback reads {self.tokens!r} as the loss of each predicted token of a packed batch "
+                "(rows, length - 1: position t predicts label t + 1) beside the batch's labels and sample_ids (a "
+                f"PackCollate batch), but got {self.tokens} of shape {tuple(losses.shape)}"
+            )
+        targets = labels[:, 1:]
+        self.sampler.record_tokens(losses, sample_ids.reshape(labels.shape)[:, 1:], targets != -100)
+
+    def _record_samples(self, outputs: Any, batch: Any) -> None:
         if not isinstance(outputs, dict) or self.losses not in outputs:
             raise ValueError(
                 f"AdaptiveMixtureCallback needs training_step to return a dict with {self.losses!r} (a loss per "
@@ -132,8 +161,6 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
                 'or build the data with shardwise.Mixture(..., source_key="source")'
             )
         self.sampler.record(outputs[self.losses].detach(), sources)
-        if self.sampler.update_due():
-            self.sampler.update()
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self.sampler.warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses
