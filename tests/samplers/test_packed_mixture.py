@@ -147,8 +147,8 @@ def test_batches_reach_a_model_through_mixture_packed_dataset_and_pack_collate()
         (lambda: sampler(weights=[0.5, 0.5]), ValueError, ("weights",)),
         (
             lambda: sampler(weights=shardwise.AdaptiveWeights(shardwise.Exp3(), interval=4)),
-            TypeError,
-            ("AdaptiveWeights", "MixtureSampler"),
+            ValueError,
+            ("AdaptiveWeights", "num_batches"),
         ),
         (lambda: sampler(weights=WeightSchedule.by_samples({0: WEIGHTS})), ValueError, ("by_tokens",)),
         (lambda: sampler(weights=WeightSchedule.by_tokens({0: WEIGHTS})), ValueError, ("num_batches",)),

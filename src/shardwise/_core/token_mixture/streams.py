@@ -1,8 +1,9 @@
 """One source of a packed mixture as a stream of tokens: its documents, in a keyed order per cycle.
 
-A source's documents are dealt into ``K`` **strided chunks** (chunk ``k`` holds documents ``k, k +
-K, k + 2K, ...``, so every chunk samples the whole index range: data sorted by date, length or topic
-is spread over all chunks); without shuffling, into contiguous chunks read in index order. Each
+A source's documents are dealt into ``K`` **strided chunks** (chunk ``k`` holds the blocks ``k, k +
+K, k + 2K, ...`` of ``BLOCK`` consecutive documents, so every chunk samples the whole index range:
+data sorted by date, length or topic is spread over all chunks, and a chunk's lengths are a few
+pages of a memory map); without shuffling, into contiguous chunks read in index order. Each
 cycle of the source (a pass over all its tokens) visits the chunks in a keyed order and each chunk's
 documents in a keyed order of their own, and concatenates them: the cycle's stream of tokens. A
 token offset is found by two binary searches (the cycle's chunk prefix sums, then the chunk's
@@ -30,7 +31,11 @@ MAX_CHUNKS = 1 << 16
 CHUNK_DOCUMENTS = 1 << 12
 """Documents a chunk holds while fewer than ``MAX_CHUNKS`` chunks are needed."""
 
-_READ_ROWS = 1 << 10  # rows of K lengths summed at a time by chunk_tokens: O(K * 1Ki) temporaries
+BLOCK = 1 << 10
+"""Consecutive documents dealt together: a chunk is every ``K``-th block of ``BLOCK`` documents, so reading a
+chunk's lengths touches one page of a memory map per block, not one per document."""
+
+_READ_ROWS = 1 << 10  # blocks (or contiguous chunks) summed at a time by chunk_tokens: O(1Mi) temporaries
 
 CYCLE_CHUNKS, CHUNK_DOCS = "token-mixture-chunks", "token-mixture-documents"
 """Purposes of the keyed orders (``derive_seed`` paths)."""
@@ -52,13 +57,12 @@ def chunk_tokens(lengths: Any, chunks: int, *, strided: bool) -> np.ndarray:
             block = np.asarray(lengths[first * size : min(n, stop * size)], dtype=np.int64)
             totals[first:stop] = np.add.reduceat(block, np.arange(0, block.size, size)) if block.size else 0
         return totals
-    full = n // chunks
-    for first in range(0, full, _READ_ROWS):
-        stop = min(full, first + _READ_ROWS)
-        block = np.asarray(lengths[first * chunks : stop * chunks], dtype=np.int64)
-        totals += block.reshape(stop - first, chunks).sum(axis=0)
-    tail = np.asarray(lengths[full * chunks : n], dtype=np.int64)
-    totals[: tail.size] += tail
+    blocks = -(-n // BLOCK)  # chunk k: blocks k, k + K, k + 2K, ... of BLOCK documents
+    for first in range(0, blocks, _READ_ROWS):
+        stop = min(blocks, first + _READ_ROWS)
+        read = np.asarray(lengths[first * BLOCK : min(n, stop * BLOCK)], dtype=np.int64)
+        sums = np.add.reduceat(read, np.arange(0, read.size, BLOCK))
+        np.add.at(totals, np.arange(first, stop) % chunks, sums)
     return totals
 
 
@@ -96,17 +100,18 @@ class SourceStream:
             self._cycle = (cycle, order, prefix)
         return self._cycle[1], self._cycle[2]
 
-    def _members(self, chunk: int) -> np.ndarray:
-        """The documents of ``chunk`` in index order: strided when shuffling, else a contiguous range."""
+    def _spans(self, chunk: int) -> list[tuple[int, int]]:
+        """The document ranges of ``chunk`` in index order: every ``K``-th block when shuffling, else one range."""
         if self.shuffle:
-            return np.arange(chunk, self.n, self.chunks, dtype=np.int64)
-        return np.arange(chunk * self.size, min(self.n, (chunk + 1) * self.size), dtype=np.int64)
+            firsts = range(chunk * BLOCK, self.n, self.chunks * BLOCK)
+            return [(first, min(self.n, first + BLOCK)) for first in firsts]
+        return [(chunk * self.size, min(self.n, (chunk + 1) * self.size))]
 
     def _slot(self, document: int) -> tuple[int, int]:
         """``(chunk, slot)``: the chunk holding ``document`` and its place there in index order."""
         if self.shuffle:
-            chunk = document % self.chunks
-            return chunk, (document - chunk) // self.chunks
+            block = document // BLOCK
+            return block % self.chunks, block // self.chunks * BLOCK + document % BLOCK
         return document // self.size, document % self.size
 
     def _document_permutation(self, cycle: int, chunk: int, size: int) -> Permutation:
@@ -115,13 +120,12 @@ class SourceStream:
     def _chunk_documents(self, cycle: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         """The documents of ``chunk`` in the cycle's order, and their prefix sums of tokens."""
         if self._chunk is None or self._chunk[:2] != (cycle, chunk):
-            members = self._members(chunk)
+            spans = self._spans(chunk)
+            members = np.concatenate([np.arange(first, stop, dtype=np.int64) for first, stop in spans])
+            sizes = np.concatenate([np.asarray(self.lengths[first:stop], dtype=np.int64) for first, stop in spans])
             if self.shuffle:
-                members = members[self._document_permutation(cycle, chunk, members.size)(np.arange(members.size))]
-            if self.shuffle:
-                sizes = np.asarray(self.lengths[chunk :: self.chunks], dtype=np.int64)[(members - chunk) // self.chunks]
-            else:
-                sizes = np.asarray(self.lengths[int(members[0]) : int(members[-1]) + 1], dtype=np.int64)
+                order = self._document_permutation(cycle, chunk, members.size)(np.arange(members.size))
+                members, sizes = members[order], sizes[order]
             prefix = np.zeros(members.size + 1, dtype=np.int64)
             np.cumsum(sizes, out=prefix[1:])
             self._chunk = (cycle, chunk, members, prefix)
