@@ -57,8 +57,20 @@ def source_lengths(lengths: object) -> tuple[list[str], list[LengthsInput]]:
             "(each a 1-D sequence of token counts, an array, a memory map or an HF column), but got "
             f"lengths={type(lengths).__name__}"
         )
-    inputs = [LengthsInput.of(values) for values in values_of]
+    inputs = [LengthsInput.of(_lengths_of(values, source)) for source, values in enumerate(values_of)]
     return names or [str(i) for i in range(len(inputs))], inputs
+
+
+def _lengths_of(values: Any, source: int) -> Any:
+    """A ``ShardedSource`` stands for its lengths (from the shards' index, ``length_column``); anything else is one."""
+    if not hasattr(values, "length_column") or not hasattr(values, "shard_sizes"):
+        return values
+    if values.lengths is None:
+        raise ValueError(
+            f"lengths[{source}] is a ShardedSource without lengths: build it with length_column=... (the column of "
+            "token ids or token counts) so that its index holds every document's length"
+        )
+    return values.lengths
 
 
 def source_table(
@@ -129,7 +141,8 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
 
     Args:
         lengths: one lengths input per source (anything ``LengthsInput.of`` takes: a sequence, an array
-            or memory map, an HF column), or ``{name: lengths}`` (the names ``which`` reports).
+            or memory map, an HF column; or a ``ShardedSource`` built with ``length_column``: the
+            lengths of its shards' index), or ``{name: lengths}`` (the names ``which`` reports).
         weights: one non-negative weight per source (only ratios matter), shares of tokens; a
             :class:`WeightSchedule` (``constant``, ``by_epoch``, ``by_tokens``); or
             :class:`AdaptiveWeights` (then ``num_batches``).
