@@ -9,7 +9,8 @@ Job 1 (2 ranks, 2 DataLoader workers each) trains, reports every token's loss
   the global plan's, with only the documented padding repeated (``W - 1`` batches an epoch end);
 - the ledger at the end is bit-identical to one process's uninterrupted run: the losses are a
   function of the document, and statistics are fixed-point sums, so world size and crash leave no
-  trace in the weights.
+  trace in the weights;
+- ``which`` names, for every step a rank of job 1 logged, exactly the pieces it trained.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _second_job(rank: int, world_size: int, directory: str) -> None:
 def _records(directory: Path, prefix: str) -> list[dict[str, Any]]:
     out = []
     for path in sorted(directory.glob(f"{prefix}.rank*.jsonl")):
-        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rank = int(path.name.split(".rank")[1].split(".")[0])
+        out += [{**json.loads(line), "rank": rank} for line in path.read_text().splitlines() if line.strip()]
     return out
 
 
@@ -146,3 +148,8 @@ def test_sigkill_with_workers_then_resume_at_three_ranks_keeps_pieces_and_ledger
     assert not lost and not repeated, (sorted(lost)[:5], sorted(repeated)[:5])  # 24 batches: no padding at 2 or 3
     assert reference.ledger.updates == EPOCHS * NUM_BATCHES // 6
     assert torch.load(tmp_path / "ledger", weights_only=False) == reference.ledger.shares.tolist()
+    # which() answers in packed terms what each rank trained: document, row and token range, step by step
+    for record in _records(tmp_path, "first"):
+        (found,) = shardwise.which(reference, epoch=0, step=record["step"] - 1, rank=record["rank"], world_size=2)
+        rows = [[i, start, stop] for i, (_, start, stop) in zip(found.indices, found.pieces or [], strict=True)]
+        assert rows == record["pieces"], record["step"]
