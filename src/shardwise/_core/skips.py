@@ -194,6 +194,25 @@ class IdSkips:
         out: np.ndarray = np.stack([np.where(rows[:, 0] == epoch, rows[:, 1], 0), rows[:, 2], rows[:, 3]], axis=1)
         return out
 
+    @staticmethod
+    def holding(rows: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Whether each plan position, holding the id beside it, is skipped by ``rows`` (``applying``'s).
+
+        Vectorised: O((n + k) log k) for ``n`` positions and ``k`` rows.
+
+        Example:
+            >>> rows = IdSkips().add(0, 3, 7, 9).applying(0)
+            >>> IdSkips.holding(rows, np.arange(5), np.asarray([7, 8, 9, 7, 8])).tolist()
+            [False, False, False, True, True]
+        """
+        held = np.zeros(len(positions), dtype=bool)
+        for floor in np.unique(rows[:, 0]).tolist():  # usually one distinct floor
+            ranges = _merged(rows[rows[:, 0] == floor, 1:])
+            slot = np.searchsorted(ranges[:, 0], ids, side="right") - 1
+            inside = (slot >= 0) & (ids < ranges[np.maximum(slot, 0), 1])
+            held |= inside & (positions >= floor)
+        return held
+
     def to_state(self) -> list[list[int]]:
         """``[[epoch, position, first, stop], ...]``: plain ints, for ``torch.save`` and JSON."""
         return [[int(x) for x in row] for row in self._rows.tolist()]

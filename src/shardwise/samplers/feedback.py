@@ -251,6 +251,7 @@ class AdaptiveMixin:
         def _raw_plan_size(self, epoch: int) -> int: ...
         def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray: ...
         def _full_fingerprint(self) -> Fingerprint: ...
+        def _follow_ledger(self) -> None: ...
 
         seed: int
 
@@ -359,7 +360,9 @@ class AdaptiveMixin:
         """
         feedback = self._need_feedback("update")
         trained = self.trained_position() if position is None else check_int("position", position, minimum=0)
-        return feedback.update(self._plan, trained, self._full_fingerprint(), self.world, group)
+        shares = feedback.update(self._plan, trained, self._full_fingerprint(), self.world, group)
+        self._follow_ledger()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture)
+        return shares
 
     def sources_at(self, epoch: int, positions: Any) -> np.ndarray:
         """The source of each plan position of ``epoch`` (int64), by arithmetic: O(len) and no table."""

@@ -2,6 +2,19 @@
 
 The arithmetic (blocks, exact counts, keyed orders, stop rules) lives in
 :mod:`shardwise._core.mixture`; this module is the torch shell.
+
+NOTE [ Skipped ids the plan reveals late ]
+With adaptive weights, which plan positions draw a sample id is known only up to
+``ledger.known_until``; every update reveals more. ``skip_ids`` removes the positions of its ids
+(``samplers.skipping``), so the epoch's compacted size (what is dealt) shrinks as the updates
+reveal them: it is a function of the ledger, the same on every rank and after a resume at any
+world size, and ``len(sampler)`` is an upper bound until the epoch's weights are all known. The
+positions a reveal adds all lie past the known ones, so everything computed before (the units
+handed out, ``consumed``, ``which`` of known steps) keeps its meaning. The live pass follows
+(:meth:`MixtureSampler._follow_ledger`, at the pass's start and after each update): its length is
+recomputed, and until the size is final it neither wraps padding (the padding of a size still
+shrinking would read other units) nor, with ``drop_last``, hands out a unit of a global step not
+wholly known (that step may turn out to be the partial last one, which is dropped).
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from .._core.adaptive_policies import AdaptiveWeights, adaptive_block, as_initia
 from .._core.arrays import as_lookup_indices, as_size_array
 from .._core.errors import MalformedStateError, check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, PendingWeightsError
+from .._core.plan import Even, rank_count
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import WeightSchedule, as_weight_schedule
@@ -233,11 +247,38 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         # The pass waits for the ledger's weights instead of drawing with stale ones
         # (PendingWeightsError when not even the first position is known yet).
         plan, epoch = self._plan, self._progress.epoch  # the live pass's
+        self._follow_ledger()
+        world = self.world
+        # Each rank's unit is the last of its global step shifted by this much (positions are not wrapped
+        # while the size is pending: NOTE [ Skipped ids the plan reveals late ]).
+        to_step_end = world.world_size - 1 - world.rank
 
         def known(positions: np.ndarray) -> np.ndarray:
-            return positions[: len(plan.known_prefix(epoch, self.uncompacted(epoch, positions)))]
+            count = len(plan.known_prefix(epoch, self.uncompacted(epoch, positions)))
+            if to_step_end and self._even is Even.DROP and self._size_pending(epoch):
+                ends = positions[:count] + to_step_end
+                count = len(plan.known_prefix(epoch, self.uncompacted(epoch, ends))) if count else 0
+            return positions[:count]
 
         return known
+
+    def _size_pending(self, epoch: int) -> bool:
+        """Whether updates can still shrink ``epoch``'s size: it skips ids, and its weights are not all known."""
+        plan = self._plan
+        if plan.known_until is None or not self._skip_ids.applying(epoch).size:
+            return False
+        return plan.known_until < plan.epoch_start(epoch) + plan.plan_size(epoch)
+
+    def _follow_ledger(self) -> None:
+        """Give the live pass the length the ledger now gives its epoch (NOTE [ Skipped ids the plan reveals late ])."""
+        live = self._pass
+        if live is None or self._feedback is None or not self._skip_ids:
+            return
+        epoch = self._progress.epoch
+        size = self._plan_size(epoch)
+        live.count = rank_count(size, live.start, live.world_size, self._even)
+        # Until the size is final, padding positions stay past the plan (unknown: the pass waits there).
+        live.total = max(size, live.start + live.count * live.world_size) if self._size_pending(epoch) else size
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
@@ -264,6 +305,18 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
                     "the ledger covers"
                 )
         return mixture_positions_of(plan, self.seed, epoch, index)
+
+    def _ids_extent(self, epoch: int) -> tuple[object, int] | None:
+        """With adaptive weights: the plan and how far into ``epoch`` its weights are known (``skip_ids``)."""
+        plan = self._plan
+        if plan.known_until is None:
+            return None
+        return plan, min(max(plan.known_until - plan.epoch_start(epoch), 0), plan.plan_size(epoch))
+
+    def _ids_between(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The global index at each (known) plan position of ``epoch``: what an update reveals, read forward."""
+        found: np.ndarray = self._plan.indices(self.seed, epoch, positions)
+        return found
 
     def _known(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The positions whose weights the ledger holds (all of them without adaptive weights)."""

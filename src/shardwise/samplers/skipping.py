@@ -11,6 +11,8 @@ positions.
 from __future__ import annotations
 
 import functools
+import sys
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,10 +46,16 @@ def _compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSourc
     @functools.wraps(raw)
     def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         source = raw(self, epoch, seed, world, start)
-        skips = ledger_for(self, epoch)
-        if not skips or type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
+        if type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
             return source
         total = self._raw_plan_size(epoch)
+        if self.__dict__.get("_skip_ids"):
+            # NOTE [ Skipped ids the plan reveals late ]: the ledger is read when a chunk is computed, not
+            # when the pass opens; the positions it adds lie past those computed before, which keep their units.
+            return lambda positions: source(ledger_for(self, epoch).to_plan(epoch, positions, total))  # type: ignore[union-attr]
+        skips = self._skips
+        if not skips:
+            return source
         return lambda positions: source(skips.to_plan(epoch, positions, total))
 
     return open_pass
@@ -57,32 +65,76 @@ def ledger_for(self: Any, epoch: int) -> SkipLedger | None:
     """The skip ledger of ``epoch``: its skipped positions and, translated, the positions of skipped ids.
 
     The translation (``_positions_of_ids``, O(log n) an id) is cached for the last epoch asked:
-    O(k log k) once per epoch for ``k`` skipped ids, then a tuple comparison per call.
+    O(k log k) once per epoch for ``k`` skipped ids, then a tuple comparison per call. A plan that
+    is written at run time (``_ids_extent``: an adaptive mixture) reveals more of the epoch at each
+    update: only the positions it revealed are read then, forward (``_ids_between``, O(revealed)),
+    and added (NOTE [ Skipped ids the plan reveals late ] in ``samplers.mixture``).
     """
     skips = self.__dict__.get("_skips")
     ids = self.__dict__.get("_skip_ids")
     if not ids or self.__dict__.get("_resolving_ids"):
         return skips  # type: ignore[no-any-return]
     seed = self.seed
+    extent = self._ids_extent(epoch)
     cached = self.__dict__.get("_ids_cache")
-    if cached is not None and cached[0] == epoch and cached[1] == seed and cached[2] is skips and cached[3] is ids:
+    same = cached is not None and cached[0] == epoch and cached[1] == seed and cached[2] is skips and cached[3] is ids
+    if same and cached[5] == extent:
         return cached[4]  # type: ignore[no-any-return]
+    grown = same and extent is not None and cached[5] is not None and cached[5][0] is extent[0]
     self.__dict__["_resolving_ids"] = True  # the translation reads the raw plan, never this ledger
     try:
-        found = [np.empty(0, dtype=np.int64)]
         rows = ids.applying(epoch)
-        for floor in np.unique(rows[:, 0]).tolist():  # one vectorised call per distinct floor (usually one)
-            starts, stops = rows[rows[:, 0] == floor, 1], rows[rows[:, 0] == floor, 2]
-            lengths = stops - starts
-            every = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-            positions = self._positions_of_ids(epoch, every)
-            found.append(positions[positions >= floor])
+        if grown and cached[5][1] <= extent[1]:
+            base, positions = cached[4], _revealed(self, epoch, rows, cached[5][1], extent[1])
+        else:
+            base, positions = skips, _translated(self, epoch, rows)
     finally:
         self.__dict__["_resolving_ids"] = False
-    positions = np.unique(np.concatenate(found))
-    ledger = skips.add_many(epoch, np.stack([positions, positions + 1], axis=1)) if positions.size else skips
-    self.__dict__["_ids_cache"] = (epoch, seed, skips, ids, ledger)
+    ledger = base.add_many(epoch, np.stack([positions, positions + 1], axis=1)) if positions.size else base
+    self.__dict__["_ids_cache"] = (epoch, seed, skips, ids, ledger, extent)
     return ledger  # type: ignore[no-any-return]
+
+
+def _translated(self: Any, epoch: int, rows: np.ndarray) -> np.ndarray:
+    """The positions of ``epoch`` holding the ids of ``rows`` (``IdSkips.applying``), by the plan's inverse."""
+    found = [np.empty(0, dtype=np.int64)]
+    for floor in np.unique(rows[:, 0]).tolist():  # one vectorised call per distinct floor (usually one)
+        starts, stops = rows[rows[:, 0] == floor, 1], rows[rows[:, 0] == floor, 2]
+        lengths = stops - starts
+        every = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        positions = self._positions_of_ids(epoch, every)
+        found.append(positions[positions >= floor])
+    return np.unique(np.concatenate(found))
+
+
+def _warn_revealed_late(kind: str) -> None:
+    """Warn, at the caller's line, that an epoch skipping ids shrinks as the plan is written (see ``_ids_extent``)."""
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_code.co_filename == __file__:  # skip_ids -> skip_id_ranges -> here
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    warnings.warn(
+        f"{kind} with adaptive weights: the plan positions that draw the skipped ids are known only as far as the "
+        "weight ledger (ledger.known_until); each update removes those it reveals, so an epoch that skips ids "
+        "ends earlier than len(sampler) said at its start (equally on every rank; len is exact once the epoch's "
+        "weights are all known). The skipped ids never train. Count steps by epochs, not len(loader) x epochs "
+        "(max_steps, an LR schedule's length), or build the mixture without the ids (docs/mixture.md)",
+        UserWarning,
+        stacklevel=level,
+    )
+
+
+_REVEAL_CHUNK = 1 << 16
+"""Plan positions read at a time by :func:`_revealed` (O(chunk) memory)."""
+
+
+def _revealed(self: Any, epoch: int, rows: np.ndarray, first: int, stop: int) -> np.ndarray:
+    """The positions in ``[first, stop)`` of ``epoch`` holding the ids of ``rows``, by reading the plan forward."""
+    found = [np.empty(0, dtype=np.int64)]
+    for low in range(first, stop, _REVEAL_CHUNK):
+        positions = np.arange(low, min(low + _REVEAL_CHUNK, stop), dtype=np.int64)
+        held = np.asarray(self._ids_between(epoch, positions), dtype=np.int64)
+        found.append(positions[IdSkips.holding(rows, positions, held)])
+    return np.concatenate(found)
 
 
 class SkipQueries:
@@ -201,6 +253,13 @@ class SkipQueries:
         sample: ``ShardedSampler``, ``MixtureSampler`` (ids in the concatenated space),
         ``LocalitySampler`` and ``ScheduledBatchSampler`` over them or over a dataset length.
 
+        .. warning::
+            With adaptive weights (``MixtureSampler(weights=AdaptiveWeights(...))``) the positions of
+            an id are known only as far as the weight ledger: each update removes those it reveals,
+            so an epoch that skips ids ends earlier than ``len(sampler)`` said at its start (the same
+            on every rank and after any resume; warned here). NOTE [ Skipped ids the plan reveals
+            late ] in ``samplers.mixture``.
+
         Raises:
             ProvenanceUnsupported: this sampler cannot skip ids (named, with what to use instead).
             RuntimeError: a pass is being iterated (add skips before iterating, e.g. after ``load_state_dict``).
@@ -242,10 +301,26 @@ class SkipQueries:
         self._positions_of_ids(epoch, bounds)  # supported here, and the ids in range
         position = self._plan_done(epoch) if epoch == progress.epoch else 0
         self._skip_ids = self._skip_ids.add_many(epoch, position, rows)
+        if self._ids_extent(epoch) is not None:
+            _warn_revealed_late(type(self).__name__)
 
     def positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """Every plan position of ``epoch`` holding one of ``ids`` (flat int64); raises where unsupported."""
         return self._positions_of_ids(epoch, ids)
+
+    def _ids_extent(self, epoch: int) -> tuple[object, int] | None:
+        """How much of ``epoch``'s plan :meth:`_positions_of_ids` sees: ``None``, all of it at any time.
+
+        A plan written at run time (an adaptive mixture) answers ``(plan, stop)``: its positions below
+        ``stop`` are final and the others unseen. When ``stop`` grows for the same ``plan``, the positions
+        revealed are read forward with :meth:`_ids_between` (NOTE [ Skipped ids the plan reveals late ]
+        in ``samplers.mixture``).
+        """
+        return None
+
+    def _ids_between(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The sample id at each plan position (not compacted) of ``epoch``, where ``_ids_extent`` is given."""
+        raise NotImplementedError(f"{type(self).__name__} gives an _ids_extent, so it reads its ids forward")
 
     def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """Every plan position of ``epoch`` holding one of ``ids`` (flat int64), for :meth:`skip_ids`."""
