@@ -351,6 +351,7 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("packed-lengths-ragged", lambda tmp: PackedBatchSampler(RAGGED, max_len=8, rows_per_batch=2), T, ("lengths",)),
     ("packed-shuffle-int", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2, shuffle=1), T, ("shuffle", "1")),
     ("packed-rows-bool", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=True), T, ("rows_per_batch", "True")),
+    ("mixture-by-tokens", lambda tmp: MixtureSampler([3, 2], WeightSchedule.by_tokens({0: [1, 1]}), num_samples=4), V, ("by_tokens", "by_samples", "PackedMixtureSampler")),
     # -- PackedMixtureSampler ---------------------------------------------------------------------------
     ("packed-mixture-zero-token-source", lambda tmp: shardwise.PackedMixtureSampler([[0, 0], [5]], [1, 1], max_len=8, rows_per_batch=2), V, ("source 0", "0 tokens", "weight 0")),
     ("packed-mixture-one-source-flat", lambda tmp: shardwise.PackedMixtureSampler([3, 4], [1], max_len=8, rows_per_batch=2), V, ("lengths",)),

@@ -26,6 +26,7 @@ the same bits at any world size, with any split of the samples between ranks. Va
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,3 +278,18 @@ class WeightLedger:
         for row in shares[1:]:
             ledger.append(row, state)
         return ledger
+
+
+def known_prefix(positions: np.ndarray, known: int, refuse: Callable[[np.ndarray], None]) -> np.ndarray:
+    """The leading ``positions`` below ``known`` (where the ledger's weights end): a pass stops there till an update.
+
+    ``refuse(first)`` is called, and must raise, when not even the first position is known (the
+    plan's ``PendingWeightsError``, naming the fix). Positions need not ascend (padding wraps).
+    """
+    beyond = np.flatnonzero(positions >= known)
+    if not beyond.size:
+        return positions
+    if not beyond[0]:
+        refuse(positions[:1])
+    kept: np.ndarray = positions[: int(beyond[0])]
+    return kept

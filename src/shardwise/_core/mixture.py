@@ -12,6 +12,7 @@ import enum
 
 import numpy as np
 
+from .adaptive import known_prefix
 from .errors import check_int
 from .mixture_blocks import (
     MAX_BLOCK,
@@ -256,12 +257,7 @@ class MixturePlan:
         """
         if self.known_until is None:
             return positions
-        beyond = np.flatnonzero(positions >= self.known_until - self.epoch_start(epoch))
-        if not beyond.size:
-            return positions
-        self.check_known(epoch, positions[: int(beyond[0]) or 1])  # raises when the first one is unknown
-        kept: np.ndarray = positions[: int(beyond[0])]
-        return kept
+        return known_prefix(positions, self.known_until - self.epoch_start(epoch), lambda p: self.check_known(epoch, p))
 
     def check_known(self, epoch: int, positions: np.ndarray) -> None:
         """Raise :class:`PendingWeightsError` if a position's weights are not in the ledger yet."""

@@ -23,7 +23,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -37,13 +37,33 @@ from .._core.adaptive import (
     quantize_shares,
 )
 from .._core.adaptive_policies import AdaptiveWeights, initial_state, run_policy
-from .._core.errors import check_int
-from .._core.mixture import MixturePlan
+from .._core.errors import MalformedStateError, check_int
 from .._core.state import Fingerprint, Progress
 from .._core.weights import Weights
 from .._core.world import World
 
 TAG_BITS = 20
+
+ADAPTIVE = "adaptive"
+"""The state key of an adaptive mixture's weight ledger."""
+
+
+class AdaptivePlan(Protocol):
+    """What the adaptive side reads and writes of a mixture's plan (``MixturePlan``, ``TokenMixturePlan``).
+
+    NOTE [ An adaptive ledger is a weight schedule written at run time ] (``_core/adaptive``): each
+    update is a weight change at a run position; ``known_until`` is where the ledger's knowledge ends.
+    """
+
+    known_until: int | None
+
+    def epoch_start(self, epoch: int) -> int: ...
+    def extend(self, threshold: int, weights: Weights, known_until: int) -> None: ...
+    def check_known(self, epoch: int, positions: np.ndarray) -> None: ...
+    def weights_at(self, epoch: int, position: int) -> list[float]: ...
+
+
+PlanT = TypeVar("PlanT", bound=AdaptivePlan)
 
 
 def config_tag(fingerprint: dict[str, Any]) -> int:
@@ -101,7 +121,7 @@ class Feedback:
     positions each hold every weighted source (a packed mixture's batches) passes 1.
     """
 
-    __slots__ = ("adaptive", "block", "counts", "epoch_size", "least", "ledger", "lifted", "sums")
+    __slots__ = ("adaptive", "block", "counts", "epoch_size", "least", "ledger", "lifted", "sums", "unit")
 
     def __init__(
         self,
@@ -110,8 +130,9 @@ class Feedback:
         block: int,
         epoch_size: int,
         least_share: int | None = None,
+        unit: str = "samples",
     ) -> None:
-        self.adaptive, self.block, self.epoch_size = adaptive, block, epoch_size
+        self.adaptive, self.block, self.epoch_size, self.unit = adaptive, block, epoch_size, unit
         self.least = min_share_for(block) if least_share is None else least_share  # a positive weight's least share
         self.lifted = False  # a policy's weight below the least share was lifted (warned once a sampler)
         shares = quantize_shares(initial, self.least)
@@ -189,7 +210,7 @@ class Feedback:
                 )
         return shares
 
-    def update(self, plan: MixturePlan, trained: int, fingerprint: dict[str, Any], world: World, group: Any
+    def update(self, plan: AdaptivePlan, trained: int, fingerprint: dict[str, Any], world: World, group: Any
                ) -> list[float]:  # fmt: skip
         """Reduce the pending report over the ranks, run the policy, append to the ledger and the plan.
 
@@ -201,7 +222,7 @@ class Feedback:
         if trained < ledger.due_at:
             raise RuntimeError(
                 f"update {ledger.updates + 1} is due once the loop has trained through run position {ledger.due_at} "
-                f"(interval={ledger.interval} samples over all ranks), but it has trained through {trained}; call "
+                f"(interval={ledger.interval} {self.unit} over all ranks), but it has trained through {trained}; call "
                 "sampler.update() when sampler.update_due()"
             )
         if dist.is_available() and dist.is_initialized():
@@ -218,7 +239,17 @@ class Feedback:
         plan.extend(ledger.start_of(ledger.updates), as_weights(shares), ledger.known_until)
         return [float(x) / SHARE_DENOMINATOR for x in shares]
 
-    def plan_of(self, ledger: WeightLedger, new_plan: Callable[[int], MixturePlan]) -> MixturePlan:
+    def saved_ledger(self, state_dict: object, owner: str) -> WeightLedger:
+        """The ledger a saved state holds (``state["adaptive"]``), checked against this interval and sources."""
+        if not isinstance(state_dict, dict) or ADAPTIVE not in state_dict:
+            raise MalformedStateError(
+                f"state should hold 'adaptive' (the weight ledger) for a {owner} with adaptive weights; save "
+                "sampler.state_dict() of an adaptive sampler"
+            )
+        ledger = self.ledger
+        return WeightLedger.from_state(state_dict[ADAPTIVE], ledger.interval, len(self.sums), ledger.lag)
+
+    def plan_of(self, ledger: WeightLedger, new_plan: Callable[[int], PlanT]) -> PlanT:
         """The plan of a loaded ``ledger``: the initial weights, then every update's; it becomes this ledger."""
         self.ledger = ledger
         self.clear()
@@ -241,7 +272,7 @@ class AdaptiveMixin:
     """
 
     _feedback: Feedback | None
-    _plan: MixturePlan
+    _plan: AdaptivePlan
     _progress: Progress
 
     if TYPE_CHECKING:  # provided by PlanSampler
@@ -363,13 +394,6 @@ class AdaptiveMixin:
         shares = feedback.update(self._plan, trained, self._full_fingerprint(), self.world, group)
         self._follow_ledger()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture)
         return shares
-
-    def sources_at(self, epoch: int, positions: Any) -> np.ndarray:
-        """The source of each plan position of ``epoch`` (int64), by arithmetic: O(len) and no table."""
-        epoch = check_int("epoch", epoch, minimum=0)
-        array = np.asarray(positions, dtype=np.int64).reshape(-1)
-        found: np.ndarray = self._plan.locate(self.seed, epoch, array).sources
-        return found
 
     def weights_at(self, epoch: int, position: int) -> list[float]:
         """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1).

@@ -25,27 +25,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.adaptive import WeightLedger
 from .._core.adaptive_policies import AdaptiveWeights, adaptive_block, as_initial
 from .._core.arrays import as_lookup_indices, as_size_array
-from .._core.errors import MalformedStateError, check_bool, check_choice, check_int
+from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, PendingWeightsError
 from .._core.plan import Even, rank_count
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
-from .._core.weights import WeightSchedule, as_weight_schedule
+from .._core.weights import BY_TOKENS, WeightSchedule, as_weight_schedule
 from .._core.world import World
 from .base import PlanSampler
-from .feedback import AdaptiveMixin, Feedback
+from .feedback import ADAPTIVE, AdaptiveMixin, Feedback
 from .identity import with_sources
 from .keywords import MixtureKeywords
 from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-ADAPTIVE = "adaptive"
-"""The state key of an adaptive mixture's weight ledger."""
 
 
 def source_sizes(sizes: object) -> np.ndarray:
@@ -148,6 +144,8 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     _CHUNK = 1 << 16
     _FIRST_CHUNK = 1 << 8  # a resumed batch of 256 costs one small chunk: resume in ~1-2 ms
 
+    _plan: MixturePlan  # AdaptiveMixin reads it as an AdaptivePlan
+
     def __init__(
         self,
         sizes: Any,
@@ -169,6 +167,11 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
         initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(self.sizes))
         self.weights: WeightSchedule = as_weight_schedule(weights if initial is None else initial)
+        if self.weights.kind == BY_TOKENS:
+            raise ValueError(
+                "weights=WeightSchedule.by_tokens(...) counts tokens, but MixtureSampler's weights are shares of "
+                "samples; use WeightSchedule.by_samples, or shardwise.PackedMixtureSampler for weights in tokens"
+            )
         self.shuffle = keywords.shuffle
         self.interleave = check_bool("interleave", interleave) or not self.shuffle
         if num_samples is not None:
@@ -228,6 +231,13 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         """Draws of each source in ``epoch``'s plan before position ``consumed``, by arithmetic."""
         total = self._plan.plan_size(check_int("epoch", epoch, minimum=0))
         return self._plan.counts(self.seed, epoch, min(check_int("consumed", consumed, minimum=0), total))
+
+    def sources_at(self, epoch: int, positions: Any) -> np.ndarray:
+        """The source of each plan position of ``epoch`` (int64), by arithmetic: O(len) and no table."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        array = np.asarray(positions, dtype=np.int64).reshape(-1)
+        found: np.ndarray = self._plan.locate(self.seed, epoch, array).sources
+        return found
 
     def sources_of(self, indices: Any) -> np.ndarray:
         """The source of each global index (int64; indices in ``[0, sum(sizes))``).
@@ -416,13 +426,6 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         if feedback is None:
             super().load_state_dict(state_dict)
             return
-        if not isinstance(state_dict, dict) or ADAPTIVE not in state_dict:
-            raise MalformedStateError(
-                "state should hold 'adaptive' (the weight ledger) for a MixtureSampler with adaptive weights; save "
-                "sampler.state_dict() of an adaptive sampler"
-            )
-        ledger = WeightLedger.from_state(
-            state_dict[ADAPTIVE], feedback.ledger.interval, self.num_sources, feedback.ledger.lag
-        )
+        ledger = feedback.saved_ledger(state_dict, type(self).__name__)
         super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
         self._plan = feedback.plan_of(ledger, self._new_plan)

@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.adaptive import WeightLedger
 from .._core.adaptive_policies import AdaptiveWeights, as_initial
 from .._core.arrays import as_lookup_indices, check_non_negative_integers, digest
-from .._core.errors import MalformedStateError, check_choice, check_int
+from .._core.errors import check_choice, check_int
 from .._core.packing import PackedIndex
 from .._core.state import Fingerprint
 from .._core.thresholds import BY_EPOCH
@@ -28,16 +27,13 @@ from ..index import build_or_open, read_checked
 from ..index.cache import CacheDir
 from ..index.lengths import LengthsInput
 from .base import PlanSampler
-from .feedback import AdaptiveMixin, Feedback
+from .feedback import ADAPTIVE, AdaptiveMixin, Feedback
 from .keywords import ShuffledCachedKeywords
 from .packed_build import SHARED_FROM
 from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-ADAPTIVE = "adaptive"
-"""The state key of an adaptive mixture's weight ledger (as ``MixtureSampler``'s)."""
 
 PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
@@ -175,9 +171,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
 
     _CHUNK = 64
     _FIRST_CHUNK = 1
-    # AdaptiveMixin reads the plan through what both mixture plans provide (epoch_start, extend, known_until,
-    # check_known, weights_at); its annotation names MixturePlan.
-    _plan: TokenMixturePlan  # type: ignore[assignment]
+    _plan: TokenMixturePlan  # AdaptiveMixin reads it as an AdaptivePlan
 
     def __init__(
         self,
@@ -221,7 +215,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
                 )
             # NOTE [ Adaptive weights in tokens ]: weights change at any batch (block 1), and every positive
             # weight is drawn as asked (its tokens floor per batch, the sum exact): no least share to lift to.
-            self._feedback = Feedback(self.adaptive, initial, 1, self.num_batches, least_share=1)
+            self._feedback = Feedback(self.adaptive, initial, 1, self.num_batches, least_share=1, unit="batches")
             self._plan.known_until = self._feedback.ledger.known_until
         self._init_plan(keywords)
 
@@ -325,16 +319,9 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         if feedback is None:
             super().load_state_dict(state_dict)
             return
-        if not isinstance(state_dict, dict) or ADAPTIVE not in state_dict:
-            raise MalformedStateError(
-                "state should hold 'adaptive' (the weight ledger) for a PackedMixtureSampler with adaptive weights; "
-                "save sampler.state_dict() of an adaptive sampler"
-            )
-        ledger = WeightLedger.from_state(
-            state_dict[ADAPTIVE], feedback.ledger.interval, len(self.sizes), feedback.ledger.lag
-        )
+        ledger = feedback.saved_ledger(state_dict, type(self).__name__)
         super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
-        self._plan = feedback.plan_of(ledger, self._new_plan)  # type: ignore[arg-type,assignment]
+        self._plan = feedback.plan_of(ledger, self._new_plan)
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..adaptive import known_prefix
 from ..mixture import PendingWeightsError
 from ..seeds import derive_seed
 from ..thresholds import BY_EPOCH
@@ -149,12 +150,7 @@ class TokenMixturePlan:
         """
         if self.known_until is None:
             return positions
-        beyond = np.flatnonzero(positions >= self.known_until - self.epoch_start(epoch))
-        if not beyond.size:
-            return positions
-        if not beyond[0]:
-            self._refuse_unknown(epoch, int(positions[0]))
-        return positions[: int(beyond[0])]
+        return known_prefix(positions, self.known_until - self.epoch_start(epoch), lambda p: self.check_known(epoch, p))
 
     def check_known(self, epoch: int, positions: np.ndarray) -> None:
         """Raise :class:`PendingWeightsError` if a position's weights are not known yet."""
