@@ -8,7 +8,8 @@ checkpoint just after the last batch of epoch 0, after the epoch's loop, or afte
 ``set_epoch(1)``; crash two steps into epoch 1). The last case of each job is a real crash: rank 1
 kills itself with ``SIGKILL`` and the job dies (rank 0 fails in its next all_reduce); the earlier
 cases stop both ranks at the crash step, which leaves the same files behind. Job 2 (3 ranks, a
-new process group) loads rank 0's last checkpoint of every case and trains to the end of epoch 1.
+new process group) loads rank 0's last checkpoint of every case and trains to the end of epoch 1;
+one set of 3 ranks runs the job 2 of both tests (mid-epoch, then epoch boundary), one after the other.
 
 A case is a sampler kind, a loader (plain ``DataLoader``: the recipe saves ``sampler.state_dict()``;
 torchdata's ``StatefulDataLoader``: the recipe saves ``loader.state_dict()``) and 0 or 2 workers.
@@ -187,11 +188,13 @@ def _resume_case(case: tuple[str, str, int, str], rank: int, directory: Path, *,
             dist.all_reduce(torch.ones(1))
 
 
-def _second_job(rank: int, world_size: int, directory: str, cases: list[tuple[str, str, int, str]]) -> None:
+def _second_job(rank: int, world_size: int, jobs: list[tuple[str, list[tuple[str, str, int, str]]]]) -> None:
+    """Job 2 of every (directory, cases) of ``jobs``, in turn."""
     warnings.filterwarnings("ignore")
-    with open(Path(directory) / f"second.rank{rank}.jsonl", "w") as log:
-        for case in cases:
-            _resume_case(case, rank, Path(directory), log=log)
+    for directory, cases in jobs:
+        with open(Path(directory) / f"second.rank{rank}.jsonl", "w") as log:
+            for case in cases:
+                _resume_case(case, rank, Path(directory), log=log)
 
 
 # -- accounting ----------------------------------------------------------------------------------
@@ -225,15 +228,18 @@ def account(directory: Path, cases: list[tuple[str, str, int, str]]) -> dict[str
     return out
 
 
-def crash_and_resume(directory: Path, cases: list[tuple[str, str, int, str]]) -> dict[str, tuple[int, int, int]]:
-    """Run job 1 (killed) and job 2 (3 ranks) over ``cases``; the accounting per case."""
-    # Job 1 must die of the SIGKILL of its last case, not of anything earlier.
-    with pytest.raises(RuntimeError, match=r"rank 1 of 2 failed in _first_job:\nrank 1 exited with code -9"):
-        run_distributed(_first_job, 2, str(directory), cases, timeout=240, collective_timeout=30)
-    last = {record["case"] for record in _records(directory, "first")[-1:]}
-    assert last == {name_of(cases[-1])}, last
-    run_distributed(_second_job, 3, str(directory), cases, timeout=240, collective_timeout=30)
-    return account(directory, cases)
+def crash_and_resume(jobs: dict[str, tuple[Path, list[tuple[str, str, int, str]]]]) -> dict[str, dict[str, Any]]:
+    """Per job (directory, cases): job 1 (2 ranks, killed); then job 2 of every job on ONE set of 3 new ranks, one
+    job after the other (starting 3 ranks and their fork servers is most of a job 2). The accounting per case."""
+    for directory, cases in jobs.values():
+        # Job 1 must die of the SIGKILL of its last case, not of anything earlier.
+        with pytest.raises(RuntimeError, match=r"rank 1 of 2 failed in _first_job:\nrank 1 exited with code -9"):
+            run_distributed(_first_job, 2, str(directory), cases, timeout=240, collective_timeout=30)
+        last = {record["case"] for record in _records(directory, "first")[-1:]}
+        assert last == {name_of(cases[-1])}, last
+    resumes = [(str(directory), cases) for directory, cases in jobs.values()]
+    run_distributed(_second_job, 3, resumes, timeout=400, collective_timeout=30)
+    return {name: account(directory, cases) for name, (directory, cases) in jobs.items()}
 
 
 def _cases(points: list[str]) -> list[tuple[str, str, int, str]]:
@@ -245,23 +251,36 @@ def _cases(points: list[str]) -> list[tuple[str, str, int, str]]:
     return [(kind, path, workers, points[i % len(points)]) for i, (path, workers, kind) in enumerate(pairs)]
 
 
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The two crash tests' jobs: mid-epoch, and at the epoch boundary (40 cases each)."""
+    return crash_and_resume({
+        "mid": (tmp_path_factory.mktemp("mid"), _cases(["mid"])),
+        # the three checkpoint points take turns over every (kind, loader, workers).
+        "boundary": (tmp_path_factory.mktemp("boundary"), _cases(["end_in_loop", "end_after_loop", "next_epoch"])),
+    })  # fmt: skip
+
+
 @pytest.mark.multiprocess
-@pytest.mark.timeout(300)
-def test_crash_mid_epoch_resumes_at_another_world_size_with_nothing_lost_or_repeated(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)
+def test_crash_mid_epoch_resumes_at_another_world_size_with_nothing_lost_or_repeated(
+    crashed: dict[str, dict[str, Any]],
+) -> None:
     """SIGKILL mid-epoch, resume at 3 ranks: every sampler, both loaders, 0 and 2 workers, only padding repeats."""
-    cases = _cases(["mid"])
-    result = crash_and_resume(tmp_path, cases)
+    result = crashed["mid"]
+    assert len(result) == len(KINDS) * len(LOADERS)
     bad = {name: counts for name, counts in result.items() if counts[0] or counts[1] > counts[2]}
     assert not bad, bad
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(300)
-def test_crash_after_an_epoch_boundary_checkpoint_resumes_with_nothing_lost_or_repeated(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)
+def test_crash_after_an_epoch_boundary_checkpoint_resumes_with_nothing_lost_or_repeated(
+    crashed: dict[str, dict[str, Any]],
+) -> None:
     """Checkpoint after the last batch, after the loop or after set_epoch(1); SIGKILL in epoch 1; resume exact."""
-    # 40 cases: the three checkpoint points take turns over every (kind, loader, workers).
-    cases = _cases(["end_in_loop", "end_after_loop", "next_epoch"])
-    result = crash_and_resume(tmp_path, cases)
+    result = crashed["boundary"]
+    assert len(result) == len(KINDS) * len(LOADERS)
     bad = {name: counts for name, counts in result.items() if counts[0] or counts[1] > counts[2]}
     assert not bad, bad
 
