@@ -1,6 +1,7 @@
 """Lightning Fabric: 2 real processes (ddp, gloo) running examples/fabric_ddp.py, every shardwise sampler kind.
 
-The two multi-process tests read the runs of one module fixture (``fabric_runs``): 2 launches instead of 3.
+The two multi-process tests read the runs of one fixture (``fabric_runs``, tests/integrations/conftest.py): 2 launches
+instead of 3; tests/integrations/test_skip_ledger.py reads its --save run too.
 """
 
 from __future__ import annotations
@@ -8,8 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,7 +19,6 @@ pytest.importorskip("lightning.fabric")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fabric_ddp.py"
-PHASES = Path(__file__).with_name("example_phases.py")  # several runs of an example in one launch
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 ONCE_PER_EPOCH = ("ShardedSampler", "shard", "BucketBatchSampler", "ScheduledBatchSampler", "shard_batches")
 
@@ -42,29 +40,6 @@ def _planned(example: ModuleType, kind: str, rank: int) -> list[list[int]]:
         sampler.set_epoch(epoch)
         batches += [[epoch, *batch.tolist()] for batch in loader]
     return batches
-
-
-@pytest.fixture(scope="module")
-def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The example's uninterrupted run and its --save run, then its --resume run (new processes).
-
-    The first two are phases of one torchrun launch (example_phases.py: the example's main() twice in the
-    same 2 ranks, ~10 s of process starts and imports saved); --resume starts the example as its docstring
-    does, Fabric's launcher starting rank 1.
-    """
-    base = tmp_path_factory.mktemp("fabric")
-    setup, resume = base / "setup", base / "resume"
-    for folder in (setup, resume):
-        folder.mkdir()
-    (base / "phases.json").write_text(json.dumps([["--out", str(setup)], ["--out", str(resume), "--save"]]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-               str(PHASES), EXAMPLE.stem, str(base / "phases.json")]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
-    assert result.returncode == 0, ("run, --save", result.stderr[-4000:])
-    command = [sys.executable, str(EXAMPLE), "--out", str(resume), "--resume"]
-    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=150, check=False)
-    assert result.returncode == 0, ("--resume", result.stderr[-4000:])
-    return {"setup": setup, "resume": resume}
 
 
 @pytest.mark.multiprocess

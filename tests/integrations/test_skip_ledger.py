@@ -258,8 +258,10 @@ def fabric_loader(rank: int = 0, world_size: int = 1) -> Any:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_fabric_save_then_shardwise_skip_on_the_ckpt_resumed_on_one_device(tmp_path: Path) -> None:
+def test_fabric_save_then_shardwise_skip_on_the_ckpt_resumed_on_one_device(fabric_runs: dict[str, Path],
+                                                                          tmp_path: Path) -> None:  # fmt: skip
     """fabric.save mid-epoch 1 on 2 ranks; `shardwise skip` on the .ckpt; fabric.load on 1 device trains the rest but those."""
+    import shutil
     import subprocess
     import sys
 
@@ -271,7 +273,10 @@ def test_fabric_save_then_shardwise_skip_on_the_ckpt_resumed_on_one_device(tmp_p
         assert result.returncode == 0, (options, result.stderr[-4000:])
 
     example = _example()
-    launch("--save")
+    # The example's --save run on 2 ranks (tests/integrations/conftest.py's fabric_runs, all kinds, ShardedSampler
+    # first): its checkpoint and batches, copied here to be edited.
+    for name in ("ShardedSampler.ckpt", "save-rank0.json", "save-rank1.json"):
+        shutil.copy(fabric_runs["resume"] / name, tmp_path / name)
     ckpt = tmp_path / "ShardedSampler.ckpt"
     saved = load_state_file(ckpt)
     assert (saved["epoch"], saved["consumed"]) == (1, 2 * 2 * example.BATCH)  # save_point: 2 steps into epoch 1
