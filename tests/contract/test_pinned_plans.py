@@ -92,8 +92,8 @@ PINNED: dict[str, str] = {
     "Packed-rows": "6a3f3d36a7d7ebd5",
     "Packed-tokens-attention-split": "234789f57564588e",
     "Packed-drop": "a6ec244c34de0f0a",
-    "PackedMixture": "0f1d56b1a75c2017",
-    "PackedMixture-batches-noshuffle": "1cbf0ecc8d376a7e",
+    "PackedMixture": "d255aac4eff98d5d",
+    "PackedMixture-batches-noshuffle": "eb5df73b493dfea4",
 }
 
 

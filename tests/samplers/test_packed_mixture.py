@@ -173,3 +173,22 @@ def test_without_shuffle_a_large_source_is_read_in_index_order_in_contiguous_chu
     assert stream.chunks == 3 and not s.plan.shuffle
     first = [int(p) for batch in s for p in batch if int(p) < lengths.size]
     assert first == sorted(first) and first[0] == int(np.flatnonzero(lengths)[0])
+
+
+def test_balance_groups_deal_attention_cost_evenly_and_keep_every_batchs_quotas() -> None:
+    """Groups of 16 batches dealt longest piece first: the steps of W=8 cost alike, quotas and full rows kept."""
+    rng = np.random.default_rng(4)
+    lengths = [rng.integers(20, 600, 3000), rng.integers(200, 3000, 600), rng.integers(1000, 12000, 150)]
+
+    def step_ratios(group: int) -> np.ndarray:
+        s = sampler(lengths, WEIGHTS, max_len=2048, rows_per_batch=4, num_batches=160, balance_group=group)
+        batches = list(s)
+        for batch in batches:
+            assert np.abs(source_tokens(s, batch) - np.asarray(WEIGHTS) * 8192).max() < 3
+            assert np.bincount([p.row for p in batch], weights=[p.stop - p.start for p in batch]).tolist() == [2048] * 4
+        cost = np.asarray([sum((p.stop - p.start) ** 2 for p in batch) for batch in batches], dtype=float)
+        steps = cost.reshape(-1, 8)
+        return steps.max(axis=1) / steps.mean(axis=1)
+
+    dealt, plain = step_ratios(16), step_ratios(1)
+    assert np.median(dealt) < 1.06 and np.median(plain) > 1.1, (np.median(dealt), np.median(plain))  # 1.045, 1.166

@@ -35,6 +35,9 @@ from .passes import UnitSource
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+DEFAULT_GROUP = 16
+"""Batches dealt together for equal attention cost unless ``balance_group`` says otherwise."""
+
 PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
 
@@ -113,6 +116,10 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
       share of a batch ends, and each piece is its own document for attention and positions
       (pretraining's concatenate-and-chunk). Ranks get ``rows_per_batch`` full rows a step each:
       equal tokens on every rank.
+    - **Balanced attention.** Within each group of ``balance_group`` consecutive batches, the
+      sources' pieces are dealt longest first to the batch of least attention cost so far (the sum
+      of squared piece lengths) that still has room for that source: every batch keeps its exact
+      quotas, and the batches of a step cost about the same (:mod:`shardwise._core.token_mixture.balance`).
     - **Each source cycles on its own**, through its documents in a keyed order per cycle and epoch
       (strided chunks of documents in a keyed order, each chunk's documents in a keyed order:
       :mod:`shardwise._core.token_mixture.streams`); a source runs out and starts again reshuffled.
@@ -145,6 +152,10 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         max_len: tokens per row (the context length).
         rows_per_batch: rows per batch (a rank's batch of a step).
         num_batches: batches per epoch over all ranks (then ``stop="num_batches"``).
+        balance_group: batches dealt together so that each costs about the same attention (the sum
+            of its pieces' squared lengths), every batch keeping its exact token quotas; default 16
+            (with adaptive weights the largest divisor of the interval and ``num_batches`` up to 16);
+            1: none (nor with ``shuffle=False``, which reads each source in index order).
         stop: ``"num_batches"``, ``"all_exhausted"`` (default without ``num_batches``) or
             ``"first_exhausted"``.
         shuffle: keyed orders of documents and of pieces in rows, new every epoch; ``False``: each
@@ -182,6 +193,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         rows_per_batch: int,
         num_batches: int | None = None,
         stop: TokenStop | str | None = None,
+        balance_group: int | None = None,
         **options: Unpack[ShuffledCachedKeywords],
     ) -> None:
         keywords = self._read_keywords(options)
@@ -199,6 +211,12 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
         initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(inputs))
         self.weights = self._schedule(weights if initial is None else initial, len(inputs))
+        if self.adaptive is not None and self.num_batches is None:
+            raise ValueError(
+                f"weights=AdaptiveWeights(...) needs num_batches (an epoch's length may not depend on weights not "
+                f"yet known), but got stop={self.stop.value!r}; pass num_batches"
+            )
+        self.balance_group = self._balance_group(balance_group)
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         tables = [source_table(x, shuffle=self.shuffle, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
                   for x in inputs]  # fmt: skip
@@ -207,12 +225,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         self.sizes = self._plan.sizes
         self._lengths_digest = digest(np.concatenate([np.asarray(t, dtype=np.int64) for t in self._plan.totals]))
         self._feedback: Feedback | None = None
-        if self.adaptive is not None and initial is not None:
-            if self.num_batches is None:
-                raise ValueError(
-                    f"weights=AdaptiveWeights(...) needs num_batches (an epoch's length may not depend on weights not "
-                    f"yet known), but got stop={self.stop.value!r}; pass num_batches"
-                )
+        if self.adaptive is not None and initial is not None and self.num_batches is not None:
             # NOTE [ Adaptive weights in tokens ]: weights change at any batch (block 1), and every positive
             # weight is drawn as asked (its tokens floor per batch, the sum exact): no least share to lift to.
             self._feedback = Feedback(self.adaptive, initial, 1, self.num_batches, least_share=1, unit="batches")
@@ -224,7 +237,27 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         lengths, totals = self._tables
         return TokenMixturePlan(lengths, self.weights, totals=totals, max_len=self.max_len,
                                 rows_per_batch=self.rows_per_batch, stop=self.stop, num_batches=self.num_batches,
-                                shuffle=self.shuffle)  # fmt: skip
+                                shuffle=self.shuffle, balance_group=self.balance_group)  # fmt: skip
+
+    def _balance_group(self, given: int | None) -> int:
+        """``balance_group`` as given, else 16; with adaptive weights a divisor of the interval and of num_batches.
+
+        A group is dealt whole, so every one of its batches' weights must be known: groups may not
+        straddle an update's boundary (an interval's end) nor an epoch's end.
+        """
+        interval = self.adaptive.interval if self.adaptive is not None else None
+        if given is None:
+            if interval is None or self.num_batches is None:
+                return DEFAULT_GROUP
+            return max(d for d in range(1, DEFAULT_GROUP + 1) if not interval % d and not self.num_batches % d)
+        group = check_int("balance_group", given, minimum=1)
+        if interval is not None and self.num_batches is not None and (self.num_batches % group or interval % group):
+            raise ValueError(
+                f"balance_group should divide num_batches and the AdaptiveWeights interval (a group of batches is "
+                f"dealt whole, so all its weights must be known), but got balance_group={group}, num_batches="
+                f"{self.num_batches}, interval={interval}; pass a divisor of both, or leave it out"
+            )
+        return group
 
     def _schedule(self, weights: Any, sources: int) -> WeightSchedule:
         schedule = as_weight_schedule(weights)
@@ -348,6 +381,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
             "rows_per_batch": self.rows_per_batch,
             "stop": self.stop.value,
             "num_batches": self.num_batches,
+            "balance_group": self.balance_group,
             "shuffle": self.shuffle,
             "plan": PLAN_VERSION,
         }
@@ -358,7 +392,8 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         if self.adaptive is not None:
             weights = repr(self.adaptive)
         return {"weights": weights, "max_len": self.max_len, "rows_per_batch": self.rows_per_batch,
-                "stop": self.stop.value, "num_batches": self.num_batches, "shuffle": self.shuffle,
+                "stop": self.stop.value, "num_batches": self.num_batches, "balance_group": self.balance_group,
+                "shuffle": self.shuffle,
                 "drop_last": self.drop_last}  # fmt: skip
 
     def _data_repr(self) -> str:

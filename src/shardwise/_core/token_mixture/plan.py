@@ -20,8 +20,9 @@ from ..mixture import PendingWeightsError
 from ..seeds import derive_seed
 from ..thresholds import BY_EPOCH
 from ..weights import BY_TOKENS, Weights, WeightSchedule, exact_weights
+from .balance import deal_group
 from .quotas import EpochQuotas, check_quota_size
-from .rows import cut_rows
+from .rows import cut_rows, fill_rows
 from .streams import SourceStream, chunk_count, chunk_tokens
 
 SOURCE_STREAM, ROW_ORDER = "token-mixture-source", "token-mixture-rows"
@@ -51,6 +52,8 @@ class TokenMixturePlan:
         shuffle: keyed orders of documents, chunks and pieces; ``False``: index order, sources' pieces
             in source order.
         totals: every source's chunk totals (:func:`.streams.chunk_tokens`), if computed already.
+        balance_group: batches dealt together for equal attention cost (:mod:`.balance`); 1 (and without
+            shuffling): each batch reads its sources' stream ranges as they come.
     """
 
     def __init__(
@@ -64,7 +67,9 @@ class TokenMixturePlan:
         num_batches: int | None,
         shuffle: bool,
         totals: list[np.ndarray] | None = None,
+        balance_group: int = 1,
     ) -> None:
+        self.balance_group = balance_group if shuffle else 1  # without shuffling: index order, batch after batch
         self.lengths, self.schedule, self.shuffle = lengths, schedule, shuffle
         self.max_len, self.rows_per_batch = max_len, rows_per_batch
         self.tokens_per_batch = max_len * rows_per_batch
@@ -87,6 +92,7 @@ class TokenMixturePlan:
         self.known_until: int | None = None
         self._quotas: tuple[int, EpochQuotas] | None = None
         self._streams: tuple[int, int, list[SourceStream]] | None = None  # (epoch, seed, streams)
+        self._dealt: tuple[int, int, int, list[Any]] | None = None  # (epoch, seed, group, its batches' pieces)
 
     def _check_tokens(self, weights: Weights, threshold: int) -> None:
         empty = [i for i, (a, tokens) in enumerate(zip(weights.a, self.source_tokens, strict=True)) if a and not tokens]
@@ -136,7 +142,7 @@ class TokenMixturePlan:
             self._change_at.append(batch)
             self._changes.append(weights)
         self.known_until = known_until
-        self._quotas = None
+        self._quotas = self._dealt = None
 
     def weights_at(self, epoch: int, batch: int) -> list[float]:
         """The weights in force at batch ``batch`` of ``epoch`` (exact shares summing to 1)."""
@@ -199,15 +205,36 @@ class TokenMixturePlan:
             PendingWeightsError: an adaptive ledger has not set the batch's weights yet.
         """
         self._refuse_unknown(epoch, batch)
-        parts = []
-        streams = self.streams(epoch, seed)
-        for source, (first, stop) in enumerate(self.quotas(epoch).batch_tokens(batch)):
-            if stop > first:
-                documents, starts, stops = streams[source].pieces(first, stop)
-                parts.append((documents + self.offsets[source], starts, stops))
-        ids, starts, stops = (np.concatenate(p) for p in zip(*parts, strict=True))
-        key = derive_seed(seed, epoch, ROW_ORDER, batch) if self.shuffle else None
-        return cut_rows(ids, starts, stops, max_len=self.max_len, key=key)
+        if self.balance_group > 1:
+            group = self._group(epoch, seed, batch // self.balance_group)
+            ids, starts, stops = group[batch % self.balance_group]
+        else:
+            parts = [self._source_pieces(epoch, seed, source, first, stop)
+                     for source, (first, stop) in enumerate(self.quotas(epoch).batch_tokens(batch))]  # fmt: skip
+            ids, starts, stops = (np.concatenate(p) for p in zip(*parts, strict=True))
+        if not self.shuffle:  # the sources' pieces in order, cut every max_len
+            return cut_rows(ids, starts, stops, max_len=self.max_len, key=None)
+        return fill_rows(ids, starts, stops, max_len=self.max_len, key=derive_seed(seed, epoch, ROW_ORDER, batch))
+
+    def _source_pieces(
+        self, epoch: int, seed: int, source: int, first: int, stop: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Source ``source``'s stream tokens ``[first, stop)`` of ``epoch`` as pieces, ids in the concatenation."""
+        documents, starts, stops = self.streams(epoch, seed)[source].pieces(first, stop)
+        return documents + self.offsets[source], starts, stops
+
+    def _group(self, epoch: int, seed: int, group: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The batches of a balancing group (:mod:`.balance`), computed once and kept while the pass reads them."""
+        if self._dealt is None or self._dealt[:3] != (epoch, seed, group):
+            first = group * self.balance_group
+            last = min(first + self.balance_group, self.epoch_size(epoch))
+            self._refuse_unknown(epoch, last - 1)  # a group is dealt whole: every batch's weights known
+            quotas = self.quotas(epoch)
+            bounds = np.asarray([quotas.cumulative(b) for b in range(first, last + 1)], dtype=np.int64)  # (G + 1, S)
+            sources = [self._source_pieces(epoch, seed, s, int(bounds[0, s]), int(bounds[-1, s]))
+                       for s in range(len(self.lengths))]  # fmt: skip
+            self._dealt = (epoch, seed, group, deal_group(sources, np.diff(bounds, axis=0), self.max_len))
+        return self._dealt[3]
 
     def source_of(self, index: int) -> tuple[int, int]:
         """``(source, document)`` of a global id."""
@@ -231,6 +258,10 @@ class TokenMixturePlan:
             last = min(first + length, drawn) - 1
             low, high = quotas.batch_of(source, first, limit=size), quotas.batch_of(source, last, limit=size)
             found.extend(range(low, high + 1))
+        group = self.balance_group
+        if group > 1:  # dealt within its group: any batch of the groups the stream range touches
+            groups = sorted({b // group for b in found})
+            found = [b for g in groups for b in range(g * group, min(size, g * group + group))]
         # a piece per row it spans: count them in each batch found (O(batch) each, provenance only)
         pieces = [int(np.count_nonzero(self.batch(epoch, seed, b)[0] == index)) for b in sorted(set(found))]
         return np.repeat(np.asarray(sorted(set(found)), dtype=np.int64), pieces)
