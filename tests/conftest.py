@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -24,3 +25,15 @@ def _private_index_cache() -> Iterator[None]:
         for name, path in paths.items():
             os.environ.pop(name, None)
             shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def lightning_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One pair of gloo ranks for the Lightning fits of tests/integrations/test_lightning.py,
+    tests/contract/test_crash_resume.py and tests/integrations/test_skip_ledger.py (``ranks``: per rank, what
+    each returned), each in a folder of its own (``directories``)."""
+    from tests.integrations.test_lightning import lightning_ranks as run
+
+    names = ("lightning", "crash_resume", "skip")
+    directories = {name: tmp_path_factory.mktemp(f"lightning-{name}") for name in names}
+    return {"ranks": run({name: str(path) for name, path in directories.items()}), "directories": directories}

@@ -513,18 +513,22 @@ def _lightning_resumes(rank: int, world_size: int, directory: str, combos: list[
     return out
 
 
+LIGHTNING_COMBOS = [(name, workers, point) for name in ("ShardedSampler", "TwoStreamBatchSampler")
+                    for workers in (0, 2) for point in ("mid", "end")]  # fmt: skip
+
+
 @pytest.mark.multiprocess
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(600)
 def test_lightning_checkpoints_mid_epoch_and_at_epoch_end_resume_exactly_with_and_without_workers(
-    tmp_path: Path,
+    lightning_ranks: dict[str, Any],
 ) -> None:
-    """Trainer(ckpt_path=) from a mid-epoch and an epoch-end checkpoint, 0 and 2 workers: the uninterrupted run."""
+    """Trainer(ckpt_path=) from a mid-epoch and an epoch-end checkpoint, 0 and 2 workers: the uninterrupted run.
+
+    _lightning_resumes runs in the pair of ranks of tests/integrations/test_lightning.py (tests/conftest.py)."""
     from tests.integrations import test_lightning as lt
 
-    combos = [(name, workers, point) for name in ("ShardedSampler", "TwoStreamBatchSampler") for workers in (0, 2)
-              for point in ("mid", "end")]  # fmt: skip
-    ranks = run_distributed(_lightning_resumes, 2, str(tmp_path), combos, timeout=180)
-    for name, workers, point in combos:
+    ranks = [rank["crash_resume"] for rank in lightning_ranks["ranks"]]
+    for name, workers, point in LIGHTNING_COMBOS:
         for rank in (0, 1):
             whole = [(epoch, batch) for epoch in (0, 1) for batch in lt.expected(name, rank, epoch)]
             assert ranks[rank][f"{name}-{workers}-{point}"] == whole, (name, workers, point, rank)

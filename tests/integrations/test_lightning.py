@@ -1,7 +1,7 @@
 """Lightning: every shardwise sampler under real ``Trainer(strategy="ddp", devices=2)`` runs on CPU.
 
-Each test starts two real gloo ranks (``run_distributed``; three tests share one start, the module
-fixture ``fits``) and runs several ``Trainer.fit`` calls inside them: Lightning's DDP strategy finds the
+Each test starts two real gloo ranks (``run_distributed``; five tests share one start, the module
+fixture ``fits``, with the Lightning runs of test_crash_resume.py and test_skip_ledger.py) and runs several ``Trainer.fit`` calls inside them: Lightning's DDP strategy finds the
 process group already initialised (``LOCAL_RANK`` set, processes created externally, as under torchrun)
 and joins it, so one process start serves many fits. DDP all-reduces gradients every step, so ranks
 with different step counts would time out rather than hang. Every rank returns what it saw; the
@@ -284,20 +284,33 @@ def _predict(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def _three_tests(rank: int, world_size: int, names: list[str], directory: str) -> dict[str, Any]:
-    """What the next five tests check, from one process start: _two_stream last (its seed_everything stays)."""
+def _three_tests(rank: int, world_size: int, names: list[str], directories: dict[str, str]) -> dict[str, Any]:
+    """What the next five tests check, and the Lightning runs of tests/contract/test_crash_resume.py and
+    tests/integrations/test_skip_ledger.py, from one process start: _two_stream last (its seed_everything stays)."""
+    from tests.contract.test_crash_resume import LIGHTNING_COMBOS, _lightning_resumes
+    from tests.integrations.test_skip_ledger import _lightning_save_skip_resume
+
+    directory = directories["lightning"]
     return {"every": _fit_every_sampler(rank, world_size, names), "resume": _resume(rank, world_size, directory, 2),
             "last_step": _resume_at_last_step(rank, world_size, directory), "predict": _predict(rank, world_size),
+            "crash_resume": _lightning_resumes(rank, world_size, directories["crash_resume"], LIGHTNING_COMBOS),
+            "skip": _lightning_save_skip_resume(rank, world_size, directories["skip"]),
             "two_stream": _two_stream(rank, world_size)}  # fmt: skip
+
+
+def lightning_ranks(directories: dict[str, str]) -> list[dict[str, Any]]:
+    """Per rank, what _three_tests returns: one pair of ranks (starting one, with Lightning, is ~10 s) for this
+    module's fits and the other modules' (tests/conftest.py's session fixture ``lightning_ranks`` calls this)."""
+    return run_distributed(_three_tests, 2, INDEX + BATCH, directories, timeout=600)
 
 
 # -- tests ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def fits(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Per rank, the results of _fit_every_sampler, _resume and _two_stream, run in one pair of ranks (not 3)."""
-    return run_distributed(_three_tests, 2, INDEX + BATCH, str(tmp_path_factory.mktemp("lightning")), timeout=400)
+def fits(lightning_ranks: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank, the results of _fit_every_sampler, _resume, _resume_at_last_step, _predict and _two_stream."""
+    return lightning_ranks["ranks"]  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(480)

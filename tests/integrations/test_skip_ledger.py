@@ -235,14 +235,15 @@ def _lightning_save_skip_resume(rank: int, world_size: int, directory: str) -> d
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_lightning_checkpoint_then_shardwise_skip_on_the_ckpt(tmp_path: Path) -> None:
-    """Lightning Trainer (2 ranks) checkpoints after 1 step; `shardwise skip` on mid.ckpt; fit(ckpt_path=) skips them."""
-    from shardwise.tools.launch import run_distributed
+@pytest.mark.timeout(600)
+def test_lightning_checkpoint_then_shardwise_skip_on_the_ckpt(lightning_ranks: dict[str, Any]) -> None:
+    """Lightning Trainer (2 ranks) checkpoints after 1 step; `shardwise skip` on mid.ckpt; fit(ckpt_path=) skips them.
+
+    _lightning_save_skip_resume runs in the pair of ranks of tests/integrations/test_lightning.py (tests/conftest.py)."""
     from tests.integrations.test_lightning import N as LIGHTNING_N
 
-    ranks = run_distributed(_lightning_save_skip_resume, 2, str(tmp_path), timeout=200)
-    saved = load_state_file(tmp_path / "mid.ckpt")
+    ranks = [rank["skip"] for rank in lightning_ranks["ranks"]]
+    saved = load_state_file(lightning_ranks["directories"]["skip"] / "mid.ckpt")
     skipped = skipped_samples(shardwise.ShardedSampler(LIGHTNING_N), epoch=0, steps=range(1, 2), world_size=2,
                               start=saved["consumed"])  # fmt: skip
     assert saved["consumed"] == 2 * BATCH and len(skipped) == 2 * BATCH  # 24 left: 3 batches a rank
