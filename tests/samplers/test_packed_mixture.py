@@ -192,3 +192,31 @@ def test_balance_groups_deal_attention_cost_evenly_and_keep_every_batchs_quotas(
 
     dealt, plain = step_ratios(16), step_ratios(1)
     assert np.median(dealt) < 1.06 and np.median(plain) > 1.1, (np.median(dealt), np.median(plain))  # 1.045, 1.166
+
+
+def test_skip_ids_leaves_out_the_batches_holding_a_document_and_resumes_at_another_world_size() -> None:
+    """A skipped document never trains: the batches holding its pieces leave the plan, at any world size."""
+    whole = sampler(num_batches=40)
+    plan = [[(int(p), p.start, p.stop) for p in batch] for batch in whole]
+    first = [sampler(num_batches=40, num_replicas=3, rank=r) for r in range(3)]
+    for s in first:
+        next(iter(s))  # one step trained at W=3
+    editor = sampler(num_batches=40, num_replicas=2, rank=0)
+    editor.load_state_dict(first[0].state_dict())
+    editor.skip_ids(5, 6)
+    editor.skip_ids(310, 312)
+    state = editor.state_dict()
+    skipped = {5, 310, 311}
+    holding = {b for b, batch in enumerate(plan) if b >= 3 and skipped & {i for i, _, _ in batch}}
+    assert holding  # the skipped documents are in the plan after the resume point
+    resumed = [sampler(num_batches=40, num_replicas=2, rank=r) for r in range(2)]
+    for s in resumed:
+        s.load_state_dict(state)
+    got = [[[(int(p), p.start, p.stop) for p in batch] for batch in s] for s in resumed]
+    merged = [got[q % 2][q // 2] for q in range(sum(len(g) for g in got))]
+    expected = [batch for b, batch in enumerate(plan) if b >= 3 and b not in holding]
+    assert merged == expected[: len(merged)] and len(expected) - len(merged) < 2  # drop nothing but a step's cut
+    assert not skipped & {i for batch in merged for i, _, _ in batch}
+    with pytest.raises(shardwise.ProvenanceUnsupported, match="skip_steps"):
+        adaptive = shardwise.AdaptiveWeights(shardwise.Exp3(), interval=4)
+        sampler(weights=adaptive, num_batches=40).skip_ids(5, 6)

@@ -17,6 +17,7 @@ from .._core.adaptive_policies import AdaptiveWeights, as_initial
 from .._core.arrays import as_lookup_indices, check_non_negative_integers, digest
 from .._core.errors import check_choice, check_int
 from .._core.packing import PackedIndex
+from .._core.provenance import ProvenanceUnsupported
 from .._core.state import Fingerprint
 from .._core.thresholds import BY_EPOCH
 from .._core.token_mixture import TokenMixturePlan, TokenStop
@@ -370,6 +371,26 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         """Every batch of ``epoch`` holding a token of document ``index`` (provenance)."""
         index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
         return self._plan.positions_of(epoch, self.seed, index)
+
+    def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Every batch of ``epoch`` holding a piece of one of ``ids`` (``skip_ids``): O(a group's batches) an id.
+
+        NOTE [ Skipping documents of a packed mixture ]: a batch is the plan's unit, so skipping a
+        document skips the batches that hold its pieces (one or two a cycle of its source), with the
+        other pieces of those batches: the document never trains, the others come back in their
+        sources' next cycles and epochs. Leaving only the document out would move every later token
+        of its source, and so change batches of the epoch already trained.
+        """
+        if self._feedback is not None:
+            raise ProvenanceUnsupported(
+                "PackedMixtureSampler cannot skip document ids with adaptive weights (the batches that hold them "
+                "are known only as far as the ledger); skip plan positions instead (shardwise.skip_steps)"
+            )
+        total = int(self.sizes.sum())
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= total):
+            raise ValueError(f"document ids should be in [0, {total - 1}], but got ids up to {int(ids.max())}")
+        found = [self._plan.positions_of(epoch, self.seed, int(i)) for i in np.unique(ids).tolist()]
+        return np.unique(np.concatenate([np.empty(0, dtype=np.int64), *found]))
 
     def _fingerprint(self) -> Fingerprint:
         return {
