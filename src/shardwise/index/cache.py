@@ -51,6 +51,11 @@ from .progress import Heartbeat, note
 
 logger = logging.getLogger("shardwise")
 
+SHARED_FROM = 1 << 18
+"""From this many samples on, a sampler's O(n) tables live in the node's shared index cache (built
+once per node, memory-mapped by every rank); below it they are built privately (a few MB at most:
+cheaper than files)."""
+
 DEFAULT_TIMEOUT = 600.0
 """Seconds a process waits for another one building the same entry (a 1e9-entry build takes minutes)."""
 ENV_DIR = "SHARDWISE_CACHE_DIR"

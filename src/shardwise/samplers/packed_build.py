@@ -39,15 +39,10 @@ from .._core.packing import (
 from .._core.packing.compiled import kernels
 from ..index import GroupedIndex, build_or_open, length_index, read_checked
 from ..index.builders import index_dtype
-from ..index.cache import CacheDir
+from ..index.cache import SHARED_FROM, CacheDir
 from ..index.lengths import LENGTH_KIND, LengthsInput
 from ..index.progress import Progress
 from ..index.workers import build_workers, map_tasks
-
-SHARED_FROM = 1 << 18
-"""From this many samples on, the item index and the batch counts live in the node's shared index
-cache (built once per node, memory-mapped by every rank); below it they are built privately
-(a few MB at most: cheaper than files)."""
 
 PIECES_KIND, LAYOUTS_KIND, RANGE_KIND = "pack-pieces", "pack-layouts", "lengths-range"
 

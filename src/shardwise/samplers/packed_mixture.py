@@ -7,30 +7,25 @@ The arithmetic (token quotas, the sources' token streams, rows) lives in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.adaptive_policies import AdaptiveWeights, as_initial
-from .._core.arrays import as_lookup_indices, check_non_negative_integers, digest
+from .._core.arrays import as_lookup_indices, digest
 from .._core.errors import check_choice, check_int
 from .._core.packing import PackedIndex
 from .._core.provenance import ProvenanceUnsupported
 from .._core.state import Fingerprint
 from .._core.thresholds import BY_EPOCH
 from .._core.token_mixture import TokenMixturePlan, TokenStop
-from .._core.token_mixture.streams import chunk_count, chunk_tokens
 from .._core.weights import BY_TOKENS, CONSTANT, WeightSchedule, as_weight_schedule
 from .._core.world import World
-from ..index import build_or_open, read_checked
-from ..index.cache import CacheDir
-from ..index.lengths import LengthsInput
+from ..index.token_chunks import chunk_table, mixture_lengths
 from .base import PlanSampler
 from .feedback import ADAPTIVE, AdaptiveMixin, Feedback
 from .keywords import ShuffledCachedKeywords
-from .packed_build import SHARED_FROM
 from .passes import UnitSource
 
 if TYPE_CHECKING:
@@ -41,59 +36,6 @@ DEFAULT_GROUP = 16
 
 PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
-
-
-CHUNKS_KIND = "token-mixture-chunks"
-"""The shared index of a source's chunk totals (and its lengths' range), one entry per lengths input."""
-
-
-def source_lengths(lengths: object) -> tuple[list[str], list[LengthsInput]]:
-    """Source names and one resolved lengths input per source."""
-    names = [str(name) for name in lengths] if isinstance(lengths, Mapping) else None
-    values_of = list(lengths.values()) if isinstance(lengths, Mapping) else lengths
-    if isinstance(values_of, (str, bytes, np.ndarray)) or not isinstance(values_of, Sequence) or not values_of:
-        raise TypeError(
-            "lengths should be a non-empty sequence (or {name: lengths} mapping) with one lengths input per source "
-            "(each a 1-D sequence of token counts, an array, a memory map or an HF column), but got "
-            f"lengths={type(lengths).__name__}"
-        )
-    inputs = [LengthsInput.of(_lengths_of(values, source)) for source, values in enumerate(values_of)]
-    return names or [str(i) for i in range(len(inputs))], inputs
-
-
-def _lengths_of(values: Any, source: int) -> Any:
-    """A ``ShardedSource`` stands for its lengths (from the shards' index, ``length_column``); anything else is one."""
-    if not hasattr(values, "length_column") or not hasattr(values, "shard_sizes"):
-        return values
-    if values.lengths is None:
-        raise ValueError(
-            f"lengths[{source}] is a ShardedSource without lengths: build it with length_column=... (the column of "
-            "token ids or token counts) so that its index holds every document's length"
-        )
-    return values.lengths
-
-
-def source_table(
-    lengths: LengthsInput, *, shuffle: bool, cache_dir: CacheDir, timeout: float
-) -> tuple[Any, np.ndarray]:
-    """One source's lengths (checked) and chunk totals: from the node's shared index from ``SHARED_FROM`` on.
-
-    The check and the totals read every length once per node: another rank maps two small files
-    (its start does not grow with n); small sources are read privately, a compact copy.
-    """
-    chunks = chunk_count(lengths.size)
-    if lengths.size < SHARED_FROM or not isinstance(lengths.values, np.ndarray):
-        array = lengths.compact()  # checks every value
-        return array, chunk_tokens(array, chunks, strided=shuffle)
-    values = lengths.values
-
-    def build(directory: Path) -> None:
-        check_non_negative_integers("lengths", values, holds="integers (token counts)", noun="integers")
-        np.save(directory / "totals.npy", chunk_tokens(values, chunks, strided=shuffle))
-
-    key = f"{lengths.key}|{chunks}|{'strided' if shuffle else 'contiguous'}"
-    arrays = build_or_open(CHUNKS_KIND, key, build, cache_dir=cache_dir, timeout=timeout)
-    return values, np.asarray(read_checked(arrays["totals"], arrays["totals"][:]), dtype=np.int64)
 
 
 class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[int]]):
@@ -208,7 +150,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
                 f"num_batches goes with stop='num_batches' (and stop='num_batches' needs it), but got "
                 f"num_batches={num_batches!r}, stop={self.stop.value!r}"
             )
-        self.source_names, inputs = source_lengths(lengths)
+        self.source_names, inputs = mixture_lengths(lengths)
         self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
         initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(inputs))
         self.weights = self._schedule(weights if initial is None else initial, len(inputs))
@@ -219,7 +161,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
             )
         self.balance_group = self._balance_group(balance_group)
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
-        tables = [source_table(x, shuffle=self.shuffle, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
+        tables = [chunk_table(x, shuffle=self.shuffle, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
                   for x in inputs]  # fmt: skip
         self._tables = ([t[0] for t in tables], [t[1] for t in tables])
         self._plan = self._new_plan(1)
