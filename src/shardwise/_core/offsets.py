@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import as_lookup_indices
+
 
 def offsets_from_counts(counts: np.ndarray | list[int]) -> np.ndarray:
     """``(len(counts) + 1,)`` int64: ``0`` then the running total, so run ``i`` is ``[offsets[i], offsets[i + 1])``.
@@ -34,3 +36,20 @@ def span_positions(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     # each span's start repeated, minus where the span begins in the output, plus the output position
     firsts = offsets_from_counts(sizes)[:-1]
     return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+
+
+def runs_of(sizes: np.ndarray, indices: object, *, noun: str) -> np.ndarray:
+    """The run (a mixture's source) of each index of the concatenation (int64), ``indices`` checked.
+
+    Raises:
+        TypeError: ``indices`` are not integers.
+        IndexError: an index is negative or ``>= sum(sizes)``.
+
+    Example:
+        >>> runs_of(np.array([2, 3]), [0, 1, 2, 4], noun="samples").tolist()
+        [0, 0, 1, 1]
+    """
+    total = int(sizes.sum())
+    checked = as_lookup_indices("indices", indices, size=total, of=f"{len(sizes)} sources of {total} {noun}")
+    found: np.ndarray = np.searchsorted(offsets_from_counts(sizes)[1:], checked, side="right").astype(np.int64)
+    return found

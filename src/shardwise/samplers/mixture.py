@@ -26,9 +26,10 @@ import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
 from .._core.adaptive_policies import AdaptiveWeights, adaptive_block, as_initial
-from .._core.arrays import as_lookup_indices, as_size_array
+from .._core.arrays import as_size_array
 from .._core.errors import check_bool, check_choice, check_int
 from .._core.mixture import MixturePlan, MixtureStop, PendingWeightsError
+from .._core.offsets import runs_of
 from .._core.plan import Even, rank_count
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
@@ -246,10 +247,7 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
             TypeError: ``indices`` are not integers.
             IndexError: an index is negative or ``>= sum(sizes)``.
         """
-        total = int(self.sizes.sum())
-        checked = as_lookup_indices("indices", indices, size=total, of=f"{self.num_sources} sources of {total} samples")
-        found: np.ndarray = np.searchsorted(self._plan.offsets, checked, side="right") - 1
-        return found
+        return runs_of(self.sizes, indices, noun="samples")
 
     def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
         if self._feedback is None:

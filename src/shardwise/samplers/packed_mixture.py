@@ -13,8 +13,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.adaptive_policies import AdaptiveWeights, as_initial
-from .._core.arrays import as_lookup_indices, digest
+from .._core.arrays import digest
 from .._core.errors import check_choice, check_int
+from .._core.offsets import runs_of
 from .._core.packing import PackedIndex
 from .._core.provenance import ProvenanceUnsupported
 from .._core.state import Fingerprint
@@ -248,11 +249,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
             TypeError: ``indices`` are not integers.
             IndexError: an id is negative or ``>= sum(sizes)``.
         """
-        total = int(self.sizes.sum())
-        checked = as_lookup_indices(
-            "indices", indices, size=total, of=f"{len(self.sizes)} sources of {total} documents"
-        )
-        return np.searchsorted(self._plan.offsets, checked, side="right").astype(np.int64) - 1
+        return runs_of(self.sizes, indices, noun="documents")
 
     def record_tokens(self, losses: Any, sample_ids: Any, mask: Any = None) -> None:
         """Add per-token losses to this rank's report, each token's source read from its document id.
