@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pickle
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -482,25 +483,45 @@ def test_bad_input_is_refused_naming_the_parameter(kwargs: dict, error: type, ma
 
 
 # -- real ranks -------------------------------------------------------------------------------------
-def _bucket_main(rank: int, world_size: int, options: dict) -> list[list[list[int]]]:
-    sampler = BucketBatchSampler(LENGTHS, seed=21, **options)
-    loader = DataLoader(torch.arange(LENGTHS.size), batch_sampler=sampler)
-    return lockstep_epochs(loader, sampler)
+def _bucket_main(rank: int, world_size: int, every: list[dict]) -> list[list[list[list[int]]]]:
+    """Each options' 2 lockstep epochs, in turn, on the same ranks."""
+    reports = []
+    for options in every:
+        sampler = BucketBatchSampler(LENGTHS, seed=21, **options)
+        loader = DataLoader(torch.arange(LENGTHS.size), batch_sampler=sampler)
+        reports.append(lockstep_epochs(loader, sampler))
+    return reports
+
+
+REAL_RANKS = [
+    (2, {"max_tokens": 256, "sort_window": 100}),
+    (4, {"max_tokens": 256, "batch_size_multiple": 2}),
+    (4, {"batch_size": 8, "drop_last": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def bucket_reports() -> Callable[[int, dict], list[list[list[list[int]]]]]:
+    """Per (world size, options), each rank's report: the cases of one world size share one start of its ranks."""
+    runs: dict[int, list[list[list[list[list[int]]]]]] = {}
+
+    def reports(world_size: int, options: dict) -> list[list[list[list[int]]]]:
+        every = [o for w, o in REAL_RANKS if w == world_size]
+        if world_size not in runs:
+            runs[world_size] = run_distributed(_bucket_main, world_size, every, timeout=240)
+        return [rank[every.index(options)] for rank in runs[world_size]]
+
+    return reports
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize(
-    ("world_size", "options"),
-    [
-        (2, {"max_tokens": 256, "sort_window": 100}),
-        (4, {"max_tokens": 256, "batch_size_multiple": 2}),
-        (4, {"batch_size": 8, "drop_last": True}),
-    ],
-)
-def test_real_ranks_step_together_with_disjoint_batches(world_size: int, options: dict) -> None:
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("world_size", "options"), REAL_RANKS)
+def test_real_ranks_step_together_with_disjoint_batches(
+    bucket_reports: Callable[[int, dict], list[list[list[list[int]]]]], world_size: int, options: dict
+) -> None:
     """On W gloo ranks: equal steps, disjoint batches within the budget, together the single-process plan."""
-    reports = run_distributed(_bucket_main, world_size, options, timeout=180)
+    reports = bucket_reports(world_size, options)
     for epoch in range(2):
         assert len({len(report[epoch]) for report in reports}) == 1
         single = BucketBatchSampler(LENGTHS, seed=21, num_replicas=1, rank=0, **options)
