@@ -77,11 +77,29 @@ def _layout(s3: dict[str, Any], tmp_path: Path) -> tuple[ShardedSource, Any]:
     return source, layout
 
 
-def test_each_node_fetches_only_its_partition(s3: dict[str, Any], tmp_path: Path) -> None:
+# The 4-rank runs of the tests below, (partitions, epochs, steps, drop_last) each: one start of the 4 ranks runs them
+# in turn, each in its own folder (its own 2 node caches).
+FOUR_RANKS = {"only": (P, 2, 0, True), "padding": (P, 2, 0, False), "one": (1, 1, 0, True), "resume": (P, 1, 7, False)}
+
+
+def _runs_main(rank: int, world_size: int, endpoint: str, index: str, runs: dict[str, tuple[str, int, int, int, bool]]
+               ) -> dict[str, dict[str, Any]]:  # fmt: skip
+    return {name: _node_main(rank, world_size, endpoint, index, root, partitions, epochs, steps, None, drop_last)
+            for name, (root, partitions, epochs, steps, drop_last) in runs.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def four(s3: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Per run of FOUR_RANKS, what each of the 4 ranks (2 nodes) returned."""
+    runs = {name: (str(tmp_path_factory.mktemp(f"four-{name}")), *run) for name, run in FOUR_RANKS.items()}
+    ranks = run_distributed(_runs_main, 4, s3["endpoint"], s3["index"], runs, timeout=300)
+    return {name: [rank[name] for rank in ranks] for name in FOUR_RANKS}
+
+
+def test_each_node_fetches_only_its_partition(s3: dict[str, Any], four: dict[str, Any], tmp_path: Path) -> None:
     """4 ranks as 2 nodes, P=2, G=2: each node fetches exactly its partition's shards, once; the next epoch nothing."""
     source, layout = _layout(s3, tmp_path)
-    reports = run_distributed(_node_main, 4, s3["endpoint"], s3["index"], str(tmp_path), P, 2, 0, None, True,
-                              timeout=300)  # fmt: skip
+    reports = four["only"]
     partition_bytes = layout.shard_bytes(source.file_sizes)
     total = int(source.file_sizes.sum())
     for node in range(2):
@@ -95,12 +113,11 @@ def test_each_node_fetches_only_its_partition(s3: dict[str, Any], tmp_path: Path
         assert max(seen.values()) == 1 and TOTAL - len(seen) < 4  # drop_last leaves out at most W - 1
 
 
-def test_padding_fetches_nothing_of_another_partition(s3: dict[str, Any], tmp_path: Path) -> None:
+def test_padding_fetches_nothing_of_another_partition(s3: dict[str, Any], four: dict[str, Any], tmp_path: Path) -> None:
     """drop_last=False, 337 samples at W=4: the 3 padded samples wrap within each rank's partition, so each node
     still fetches exactly its partition's shards (before the partition-local wrap, one more shard of the other's)."""
     source, layout = _layout(s3, tmp_path)
-    reports = run_distributed(_node_main, 4, s3["endpoint"], s3["index"], str(tmp_path), P, 2, 0, None, False,
-                              timeout=300)  # fmt: skip
+    reports = four["padding"]
     partition_bytes = layout.shard_bytes(source.file_sizes)
     for node in range(2):
         assert sum(r["fetched"][0] for r in reports if r["node"] == node) == partition_bytes[node]
@@ -112,21 +129,19 @@ def test_padding_fetches_nothing_of_another_partition(s3: dict[str, Any], tmp_pa
         assert set(seen) == set(range(TOTAL)) and sum(seen.values()) - TOTAL == 4 - TOTAL % 4  # padding only
 
 
-def test_one_partition_fetches_everything_on_every_node(s3: dict[str, Any], tmp_path: Path) -> None:
+def test_one_partition_fetches_everything_on_every_node(s3: dict[str, Any], four: dict[str, Any], tmp_path: Path) -> None:
     """The baseline: with partitions=1 the same 2 nodes each fetch every shard their ranks read (drop_last: nearly all)."""
     source, _ = _layout(s3, tmp_path)
-    reports = run_distributed(_node_main, 4, s3["endpoint"], s3["index"], str(tmp_path), 1, 1, 0, None, True,
-                              timeout=300)  # fmt: skip
+    reports = four["one"]
     for node in range(2):
         read = {source.shard_of(i) for r in reports for i in r["ids"][0]}  # the dropped tail may hold a whole shard
         assert len(read) >= len(SIZES) - 1
         assert sum(r["fetched"][0] for r in reports if r["node"] == node) == int(source.file_sizes[sorted(read)].sum())
 
 
-def test_exact_resume_from_four_ranks_to_two(s3: dict[str, Any], tmp_path: Path) -> None:
+def test_exact_resume_from_four_ranks_to_two(s3: dict[str, Any], four: dict[str, Any], tmp_path: Path) -> None:
     """4 ranks stop after 7 steps; 2 ranks (one node) resume from the state: nothing lost, nothing repeated."""
-    first = run_distributed(_node_main, 4, s3["endpoint"], s3["index"], str(tmp_path / "a"), P, 1, 7, None, False,
-                            timeout=300)  # fmt: skip
+    first = four["resume"]
     state = first[0]["state"]
     assert all(r["state"] == state for r in first)
     assert state["consumed"] == 7 * 3 * 4
