@@ -126,10 +126,33 @@ def _ranks_main(
     return {"ids": ids, "steps": received, "len": len(loader), "state": sampler.state_dict()}
 
 
+def _runs_main(rank: int, world_size: int, endpoint: str, runs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """_ranks_main of every (root, steps, state, workers, mixing) of ``runs``, in turn."""
+    return [_ranks_main(rank, world_size, endpoint, *run) for run in runs]
+
+
+@pytest.fixture(scope="module")
+def ranks(s3: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """The runs of the two tests below, per world size one start of the ranks: on 3, test_equal_steps_on_every_rank[3]
+    then the resume's first job (5 steps, 2 workers, staggered streams); on 4, test_equal_steps_on_every_rank[4] then
+    the resume from rank 0's state. Each equal-steps run has a folder (cache and index) of its own; the resume's
+    two jobs share theirs."""
+    equal = {w: str(tmp_path_factory.mktemp(f"equal{w}")) for w in (3, 4)}
+    resume = str(tmp_path_factory.mktemp("resume"))
+    mixing = "streams"
+    three = run_distributed(_runs_main, 3, s3["endpoint"], [(equal[3], 0, None, 0), (resume, 5, None, 2, mixing)],
+                            timeout=240)  # fmt: skip
+    state = three[0][1]["state"]
+    four = run_distributed(_runs_main, 4, s3["endpoint"], [(equal[4], 0, None, 0), (resume, 0, state, 0, mixing)],
+                           timeout=240)  # fmt: skip
+    return {"equal3": [r[0] for r in three], "equal4": [r[0] for r in four], "first": [r[1] for r in three],
+            "second": [r[1] for r in four]}  # fmt: skip
+
+
 @pytest.mark.parametrize("world_size", [3, 4])
-def test_equal_steps_on_every_rank(s3: dict[str, Any], tmp_path: Path, world_size: int) -> None:
+def test_equal_steps_on_every_rank(ranks: dict[str, list[dict[str, Any]]], world_size: int) -> None:
     """Real gloo ranks over 7 uneven shards on S3: every rank takes the same number of steps; every sample is read."""
-    reports = run_distributed(_ranks_main, world_size, s3["endpoint"], str(tmp_path), 0, None, 0, timeout=240)
+    reports = ranks[f"equal{world_size}"]
     assert len({r["len"] for r in reports}) == 1
     assert len({r["steps"] for r in reports}) == 1 and reports[0]["steps"] == reports[0]["len"]
     seen = Counter(i for r in reports for i in r["ids"])
@@ -137,17 +160,15 @@ def test_equal_steps_on_every_rank(s3: dict[str, Any], tmp_path: Path, world_siz
     assert sum(seen.values()) - TOTAL < world_size  # only the padding of the last step repeats
 
 
-def test_exact_resume_at_another_world_size(s3: dict[str, Any], tmp_path: Path) -> None:
+def test_exact_resume_at_another_world_size(ranks: dict[str, list[dict[str, Any]]]) -> None:
     """3 ranks stop after 5 steps with workers; 4 ranks resume from rank 0's state: nothing lost or repeated.
 
     With staggered streams (the window plan resumes 4 -> 2 on real ranks in test_sharded_partitions).
     """
-    mixing = "streams"
-    first = run_distributed(_ranks_main, 3, s3["endpoint"], str(tmp_path), 5, None, 2, mixing, timeout=240)
+    first, second = ranks["first"], ranks["second"]
     state = first[0]["state"]
     assert all(r["state"] == state for r in first)
     assert state["consumed"] == 5 * 4 * 3
-    second = run_distributed(_ranks_main, 4, s3["endpoint"], str(tmp_path), 0, state, 0, mixing, timeout=240)
     seen = Counter(i for r in first + second for i in r["ids"])
     assert set(seen) == set(range(TOTAL))
     assert sum(seen.values()) - TOTAL < 4
