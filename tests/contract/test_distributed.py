@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,10 +46,33 @@ def _samplers_main(rank: int, world_size: int) -> dict:
     return out
 
 
+# What each world size's ranks run, one start of them for all: the samplers test on 2, 3 and 4 ranks, the plans on 2,
+# the two-stream acceptance on 3 (last: it seeds the global np.random).
+RUNS = {2: ["samplers", "sharded"], 3: ["samplers", "two_stream"], 4: ["samplers"]}
+
+
+def _runs_main(rank: int, world_size: int, names: list[str]) -> dict[str, Any]:
+    mains = {"samplers": _samplers_main, "sharded": _sharded_main, "two_stream": _two_stream_main}
+    return {name: mains[name](rank, world_size) for name in names}
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Callable[[int, str], list[Any]]:
+    """``ranks(world_size, name)``: each rank's result of ``name``; a world size's ranks start once, at first use."""
+    runs: dict[int, list[dict[str, Any]]] = {}
+
+    def results(world_size: int, name: str) -> list[Any]:
+        if world_size not in runs:
+            runs[world_size] = run_distributed(_runs_main, world_size, RUNS[world_size], timeout=180)
+        return [rank[name] for rank in runs[world_size]]
+
+    return results
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_every_rank_steps_together_and_draws_disjoint_shards(world_size: int) -> None:
+def test_every_rank_steps_together_and_draws_disjoint_shards(ranks: Callable[[int, str], list[Any]], world_size: int) -> None:
     """On W real ranks each sampler gives equal steps, disjoint indices (but padding) and full coverage."""
-    reports = run_distributed(_samplers_main, world_size, timeout=180)
+    reports = ranks(world_size, "samplers")
     assert [r["resolved"] for r in reports] == [(rank, world_size) for rank in range(world_size)]
     for name in ("sharded", "shard", "shard_batches"):
         for epoch in range(2):
@@ -71,9 +96,9 @@ def _sharded_main(rank: int, world_size: int) -> list[list[int]]:
     return [list(sampler) for _ in range(2)]  # epoch 0, then the automatic advance to epoch 1
 
 
-def test_plans_are_identical_across_processes() -> None:
+def test_plans_are_identical_across_processes(ranks: Callable[[int, str], list[Any]]) -> None:
     """What spawned ranks draw equals what this process computes for the same (seed, epoch, rank)."""
-    reports = run_distributed(_sharded_main, 2, timeout=180)
+    reports = ranks(2, "sharded")
     for rank, report in enumerate(reports):
         for epoch in range(2):
             assert report[epoch] == _expected_sharded(rank, 2, epoch)
@@ -97,9 +122,9 @@ def _two_stream_main(rank: int, world_size: int) -> dict:
     return {"seen": seen, "len": len(sampler), "caller_rng": np.random.randint(1 << 30)}
 
 
-def test_two_stream_acceptance_on_three_ranks() -> None:
+def test_two_stream_acceptance_on_three_ranks(ranks: Callable[[int, str], list[Any]]) -> None:
     """The classic two-stream batch sampler under shard_batches on 3 ranks: disjoint, equal, as one process."""
-    reports = run_distributed(_two_stream_main, 3, timeout=180)
+    reports = ranks(3, "two_stream")
     single = shard_batches(
         TwoStreamBatchSampler(np.arange(0, 30), np.arange(30, 90), 6, 3), seed=5, num_replicas=1, rank=0
     )
