@@ -21,20 +21,31 @@ LOCALITY = "LocalitySampler(ShardedSource)"
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 
-def test_demo_every_scenario_equal_steps_no_overlap_full_coverage() -> None:
+@pytest.fixture(scope="module")
+def every_scenario() -> tuple[list[demo.Row], list[dict[str, Any]]]:
+    """The demo's every scenario on 3 ranks, 601 samples, 2 epochs: rows and per-rank reports (the next two tests)."""
+    return run_demo(world_size=3, size=601, epochs=2, timeout=240)
+
+
+def test_demo_every_scenario_equal_steps_no_overlap_full_coverage(
+    every_scenario: tuple[list[demo.Row], list[dict[str, Any]]],
+) -> None:
     """Every scenario on 3 ranks: rows all ok, equal steps on every rank."""
-    rows, reports = run_demo(world_size=3, size=601, epochs=2, timeout=240)
+    rows, reports = every_scenario
     assert {row.scenario for row in rows} == {s.name for s in SCENARIOS if s.missing() is None}
     assert all(row.ok for row in rows), [row for row in rows if not row.ok]
     for name in reports[0]:
         assert len({tuple(report[name]["steps"]) for report in reports}) == 1
 
 
-def test_locality_scenario_over_local_parquet_shards() -> None:
+def test_locality_scenario_over_local_parquet_shards(every_scenario: tuple[list[demo.Row], list[dict[str, Any]]]) -> None:
     """The sharded scenario on 3 ranks over 601 samples in 6 uneven shards: equal steps, every id read once
-    per epoch (plus the 2 documented padding ids), and each rank's first batch from one window of 2 shards."""
+    per epoch (plus the 2 documented padding ids), and each rank's first batch from one window of 2 shards.
+
+    Its rows and reports in the run of every scenario (each scenario draws from its own seeded plan and files)."""
     pytest.importorskip("pyarrow")
-    rows, reports = run_demo(world_size=3, size=601, epochs=2, names=[LOCALITY], timeout=240)
+    rows = [row for row in every_scenario[0] if row.scenario == LOCALITY]
+    reports = every_scenario[1]
     assert [(row.epoch, row.rank) for row in rows] == [(e, r) for e in range(2) for r in range(3)]
     assert all(row.ok and row.coverage == 1.0 and row.padding == 2 for row in rows), rows
     assert {(row.batches, row.samples) for row in rows} == {(7, 201)}  # ceil(601 / 3) = 201 ids in 7 steps
