@@ -51,6 +51,7 @@ def batch_samplers() -> list[Any]:
         shardwise.ClassBalancedBatchSampler(np.arange(16) % 4, classes_per_batch=2, samples_per_class=2, **world),
         shardwise.ScheduledBatchSampler(16, batch_size=2, **world),
         shardwise.PackedBatchSampler(np.arange(1, 17), max_len=20, rows_per_batch=2, **world),
+        shardwise.PackedMixtureSampler([np.arange(1, 9), np.arange(1, 9)], [1, 1], max_len=20, rows_per_batch=2, **world),
     ]
 
 
