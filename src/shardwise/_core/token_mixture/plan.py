@@ -2,9 +2,10 @@
 
 Batch ``j`` of epoch ``e`` holds, of every source ``i``, the tokens ``[Q_i(j), Q_i(j + 1))`` of the
 source's stream for the epoch (:mod:`.quotas`: exact to a token per batch; :mod:`.streams`: the
-source's documents in keyed orders, cycle after cycle), cut into full rows (:mod:`.rows`). Every
-batch is found from its position in O(sources x (chunks + chunk)) without replay or table, and
-nothing depends on the world size.
+source's documents in keyed orders, cycle after cycle), dealt within its group of batches for equal
+attention cost (:mod:`.balance`) and filled into full rows (:mod:`.rows`). Every batch is found from
+its position in O(sources x (chunks + chunk) + group) without replay or table, and nothing depends
+on the world size.
 """
 
 from __future__ import annotations
