@@ -81,10 +81,13 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
       ``(epoch, consumed, seed, fingerprint)``, loaded at any world size in O(1), without replay.
 
     Cost at 1e9 documents: the lengths (mapped, not copied, when given as an array or memory map)
-    and one pass over them at construction (their check and every source's chunk totals); a rank
-    holds at most 65,536 chunk totals per source and the current cycle's chunk order (1 MB a
-    source) and one chunk of ~15,000 documents: private memory does not grow with n. A batch costs
-    two binary searches and one chunk's keyed order per source when its chunk changes.
+    and one pass over them per node (their check and every source's chunk totals, kept in the
+    node's shared index: 6.7-7.1 s cold for 3 sources, 1.3-2.1x one read; another rank maps them in
+    8-15 ms); a rank holds at most 65,536 chunk totals per source, the current cycle's chunk order
+    (1 MB a source), one chunk of ~15,000 documents and one group of batches: +2 MiB of private
+    memory measured at 1e9, as at 1e8. A batch costs two binary searches per source, a chunk's
+    keyed order when a source moves to its next chunk, and a group's dealing once a group (a
+    rank's first batch: 6-9 ms; bench/bench_packed_mixture.py ``--scale``).
 
     Args:
         lengths: one lengths input per source (anything ``LengthsInput.of`` takes: a sequence, an array
