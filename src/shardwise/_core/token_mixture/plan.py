@@ -18,6 +18,7 @@ import numpy as np
 
 from ..adaptive import known_prefix
 from ..mixture import PendingWeightsError
+from ..offsets import offsets_from_counts
 from ..seeds import derive_seed
 from ..thresholds import BY_EPOCH
 from ..weights import BY_TOKENS, Weights, WeightSchedule, exact_weights
@@ -76,7 +77,7 @@ class TokenMixturePlan:
         self.tokens_per_batch = max_len * rows_per_batch
         self.stop, self.num_batches = stop, num_batches
         self.sizes = np.asarray([len(x) for x in lengths], dtype=np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.offsets = offsets_from_counts(self.sizes)[:-1]  # where each source starts in the concatenation
         check_quota_size(self.tokens_per_batch, len(lengths))
         self.totals = totals or [chunk_tokens(x, chunk_count(len(x)), strided=shuffle) for x in lengths]
         self.source_tokens = np.asarray([int(t.sum()) for t in self.totals], dtype=np.int64)
@@ -214,7 +215,7 @@ class TokenMixturePlan:
                      for source, (first, stop) in enumerate(self.quotas(epoch).batch_tokens(batch))]  # fmt: skip
             ids, starts, stops = (np.concatenate(p) for p in zip(*parts, strict=True))
         if not self.shuffle:  # the sources' pieces in order, cut every max_len
-            return cut_rows(ids, starts, stops, max_len=self.max_len, key=None)
+            return cut_rows(ids, starts, stops, max_len=self.max_len)
         return fill_rows(ids, starts, stops, max_len=self.max_len, key=derive_seed(seed, epoch, ROW_ORDER, batch))
 
     def _source_pieces(

@@ -1,9 +1,10 @@
-"""A packed mixture's batch cut into rows: its pieces in a keyed order, concatenated, cut every ``max_len``.
+"""A packed mixture's batch into rows of ``max_len``: filled longest piece first, or cut in order.
 
 A batch's pieces add up to exactly ``rows * max_len`` tokens (the quotas say so), so every row is
-full: the concatenation is cut at every multiple of ``max_len``, and a piece that crosses a cut
-becomes two (its head ends one row, its tail starts the next), each its own document for attention
-and positions. So a row mixes sources, and at most ``rows - 1`` pieces of a batch are cut by rows.
+full. Shuffled plans fill the rows longest piece first into the roomiest row (:func:`fill_rows`), so
+that row ends cut the shortest pieces; unshuffled ones concatenate the pieces in stream order and cut
+every ``max_len`` (:func:`cut_rows`). A piece a row end cuts becomes two (its head ends one row, its
+tail starts the next), each its own document for attention and positions; a row mixes sources.
 """
 
 from __future__ import annotations
@@ -17,20 +18,17 @@ from ..seeds import derive_seed
 
 
 def cut_rows(
-    ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, max_len: int, key: int | None
+    ids: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, max_len: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of ``max_len`` from pieces (``key``: their keyed order; ``None``: as given).
+    """Rows of ``max_len`` from pieces in the order given, concatenated and cut every ``max_len``.
 
     Returns ``(ids, rows, starts, stops)``, one entry per piece of a row, rows in order.
 
     Example:
-        >>> out = cut_rows(np.array([7, 8]), np.array([0, 2]), np.array([5, 5]), max_len=4, key=None)
+        >>> out = cut_rows(np.array([7, 8]), np.array([0, 2]), np.array([5, 5]), max_len=4)
         >>> [a.tolist() for a in out]
         [[7, 7, 8], [0, 1, 1], [0, 4, 2], [4, 5, 5]]
     """
-    if key is not None and ids.size > 1:
-        order = Permutation(ids.size, key)(np.arange(ids.size))
-        ids, starts, stops = ids[order], starts[order], stops[order]
     sizes = stops - starts
     ends = np.cumsum(sizes)
     begins = ends - sizes
@@ -66,7 +64,7 @@ def fill_rows(
     rows = total // max_len
     if rows * max_len != total:
         raise ValueError(f"pieces of {total} tokens do not make whole rows of max_len={max_len}")
-    tie = Permutation(ids.size, key)(np.arange(ids.size)) if ids.size > 1 else np.zeros(ids.size, dtype=np.int64)
+    tie = Permutation(ids.size, key)(np.arange(ids.size))
     order = np.lexsort((tie, -(stops - starts)))  # longest first, ties keyed
     heap = [(-max_len, row) for row in range(rows)]  # (minus the room, row): the roomiest first
     out: list[tuple[int, int, int, int]] = []
@@ -80,7 +78,6 @@ def fill_rows(
             if take < -room:
                 heapq.heappush(heap, (room + take, row))
     array = np.asarray(out, dtype=np.int64).reshape(-1, 4)
-    count = len(array)
-    within = Permutation(count, derive_seed(key, "within")).__call__(np.arange(count)) if count > 1 else np.zeros(count)
+    within = Permutation(len(array), derive_seed(key, "within"))(np.arange(len(array)))
     array = array[np.lexsort((within, array[:, 1]))]  # rows in order, each row's pieces keyed
     return array[:, 0], array[:, 1], array[:, 2], array[:, 3]
