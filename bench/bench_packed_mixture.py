@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,19 +245,27 @@ def mixture_batches(lengths: list[np.ndarray], args: argparse.Namespace) -> list
     return out
 
 
-def padded(lengths: list[np.ndarray], batches: list[list[np.ndarray]], args: argparse.Namespace) -> tuple[Run, float]:
+def truncated(
+    lengths: list[np.ndarray], batches: list[list[np.ndarray]], args: argparse.Namespace
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, int]]:
+    """Each rank's batch of documents, step by step: (global batch, sources, lengths cut to max_len, tokens cut)."""
     every, source_of = np.concatenate(lengths), np.repeat(np.arange(len(lengths)), [x.size for x in lengths])
-    pieces, capacity, batch_of, dropped, longest = [], [], [], 0, 0
     for step in range(args.steps):
         for rank in range(args.world_size):
             ids = batches[rank][step]
             full = every[ids]
             kept = np.minimum(full, args.max_len)
-            dropped += int((full - kept).sum())
-            longest += int(kept.max()) * kept.size
-            pieces.append((source_of[ids], kept, np.arange(ids.size)))
-            capacity.append(np.full(ids.size, args.max_len))
-            batch_of.append(np.full(ids.size, step * args.world_size + rank))
+            yield step * args.world_size + rank, source_of[ids], kept, int((full - kept).sum())
+
+
+def padded(lengths: list[np.ndarray], batches: list[list[np.ndarray]], args: argparse.Namespace) -> tuple[Run, float]:
+    pieces, capacity, batch_of, dropped, longest = [], [], [], 0, 0
+    for batch, sources, kept, cut in truncated(lengths, batches, args):
+        dropped += cut
+        longest += int(kept.max()) * kept.size
+        pieces.append((sources, kept, np.arange(kept.size)))
+        capacity.append(np.full(kept.size, args.max_len))
+        batch_of.append(np.full(kept.size, batch))
     run = Run.of(pieces, capacity, batch_of, dropped)
     return run, float(run.tokens.sum() / longest)
 
@@ -264,25 +273,20 @@ def padded(lengths: list[np.ndarray], batches: list[list[np.ndarray]], args: arg
 def recipe(lengths: list[np.ndarray], batches: list[list[np.ndarray]], args: argparse.Namespace) -> Run:
     import shardwise
 
-    every, source_of = np.concatenate(lengths), np.repeat(np.arange(len(lengths)), [x.size for x in lengths])
     collate = shardwise.PackCollate(max_len=args.max_len)
     zeros = np.zeros(args.max_len, dtype=np.int64)
     pieces, capacity, batch_of, dropped = [], [], [], 0
-    for step in range(args.steps):
-        for rank in range(args.world_size):
-            ids = batches[rank][step]
-            full = every[ids]
-            kept = np.minimum(full, args.max_len)
-            dropped += int((full - kept).sum())
-            packed = collate([zeros[:n] for n in kept])
-            documents = packed.document_ids.numpy().ravel()
-            real = np.flatnonzero(documents >= 0)
-            numbers, first, counts = np.unique(documents[real], return_index=True, return_counts=True)
-            assert np.array_equal(counts, kept[numbers]), "PackCollate kept every document whole"
-            rows = packed.input_ids.shape[0]
-            pieces.append((source_of[ids][numbers], counts, real[first] // args.max_len))
-            capacity.append(np.full(rows, args.max_len))
-            batch_of.append(np.full(rows, step * args.world_size + rank))
+    for batch, sources, kept, cut in truncated(lengths, batches, args):
+        dropped += cut
+        packed = collate([zeros[:n] for n in kept])
+        documents = packed.document_ids.numpy().ravel()
+        real = np.flatnonzero(documents >= 0)
+        numbers, first, counts = np.unique(documents[real], return_index=True, return_counts=True)
+        assert np.array_equal(counts, kept[numbers]), "PackCollate kept every document whole"
+        rows = packed.input_ids.shape[0]
+        pieces.append((sources[numbers], counts, real[first] // args.max_len))
+        capacity.append(np.full(rows, args.max_len))
+        batch_of.append(np.full(rows, batch))
     return Run.of(pieces, capacity, batch_of, dropped)
 
 
