@@ -48,12 +48,10 @@ def per_sample_losses(outputs: Any, inputs: Any, loss: Any) -> np.ndarray:
 
     logits = getattr(outputs, "logits", None) if not isinstance(outputs, dict) else outputs.get("logits")
     labels = inputs.get("labels") if isinstance(inputs, dict) else None
+    tokens = per_token_losses(outputs, inputs)
     with torch.no_grad():
-        if logits is not None and labels is not None and logits.dim() == 3 and labels.dim() == 2:
-            shifted = logits[:, :-1].float().transpose(1, 2)  # (B, V, T - 1): cross_entropy's class dimension
-            targets = labels[:, 1:]
-            tokens = torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="none")
-            counted = (targets != -100).sum(dim=1).clamp(min=1)
+        if tokens is not None:
+            counted = (inputs["labels"][:, 1:] != -100).sum(dim=1).clamp(min=1)  # per_token_losses found them
             values = tokens.sum(dim=1) / counted
         elif logits is not None and labels is not None and logits.dim() == 2 and labels.dim() == 1:
             values = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
@@ -63,12 +61,12 @@ def per_sample_losses(outputs: Any, inputs: Any, loss: Any) -> np.ndarray:
     return np.asarray(values.detach().cpu().double().numpy())
 
 
-def per_token_losses(outputs: Any, inputs: Any) -> tuple[Any, Any] | None:
-    """``(losses, targets)`` of a causal LM's packed batch: each token's loss and label, ``(R, L - 1)`` each.
+def per_token_losses(outputs: Any, inputs: Any) -> Any:
+    """A causal LM's loss of predicting each token, ``(B, T - 1)``: position ``t`` predicts label ``t + 1``.
 
-    Position ``t`` predicts label ``t + 1`` (as HF's models shift them); labels of ``-100`` (padding,
-    and each packed document's first token) have loss 0 here and are left out by the caller.
-    ``None`` when the outputs hold no ``(R, L, V)`` logits beside ``(R, L)`` labels.
+    As HF's models shift them; labels of ``-100`` (padding, a packed document's first token) have
+    loss 0 here and are left out by the caller. ``None`` when the outputs hold no ``(B, T, V)``
+    logits beside ``(B, T)`` labels.
     """
     import torch
 
@@ -79,8 +77,7 @@ def per_token_losses(outputs: Any, inputs: Any) -> tuple[Any, Any] | None:
     with torch.no_grad():
         targets = labels[:, 1:]
         shifted = logits[:, :-1].float().transpose(1, 2)  # (R, V, L - 1): cross_entropy's class dimension
-        losses = torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="none")
-    return losses, targets
+        return torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="none")
 
 
 class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
@@ -120,9 +117,7 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
                 "(rows, length, vocabulary) logits beside (rows, length) labels from the model, and the packed batch "
                 "of PackCollate(model=...) in rows (a flash-attention model's single flattened row works too)"
             )
-        losses, targets = found
-        ids = sample_ids.reshape(targets.shape[0], -1)[:, 1:]  # the document of each predicted token
-        sampler.record_tokens(losses, ids, targets != -100)
+        sampler.record_predictions(found, inputs["labels"], sample_ids)
 
     def _batch_sources(self, sampler: MixtureSampler, count: int) -> np.ndarray:
         """The sources of the batch being trained: the next ``count`` units of this rank's pass."""

@@ -140,8 +140,7 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
                 "(rows, length - 1: position t predicts label t + 1) beside the batch's labels and sample_ids (a "
                 f"PackCollate batch), but got {self.tokens} of shape {tuple(losses.shape)}"
             )
-        targets = labels[:, 1:]
-        self.sampler.record_tokens(losses, sample_ids.reshape(labels.shape)[:, 1:], targets != -100)
+        self.sampler.record_predictions(losses, labels, sample_ids)
 
     def _record_samples(self, outputs: Any, batch: Any) -> None:
         if not isinstance(outputs, dict) or self.losses not in outputs:

@@ -273,6 +273,17 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
             keep &= np.asarray(mask.cpu() if hasattr(mask, "cpu") else mask, dtype=bool).reshape(-1)
         self.record(values[keep], self.sources_of(ids[keep]))
 
+    def record_predictions(self, losses: Any, labels: Any, sample_ids: Any) -> None:
+        """:meth:`record_tokens` for a causal LM's packed batch: ``losses[:, t]`` predicts ``labels[:, t + 1]``.
+
+        ``losses`` is ``(rows, length - 1)`` (the shifted cross-entropy), ``labels`` and ``sample_ids``
+        the batch's (``sample_ids`` may be flattened, as for flash-attention); each loss goes to the
+        source of the token it predicts, and tokens labelled ``-100`` (padding, each document's first
+        token) are left out.
+        """
+        targets = labels[:, 1:]
+        self.record_tokens(losses, sample_ids.reshape(labels.shape)[:, 1:], targets != -100)
+
     def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
         if self._feedback is None:
             return None
