@@ -240,7 +240,7 @@ def _even_alias(owner: str, options: Mapping[str, Any]) -> bool:
         f"{owner}(even=...) is deprecated and will be removed; pass drop_last={even is Even.DROP} instead of "
         f"even={even.value!r}",
         DeprecationWarning,
-        stacklevel=_outside_stacklevel(),
+        stacklevel=outside_stacklevel(),
     )
     return even is Even.DROP
 
@@ -248,7 +248,7 @@ def _even_alias(owner: str, options: Mapping[str, Any]) -> bool:
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _outside_stacklevel() -> int:
+def outside_stacklevel() -> int:
     """The ``stacklevel`` of the first frame outside shardwise: a warning points at the user's call."""
     frame, level = sys._getframe(1), 1
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):

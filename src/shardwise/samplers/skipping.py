@@ -11,7 +11,6 @@ positions.
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from .._core.provenance import ProvenanceUnsupported
 from .._core.skips import IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress
 from .._core.world import World
+from .keywords import outside_stacklevel
 from .passes import UnitSource
 
 
@@ -109,9 +109,6 @@ def _translated(self: Any, epoch: int, rows: np.ndarray) -> np.ndarray:
 
 def _warn_revealed_late(kind: str) -> None:
     """Warn, at the caller's line, that an epoch skipping ids shrinks as the plan is written (see ``_ids_extent``)."""
-    level, frame = 1, sys._getframe(0)
-    while frame is not None and frame.f_code.co_filename == __file__:  # skip_ids -> skip_id_ranges -> here
-        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
     warnings.warn(
         f"{kind} with adaptive weights: the plan positions that draw the skipped ids are known only as far as the "
         "weight ledger (ledger.known_until); each update removes those it reveals, so an epoch that skips ids "
@@ -119,7 +116,7 @@ def _warn_revealed_late(kind: str) -> None:
         "weights are all known). The skipped ids never train. Count steps by epochs, not len(loader) x epochs "
         "(max_steps, an LR schedule's length), or build the mixture without the ids (docs/mixture.md)",
         UserWarning,
-        stacklevel=level,
+        stacklevel=outside_stacklevel(),
     )
 
 
