@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from _common import STDLIB, add_data_argument, status_bytes, wikitext_paragraphs
+from bench._lib.common import STDLIB, add_data_argument, status_bytes, wikitext_paragraphs
 from shardwise import AdaptiveWeights, Exp3, ExponentiatedGradient, MixtureSampler
 from shardwise.tools.launch import run_distributed
 

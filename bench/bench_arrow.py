@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import DATA, add_data_argument, status_bytes, wikitext_lengths
+from bench._lib.common import DATA, add_data_argument, status_bytes, wikitext_lengths
 
 ROOT = Path(tempfile.gettempdir()) / "shardwise-bench-arrow"
 MIB = 1 << 20

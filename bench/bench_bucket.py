@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from _common import add_data_argument, wikitext_lengths
+from bench._lib.common import add_data_argument, wikitext_lengths
 from shardwise import BucketBatchSampler
 
 WORLD = 4

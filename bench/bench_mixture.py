@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import status_bytes
+from bench._lib.common import status_bytes
 
 SIZES = [400_000_000, 300_000_000, 200_000_000, 50_000_000, 50_000_000]
 WEIGHTS = [0.4, 0.3, 0.15, 0.1, 0.05]

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import wikitext_paragraphs
+from bench._lib.common import wikitext_paragraphs
 
 WEIGHTS = [0.5, 0.3, 0.2]
 MEANS = [300, 1500, 5000]

@@ -65,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import DATA, STDLIB, add_data_argument, function_lengths, status_bytes, wikitext_lengths
+from bench._lib.common import DATA, STDLIB, add_data_argument, function_lengths, status_bytes, wikitext_lengths
 from shardwise import BucketBatchSampler, PackedBatchSampler
 
 WORLD = 8

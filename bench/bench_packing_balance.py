@@ -20,7 +20,7 @@ import argparse
 import numpy as np
 
 import shardwise
-from _common import add_data_argument, wikitext_lengths
+from bench._lib.common import add_data_argument, wikitext_lengths
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader
 
-from _common import OUT, add_data_argument, wikitext_paragraphs
+from bench._lib.common import OUT, add_data_argument, wikitext_paragraphs
 from shardwise import BucketBatchSampler, PackCollate, PackedBatchSampler, PackedDataset, ShardedSampler
 from shardwise.tools.launch import run_distributed
 

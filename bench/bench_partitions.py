@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import shuffle_quality, uneven_sizes
+from bench._lib.common import shuffle_quality, uneven_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
 G = 2  # ranks per node
@@ -83,7 +83,7 @@ def scale_probe() -> None:
     ``--scale-probe PARTITIONS [MIXING]`` (``bench_shuffle_locality.py`` runs it with each mixing).
     """
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import smaps_rollup
+    from bench._lib.common import smaps_rollup
     from shardwise import LocalitySampler
 
     before = smaps_rollup()["Anonymous"]

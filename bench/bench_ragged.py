@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from _common import smaps_rollup
+from bench._lib.common import smaps_rollup
 from shardwise import BucketBatchSampler, RaggedArray, pad_collate
 from shardwise.data.ragged import MANIFEST, OFFSETS, VALUES
 from shardwise.tools.launch import run_distributed

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import smaps_rollup, status_bytes
+from bench._lib.common import smaps_rollup, status_bytes
 
 SAMPLERS = ["torch", "Sharded", "Bucket", "Packed", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream",
             "Scheduled", "Mixture", "Locality"]  # fmt: skip

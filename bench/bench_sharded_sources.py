@@ -83,10 +83,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
-from _common import shuffle_quality, uneven_sizes
-from _rank_figures import NAMES, launch, quality_text, rank_figures
-from _scratch_venvs import available, scratch_setup
-from _sharded_figures import bytes_rows, bytes_spread, floor_rows, sampler_rows, shuffle_rows
+from bench._lib.common import shuffle_quality, uneven_sizes
+from bench._lib.rank_figures import NAMES, launch, quality_text, rank_figures
+from bench._lib.scratch_venvs import available, scratch_setup
+from bench._lib.sharded_figures import bytes_rows, bytes_spread, floor_rows, sampler_rows, shuffle_rows
 
 BATCH = 32
 
@@ -134,7 +134,7 @@ def scale_probe() -> None:
     import itertools
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import smaps_rollup
+    from bench._lib.common import smaps_rollup
     from shardwise import LocalitySampler
 
     before = smaps_rollup()["Anonymous"]

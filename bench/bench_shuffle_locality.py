@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import shuffle_quality, uneven_sizes
-from _scratch_venvs import SCRATCH, available
+from bench._lib.common import shuffle_quality, uneven_sizes
+from bench._lib.scratch_venvs import SCRATCH, available
 
 WINDOWS = (2, 4, 8, 16)
 STREAMS = (2, 3, 4, 6, 8, 12, 16)
@@ -168,7 +168,7 @@ def real_cache(n: int, shards: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
     from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
-    from bench_partitions import write_shards
+    from bench.bench_partitions import write_shards
     from shardwise import LocalitySampler, ShardCache, ShardedSource
 
     plans = [("windows", w) for w in (2, 4, 8)] + [("streams", k) for k in (2, 4, 8)]

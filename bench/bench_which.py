@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import shardwise
-from _common import smaps_rollup
+from bench._lib.common import smaps_rollup
 from shardwise import (
     BucketBatchSampler,
     ClassBalancedBatchSampler,

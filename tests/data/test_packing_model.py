@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-from shardwise import PackedBatchSampler, PackedDataset, pack_collate
+# The model of bench/bench_packing_train.py (the bench package, importable from the repository root).
+from bench.bench_packing_train import Segments, TinyCausalLM
 
-# The model of bench/bench_packing_train.py, imported as `python bench/bench_packing_train.py` runs it:
-# with bench/ on the path, where its helpers (_common) are top-level modules.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from bench_packing_train import Segments, TinyCausalLM
+from shardwise import PackedBatchSampler, PackedDataset, pack_collate
 
 
 def _alone(model: TinyCausalLM, doc: np.ndarray) -> torch.Tensor:

@@ -193,7 +193,7 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
             loader.load_state_dict(state)
         return loader, ds.set_epoch, lambda row: int(row["id"])
     if name == "streaming":  # runs in its scratch venv (bench/_streaming_venv.py, which builds it)
-        from _streaming_loader import streaming_loader
+        from bench._lib.streaming_loader import streaming_loader
 
         return streaming_loader(rank, world_size, spec, context)
     raise ValueError(f"loader should be 'shardwise', 'hf', 'webdataset', 'litdata' or 'streaming', "

@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from _venv_ranks import parquet_shards, rows_of, run_ranks
+from bench._lib.venv_ranks import parquet_shards, rows_of, run_ranks
 
 COLUMNS = {"id": "int64", "tokens": "ndarray:int32"}
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from _common import shuffle_quality
-from _scratch_venvs import SCRATCH, STREAMING, loader_spec, scratch_run
+from bench._lib.common import shuffle_quality
+from bench._lib.scratch_venvs import SCRATCH, STREAMING, loader_spec, scratch_run
 
 BATCH = 32
 
@@ -50,7 +50,7 @@ def launch(world_size: int, spec: dict[str, Any], key: str | None = None) -> lis
     """
     key = key or spec["loader"]
     if key not in SCRATCH:
-        from _rank_loop import rank_main
+        from bench._lib.rank_loop import rank_main
         from shardwise.tools.launch import run_distributed
 
         reports: list[dict[str, Any]] = run_distributed(rank_main, world_size, spec, timeout=900)
@@ -141,7 +141,7 @@ def rank_figures(spec: dict[str, Any], n: int, loaders: list[str], shard_of: np.
         rows.append(("peak anonymous MiB per rank, rank + 2 workers, Pss_Anon (max, min..max; before the loader)", name,
                      f"{max(peaks):,.0f} ({min(peaks):,.0f}..{max(peaks):,.0f}); {np.mean(bases):,.0f}"))
         if key in STREAMING:
-            from _streaming_loader import fetched_bytes
+            from bench._lib.streaming_loader import fetched_bytes
 
             local = Path(spec["root"]) / "streaming-cache" / loader_spec(spec, key)["streaming_local"]
             held = sum(p.stat().st_size for p in local.glob("shard.*"))

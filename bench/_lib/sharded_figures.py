@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import shuffle_quality, uneven_sizes
+from bench._lib.common import shuffle_quality, uneven_sizes
 
 EPOCHS = 2  # orders averaged per shuffle figure
 BATCH = 32  # the loaders' batch (bench_sharded_sources.BATCH)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from _venv_ranks import parquet_shards, rows_of, run_ranks
+from bench._lib.venv_ranks import parquet_shards, rows_of, run_ranks
 
 
 def main() -> None:

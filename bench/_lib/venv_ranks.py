@@ -32,7 +32,7 @@ def parquet_shards(folder: str) -> list[str]:
 
 def run_ranks(spec_file: str) -> None:
     """``rank_main`` on ``spec["world_size"]`` gloo ranks; prints ``REPORTS <json>`` (a list, or ``{"error": ...}``)."""
-    from _rank_loop import rank_main
+    from bench._lib.rank_loop import rank_main
     from shardwise.tools.launch import run_distributed
 
     spec = json.loads(Path(spec_file).read_text())
