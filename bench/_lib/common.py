@@ -1,6 +1,7 @@
 """What several benchmarks share: the WikiText-2 and stdlib function lengths, and readings of /proc (Linux).
 
-Benchmarks run as scripts (``python bench/bench_x.py``), so this module is imported as ``_common``.
+Benchmarks run as modules from the repository root (``python -m bench.bench_x``) and import this one as
+``bench._lib.common``.
 Every input comes from the repository (``bench/data/``) or from the running Python
 (:mod:`sysconfig`); a missing one is an error that names it, never an empty array.
 """
@@ -13,6 +14,7 @@ import gzip
 import hashlib
 import io
 import os
+import sys
 import sysconfig
 import textwrap
 import tokenize
@@ -20,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent / "data" / "wikitext-2"
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: where ``python -m bench.<name>`` runs, and the working folder of a benchmark's children."""
+
+DATA = ROOT / "bench" / "data" / "wikitext-2"
 """The WikiText-2 validation and test splits shipped with the repository (``valid.txt.gz``, ``test.txt.gz``).
 
 A real length distribution, CC BY-SA 3.0 (``bench/data/wikitext-2/LICENSE.md``); ``--data DIR``
@@ -85,8 +90,18 @@ The figures in BENCHMARKS.md were measured on CPython 3.11.7's; another version 
 not identical, distribution.
 """
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+OUT = str(ROOT / "bench" / "out")
 """Where benchmarks cache derived arrays (gitignored)."""
+
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m <module> <args>`` on this interpreter: a benchmark rerun (or a sibling run) in a fresh process.
+
+    Run it with ``cwd=ROOT``, where ``bench`` and ``tests.s3_server`` import as packages (no ``sys.path`` edit).
+    """
+    return [sys.executable, "-m", module, *args]
+
 
 _LAYOUT = {tokenize.ENCODING, tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
