@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from bench._lib.common import DATA, add_data_argument, status_bytes, wikitext_lengths
+from bench._lib.common import DATA, add_data_argument, module_command, status_bytes, wikitext_lengths
+from bench._lib.common import ROOT as REPO
 
 ROOT = Path(tempfile.gettempdir()) / "shardwise-bench-arrow"
 MIB = 1 << 20
@@ -179,8 +179,9 @@ def _phase(phase: str, folder: Path, cache: Path, rows: int) -> dict[str, Any]:
 
 
 def _run(phase: str, folder: Path, cache: Path, rows: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--phase", phase, "--folder", str(folder), "--cache", str(cache),
-                          "--rows", str(rows)], capture_output=True, text=True, check=False, timeout=1800,
+    out = subprocess.run(module_command("bench.bench_arrow", "--phase", phase, "--folder", str(folder), "--cache",
+                                        str(cache), "--rows", str(rows)), cwd=REPO, capture_output=True, text=True,
+                         check=False, timeout=1800,
                          env={**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
     if out.returncode != 0:
         raise SystemExit(f"phase {phase} failed:\n{out.stderr[-3000:]}")

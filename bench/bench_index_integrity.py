@@ -34,13 +34,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench._lib.common import ROOT, module_command
 from shardwise._core.files import sampled_crc
 
 ARMS = ("before", "verified", "first-open", "first-open-background")
@@ -115,8 +115,8 @@ def run_arm(arm: str, lengths_path: Path, cache: Path, baseline: str | None) -> 
     if arm == "before" and baseline:
         env.update(PYTHONPATH=baseline, BENCH_BASELINE="1")
     env["SHARDWISE_INDEX_VERIFY"] = "background" if arm in ("before", "first-open-background") else "before-use"
-    out = subprocess.run([sys.executable, __file__, "--one", arm, str(lengths_path), str(cache)],
-                         check=True, capture_output=True, text=True, env=env)  # fmt: skip
+    out = subprocess.run(module_command("bench.bench_index_integrity", "--one", arm, str(lengths_path), str(cache)),
+                         cwd=ROOT, check=True, capture_output=True, text=True, env=env)  # fmt: skip
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

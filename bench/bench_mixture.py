@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._lib.common import status_bytes
+from bench._lib.common import ROOT, module_command, status_bytes
 
 SIZES = [400_000_000, 300_000_000, 200_000_000, 50_000_000, 50_000_000]
 WEIGHTS = [0.4, 0.3, 0.15, 0.1, 0.05]
@@ -173,8 +173,8 @@ def child(arm: str, n: int) -> dict[str, Any]:
 
 
 def run_child(arm: str, n: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--child", arm, str(n)], check=True, capture_output=True,
-                         text=True, env={**os.environ, "PYTHONHASHSEED": "0"})  # fmt: skip
+    out = subprocess.run(module_command("bench.bench_mixture", "--child", arm, str(n)), cwd=ROOT, check=True,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

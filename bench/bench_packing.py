@@ -17,7 +17,7 @@ Data (real length distributions, all available offline):
   ``max_len`` are cut into ``max_len`` pieces, for every scheme alike, as ``too_long="split"`` does);
 - Python stdlib functions: every function (``def``, methods and nested ones included) of the
   interpreter's standard library parsed with ``ast``, length = its ``tokenize`` tokens
-  (``_common.function_lengths``, cached in ``bench/out/``): a long tail (median 42, max ~93x that).
+  (``common.function_lengths``, cached in ``bench/out/``): a long tail (median 42, max ~93x that).
 
 Schemes (each gives, per epoch, the batches of W=8 ranks; step ``s`` is ranks' batches ``sW..sW+W-1``):
 

@@ -38,9 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from bench._lib.common import shuffle_quality, uneven_sizes
+from bench._lib.common import ROOT, module_command, shuffle_quality, uneven_sizes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
 G = 2  # ranks per node
 
 
@@ -82,7 +81,6 @@ def scale_probe() -> None:
 
     ``--scale-probe PARTITIONS [MIXING]`` (``bench_shuffle_locality.py`` runs it with each mixing).
     """
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench._lib.common import smaps_rollup
     from shardwise import LocalitySampler
 
@@ -148,8 +146,9 @@ def main() -> None:
         args.samples, args.shards = 2_003, 13
 
     probes = {} if args.quick else {
-        p: subprocess.run([sys.executable, __file__, "--scale-probe", str(p)], capture_output=True, text=True,
-                          check=True, timeout=600).stdout.split("SCALE ")[1].split() for p in (1, 8)}  # fmt: skip
+        p: subprocess.run(module_command("bench.bench_partitions", "--scale-probe", str(p)), cwd=ROOT,
+                          capture_output=True, text=True, check=True, timeout=600).stdout.split("SCALE ")[1].split()
+        for p in (1, 8)}  # fmt: skip
     from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
     from shardwise import LocalitySampler, ShardCache, ShardedSource

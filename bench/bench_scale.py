@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._lib.common import smaps_rollup, status_bytes
+from bench._lib.common import ROOT, module_command, smaps_rollup, status_bytes
 
 SAMPLERS = ["torch", "Sharded", "Bucket", "Packed", "ClassBalanced", "Weighted", "Weighted-distinct", "TwoStream",
             "Scheduled", "Mixture", "Locality"]  # fmt: skip
@@ -221,9 +221,9 @@ def _child(name: str, n: int, directory: Path, cache: Path, rank: int, src: Path
     """Start one ``--one`` process on the code in ``src``, with its own index cache."""
     path = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "SHARDWISE_CACHE_DIR": str(cache), "PYTHONPATH": path}
-    command = [sys.executable, __file__, "--one", name, str(n), "--dir", str(directory), "--rank", str(rank)]
+    command = module_command("bench.bench_scale", "--one", name, str(n), "--dir", str(directory), "--rank", str(rank))
     command += ["--sync", str(sync)] if sync is not None else []
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _result(name: str, n: int, child: Any, out: str, err: str, src: Path) -> dict[str, Any]:

@@ -197,8 +197,10 @@ def run_arm(args: argparse.Namespace) -> None:
 
 def child(arguments: list[str]) -> dict[str, Any]:
     """Run one arm in a fresh interpreter and return its JSON result."""
-    command = [sys.executable, os.path.abspath(__file__), *arguments]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    from bench._lib.common import ROOT, module_command  # here: an arm's process imports only what it measures
+
+    command = module_command("bench.bench_sharded", *arguments)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(arguments)} failed:\n{done.stderr}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

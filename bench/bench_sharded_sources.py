@@ -2,7 +2,7 @@
 
 Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server.py``):
 
-- **The in-memory floor** (``_sharded_figures.floor_rows``): rank 0 of W=2 real gloo ranks, 2
+- **The in-memory floor** (``sharded_figures.floor_rows``): rank 0 of W=2 real gloo ranks, 2
   forked DataLoader workers each, batch 32, reads one epoch cold (an empty node cache) and one
   warm, with ``ShardedSource`` + ``LocalitySampler`` (defaults; rows as numpy) over 41 uneven
   Parquet shards (row groups of 256) of ``--floor-samples`` samples of 100-499 int32 tokens. The
@@ -14,16 +14,16 @@ Every run (``--quick`` too), on moto's S3 server on 127.0.0.1 (``tests/s3_server
   ``ShardedSource(decode="worker")`` (each worker decodes each Parquet shard it opens).
   ``--bytes-repeat N``: the 4-ranks-a-node bytes figure N times more (min / median / max; the
   ranks race for the budget, so one run can miss what most runs show); ``--no-floor``: only those.
-- **Bytes a node fetches** (``_sharded_figures.bytes_rows``): 1, 2 and 4 ranks a node, 2 workers
+- **Bytes a node fetches** (``sharded_figures.bytes_rows``): 1, 2 and 4 ranks a node, 2 workers
   each, one cold epoch of a quarter of ``--floor-samples`` under the documented minimum budget, each
   rank at its own pace; then ``decode="worker"`` with the ranks in lockstep (a one-element
   all-reduce a step, as DDP's gradient sync holds them) at 2 and 4 ranks, and at its own pace at 4.
   Each with the requests the node sent per shard (``LIST`` / ``HEAD`` / ``GET``, start-up included,
   the index already built): what object storage bills and throttles.
-- **The sampler** (``_sharded_figures.sampler_rows``): its CPU a index in the main process, over a
+- **The sampler** (``sharded_figures.sampler_rows``): its CPU a index in the main process, over a
   source that listens to the plan as ``ShardedSource`` does, over the counts alone, and torch's
   ``DistributedSampler``'s, in this process (rank 0 of W=2, batch 32, best of 5 epochs).
-- **The shuffle by layout** (``_sharded_figures.shuffle_rows``): one epoch's global order of the
+- **The shuffle by layout** (``sharded_figures.shuffle_rows``): one epoch's global order of the
   default plan, of the window plan (window 8, the default before plan 2) and of a uniform
   shuffle, on 41 even shards, 41 shards cut at uniform random points and 53 shards spread 1:1000:
   consecutive samples from one shard, mean |id step| over n, and the pairs over a uniform shuffle's.
@@ -42,16 +42,16 @@ says:
 Figures in process (ranks simulated by ``RANK``/``WORLD_SIZE`` or explicit rank arguments): steps
 per rank (min/max) at W = 3 and 4 (batch 32); the shuffle of one epoch's order; samples/s of one
 rank with ``num_workers=0``, cold and warm; bytes shardwise fetched over the dataset's size.
-Figures with ranks as real processes, 2 forked workers each (``_rank_figures``, ``_rank_loop``):
+Figures with ranks as real processes, 2 forked workers each (``rank_figures``, ``rank_loop``):
 steps per rank at W=3; samples lost and repeated when W=3 ranks stop 40% into the epoch and resume
 at W=3 and at W=2, each loader resumed its documented way; samples/s per rank, cold and warm; the
 seconds to the first batch and of the whole epoch; peak anonymous memory (``Pss_Anon``) of a rank
 plus its workers; the shuffle of the order the W=3 ranks read, step by step.
 
-LitData and MosaicML Streaming join these when their scratch venvs exist (``_scratch_venvs``: the
+LitData and MosaicML Streaming join these when their scratch venvs exist (``scratch_venvs``: the
 interpreter ``$SHARDWISE_LITDATA_PYTHON``, else ``<temporary folder>/scratch-venv/bin/python``, and
 ``$SHARDWISE_STREAMING_PYTHON``, else ``<temporary folder>/scratch-venv-streaming/bin/python``;
-``_litdata_venv.py`` and ``_streaming_venv.py`` run there). Streaming reads the same rows as MDS
+``litdata_venv.py`` and ``streaming_venv.py`` run there). Streaming reads the same rows as MDS
 shards of about the mean shard's bytes with ``StreamingDataset(shuffle_algo="py1e")``, three rows:
 its defaults; ``cache_limit`` = the bytes of the window's largest MDS shards; and that with
 ``shuffle_block_size`` = the window's samples. It imports torchvision, which PyPI ships for
@@ -82,8 +82,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
-from bench._lib.common import shuffle_quality, uneven_sizes
+from bench._lib.common import ROOT, module_command, shuffle_quality, uneven_sizes
 from bench._lib.rank_figures import NAMES, launch, quality_text, rank_figures
 from bench._lib.scratch_venvs import available, scratch_setup
 from bench._lib.sharded_figures import bytes_rows, bytes_spread, floor_rows, sampler_rows, shuffle_rows
@@ -133,7 +132,6 @@ def scale_probe() -> None:
     """Private memory a rank's LocalitySampler adds at 1e9 samples in 1e5 shards (the metadata simulated)."""
     import itertools
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench._lib.common import smaps_rollup
     from shardwise import LocalitySampler
 
@@ -235,8 +233,8 @@ def compare(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     import subprocess
 
     window = args.window or 10  # LocalitySampler's default
-    probe = subprocess.run([sys.executable, __file__, "--scale-probe"], capture_output=True, text=True, check=True,
-                           timeout=600).stdout.split("SCALE ")[1].split()
+    probe = subprocess.run(module_command("bench.bench_sharded_sources", "--scale-probe"), cwd=ROOT,
+                           capture_output=True, text=True, check=True, timeout=600).stdout.split("SCALE ")[1].split()
     scale_rows = [
         ("private memory added per rank, 1e9 samples in 1e5 shards", "shardwise", f"{int(probe[2]) / 2**20:.1f} MiB"),
         ("indices/s per rank at that scale (first 1e6)", "shardwise", f"{int(probe[0]) / float(probe[1]):,.0f}"),

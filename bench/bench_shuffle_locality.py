@@ -9,8 +9,8 @@ global orders of one epoch over the same uneven shards:
 - ``streams``: ``StreamPermutation`` (``LocalitySampler(mixing="streams")``) with ``window = 2, 4, ...``
   streams, each reading one shard at a time, interleaved (NOTE [ Staggered streams ]);
 - ``py1e``: Streaming's default shuffle (``get_shuffle_py1e``, one canonical node), swept over
-  ``shuffle_block_size``, computed by Streaming itself in its scratch venv (BENCHMARKS.md shows how to
-  make it: ``bench/_scratch_venvs.py``; without it the py1e rows are left out with one printed line).
+  ``shuffle_block_size``, computed by Streaming itself in its scratch venv (docs/benchmarks/sharded-sources.md shows how
+  to make it; ``bench/_lib/scratch_venvs.py`` finds it; without it the py1e rows are left out with one printed line).
 
 Shuffle figures (as ``bench_sharded_sources.py``): consecutive samples from one shard, mean |id step| /
 n (uniform: 1/3), |Spearman(position, id)| (uniform: 0), each the mean over ``--epochs`` epochs.
@@ -45,14 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._lib.common import shuffle_quality, uneven_sizes
+from bench._lib.common import ROOT, module_command, shuffle_quality, uneven_sizes
 from bench._lib.scratch_venvs import SCRATCH, available
 
 WINDOWS = (2, 4, 8, 16)
 STREAMS = (2, 3, 4, 6, 8, 12, 16)
 BLOCKS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)  # x the mean shard size
 
-# Many orders in one process (``_streaming_venv.py py1e`` writes one order a process, ~5 s each).
+# Many orders in one process (``streaming_venv.py py1e`` writes one order a process, ~5 s each).
 PY1E = """
 import json, sys
 import numpy as np
@@ -163,9 +163,7 @@ def at_budget(budgets: np.ndarray, values: list[float], budget: float) -> float:
 
 def real_cache(n: int, shards: int) -> None:
     """Bytes a node fetches in one epoch through ``ShardCache(budget_bytes=...)`` on moto's S3, per plan and budget."""
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server: the moto fixture
     from tests.s3_server import make_bucket, s3_endpoint, storage_options
 
     from bench.bench_partitions import write_shards
@@ -202,15 +200,13 @@ def real_cache(n: int, shards: int) -> None:
 
 
 def scale() -> None:
-    import sys
 
     print("\n### Scale: one rank of 64, window 8, 1e9 samples in 1e5 shards, a fresh process each\n")
     print("| mixing | first index (s) | indices/s | private MiB |")
     print("|---|---|---|---|")
-    probe = str(Path(__file__).resolve().parent / "bench_partitions.py")
     for mixing in ("windows", "streams"):
-        out = subprocess.run([sys.executable, probe, "--scale-probe", "1", mixing], capture_output=True, text=True,
-                             check=True, timeout=600).stdout.split("SCALE ")[1].split()
+        out = subprocess.run(module_command("bench.bench_partitions", "--scale-probe", "1", mixing), cwd=ROOT,
+                             capture_output=True, text=True, check=True, timeout=600).stdout.split("SCALE ")[1].split()
         print(f"| {mixing} | {float(out[1]):.3f} | {float(out[2]):,.0f} | {int(out[3]) / 2**20:.1f} |")
 
 

@@ -37,13 +37,14 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
 import torch
+
+from bench._lib.common import ROOT, module_command
 
 ARMS = ("random", "length_grouped", "trl_packing", "bucket", "packed")
 SIZES = {  # hidden, intermediate, layers, heads, vocab, max_len, rows
@@ -281,9 +282,10 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.rounds):
         for arm in args.arms.split(","):
-            command = [sys.executable, __file__, "--arm", arm, "--size", args.size, "--tokens", str(args.tokens),
-                       "--docs", str(args.docs), "--warmup", str(args.warmup)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, check=False, env=os.environ)
+            command = module_command("bench.bench_trainer_packing", "--arm", arm, "--size", args.size,
+                                     "--tokens", str(args.tokens), "--docs", str(args.docs), "--warmup",
+                                     str(args.warmup))  # fmt: skip
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=os.environ)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             if done.returncode or not lines:
                 print(f"{arm}: failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-3:]}", flush=True)

@@ -1,14 +1,14 @@
 """LitData's side of ``bench_sharded_sources.py``, run by the interpreter of a venv where litdata is installed.
 
 litdata is not a dependency of this repository (its install pulls its own pins), so the benchmark
-runs this script as a subprocess in a scratch venv with torch 2.13 and litdata (and pyarrow, to read
-the Parquet shards), with this worktree's ``src`` and ``bench`` on ``PYTHONPATH``
-(``bench/_venv_ranks.py`` holds what it shares with ``_streaming_venv.py``):
+runs this module as a subprocess in a scratch venv with torch 2.13 and litdata (and pyarrow, to read
+the Parquet shards), from the repository root with this worktree's ``src`` on ``PYTHONPATH``
+(``bench/_lib/venv_ranks.py`` holds what it shares with ``streaming_venv.py``):
 
-- ``python _litdata_venv.py optimize SHARDS OUT CHUNK``: the Parquet shards' rows (id, tokens) written
+- ``python -m bench._lib.litdata_venv optimize SHARDS OUT CHUNK``: the Parquet shards' rows (id, tokens) written
   as LitData chunks of ``CHUNK`` samples (the mean shard size) with ``litdata.optimize``, its
   documented way in, one input per shard;
-- ``python _litdata_venv.py ranks SPEC.json``: ``rank_main`` over the ``litdata`` loader on real gloo
+- ``python -m bench._lib.litdata_venv ranks SPEC.json``: ``rank_main`` over the ``litdata`` loader on real gloo
   ranks (``shardwise.tools.launch.run_distributed``); prints one JSON line of the ranks' reports.
 """
 

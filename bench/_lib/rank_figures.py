@@ -1,7 +1,7 @@
 """The multi-process figures of ``bench_sharded_sources.py``: each loader on real gloo ranks, resumed its way.
 
-``launch`` runs ``_rank_loop.rank_main`` on ranks of this venv (``shardwise.tools.launch.run_distributed``),
-or, for LitData and MosaicML Streaming, in their scratch venvs (``_scratch_venvs``); ``rank_figures``
+``launch`` runs ``rank_loop.rank_main`` on ranks of this venv (``shardwise.tools.launch.run_distributed``),
+or, for LitData and MosaicML Streaming, in their scratch venvs (``scratch_venvs``); ``rank_figures``
 reads one epoch at W=3 (2 workers a rank: steps, samples lost or repeated, shuffle step by step,
 samples/s cold and warm, seconds to the first batch and for the epoch, peak memory) and resumes
 it at W=3 and W=2 (``resume_rows``).

@@ -15,11 +15,11 @@ used as its documentation says:
 - ``litdata``: ``StreamingDataset(shuffle=True)`` over the same samples ``optimize``d into LitData's
   chunks, in a ``StreamingDataLoader``; resume through the loader's ``state_dict()`` /
   ``load_state_dict()`` (rank 0's on every rank, as Lightning restores it). It runs in a scratch
-  venv (``bench/_litdata_venv.py``);
+  venv (``bench/_lib/litdata_venv.py``);
 - ``streaming``: MosaicML Streaming's ``StreamingDataset(remote=s3, local=node cache, shuffle=True,
   shuffle_algo="py1e", batch_size=32)`` over the same samples written as MDS shards, in a
   ``StreamingDataLoader``; resume through the loader's ``state_dict()`` / ``load_state_dict()``
-  (rank 0's on every rank). It runs in its own scratch venv (``bench/_streaming_venv.py``).
+  (rank 0's on every rank). It runs in its own scratch venv (``bench/_lib/streaming_venv.py``).
 
 With ``spec["stop"]`` the rank records the ids of its first ``stop`` batches and the loader's state
 after them, reads on to the end of the epoch (timed: cold), reads a second epoch (timed: warm) and
@@ -181,7 +181,7 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
                             multiprocessing_context=context)
         loader.state_dict = lambda: None  # type: ignore[attr-defined]  # no mid-epoch state: restart the epoch
         return loader, lambda epoch: None, lambda row: int(row["cls"])
-    if name == "litdata":  # runs in the scratch venv (bench/_litdata_venv.py)
+    if name == "litdata":  # runs in the scratch venv (bench/_lib/litdata_venv.py)
         import litdata
 
         ds = litdata.StreamingDataset(spec["litdata_url"], shuffle=True, seed=0,
@@ -192,7 +192,7 @@ def _loader(rank: int, world_size: int, spec: dict[str, Any]) -> tuple[Any, Any,
         if state is not None:
             loader.load_state_dict(state)
         return loader, ds.set_epoch, lambda row: int(row["id"])
-    if name == "streaming":  # runs in its scratch venv (bench/_streaming_venv.py, which builds it)
+    if name == "streaming":  # runs in its scratch venv (bench/_lib/streaming_venv.py, which builds it)
         from bench._lib.streaming_loader import streaming_loader
 
         return streaming_loader(rank, world_size, spec, context)

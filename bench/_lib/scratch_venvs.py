@@ -3,8 +3,9 @@
 ``bench_sharded_sources.py`` uses these: which venv and script each such loader runs in
 (``SCRATCH``), which of them can run here (``available``), the spec of each Streaming row
 (``loader_spec``), and the conversion of the Parquet rows to each one's own format on the S3
-endpoint (``scratch_setup``: LitData's chunks, Streaming's MDS shards). The scripts that run in the
-venvs are ``_litdata_venv.py`` and ``_streaming_venv.py`` (sharing ``_venv_ranks.py``).
+endpoint (``scratch_setup``: LitData's chunks, Streaming's MDS shards). The modules that run in the
+venvs are ``bench._lib.litdata_venv`` and ``bench._lib.streaming_venv`` (sharing ``venv_ranks``), as
+``python -m`` from the repository root.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from typing import Any
 
 import numpy as np
 
+from bench._lib.common import ROOT
+
 
 def venv_python(variable: str, folder: str) -> str:
     """``$<variable>``, else ``<the temporary folder>/<folder>/bin/python``: a scratch venv's interpreter."""
     return os.environ.get(variable) or os.path.join(tempfile.gettempdir(), folder, "bin", "python")
 
 
-# Loaders that run in a scratch venv of their own (BENCHMARKS.md shows how each is made): interpreter, script.
-SCRATCH = {"litdata": (venv_python("SHARDWISE_LITDATA_PYTHON", "scratch-venv"), "_litdata_venv.py"),  # torch 2.13
-           "streaming": (venv_python("SHARDWISE_STREAMING_PYTHON", "scratch-venv-streaming"),  # torch 2.14.1
-                         "_streaming_venv.py")}
+# Loaders that run in a scratch venv of their own (docs/benchmarks/sharded-sources.md shows how each is made):
+# interpreter, module. LitData's venv has torch 2.13, Streaming's torch 2.14.1.
+SCRATCH = {"litdata": (venv_python("SHARDWISE_LITDATA_PYTHON", "scratch-venv"), "bench._lib.litdata_venv"),
+           "streaming": (venv_python("SHARDWISE_STREAMING_PYTHON", "scratch-venv-streaming"),
+                         "bench._lib.streaming_venv")}
 SCRATCH["streaming-limit"] = SCRATCH["streaming-block"] = SCRATCH["streaming"]
 STREAMING = ("streaming", "streaming-limit", "streaming-block")
 VENV_NAMES = {SCRATCH["litdata"][0]: "LitData", SCRATCH["streaming"][0]: "Streaming"}
@@ -57,14 +61,14 @@ def loader_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def scratch_run(key: str, *args: str, timeout: float = 1200) -> Any:
-    """Run ``key``'s script in its scratch venv (this worktree's ``src`` and ``bench`` on its path)."""
+    """Run ``key``'s module in its scratch venv: ``python -m`` from the repository root (``bench`` importable), with
+    this worktree's ``src`` on ``PYTHONPATH`` (shardwise is not installed there)."""
     import subprocess
 
-    python, script = SCRATCH[key]
-    here = Path(__file__).resolve().parent
-    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}:{here}"}
-    return subprocess.run([python, str(here / script), *args], env=env, check=False, capture_output=True, text=True,
-                          timeout=timeout)
+    python, module = SCRATCH[key]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([python, "-m", module, *args], cwd=ROOT, env=env, check=False, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def available(loaders: list[str]) -> list[str]:

@@ -4,14 +4,14 @@
   cold (an empty node cache) and one warm (the next epoch, the cache full) with ``ShardedSource`` +
   ``LocalitySampler`` (the defaults; rows as numpy) from the S3 endpoint; the floor, measured in the
   same run with the same loader, is torch's ``DistributedSampler`` over the same rows held in memory
-  (``_rank_loop.in_memory_rows``). The fraction is the floor's epoch seconds over shardwise's, start-up
+  (``rank_loop.in_memory_rows``). The fraction is the floor's epoch seconds over shardwise's, start-up
   included (iter(loader) to the last batch); the seconds to the first batch are shown apart. Where the
   ranks report their CPU seconds an epoch (``cpu_cold``, ``cpu_warm``: the rank and its workers),
   those and their fraction are shown too (wall seconds move with the machine's other load), and
   the CPU seconds this process (moto's server) spent while shardwise's ranks ran.
 - ``shuffle_rows``: one epoch's global order (the same at every world size) of the default plan,
   of the window plan (``mixing="windows"``, the default before plan 2) and of a uniform shuffle, on
-  even shards, on uniform random cuts (``_common.uneven_sizes``) and on sizes spread 1:1000
+  even shards, on uniform random cuts (``common.uneven_sizes``) and on sizes spread 1:1000
   (log-uniform): consecutive samples from one shard and mean |id step| / n (uniform: 1/3).
 """
 
@@ -163,7 +163,7 @@ def floor_rows(spec: dict[str, Any], fs: Any, n: int, shards: int, rounds: int,
         ours = launch(2, {**base, "loader": "shardwise", "cache": f"cache-floor-{fmt}-{round_}"})[0]
         figures.setdefault("server cpu", []).append(time.process_time() - served)
         for label in ("cold", "warm"):
-            if f"cpu_{label}" in ours and f"cpu_{label}" in floor:  # ranks that report their CPU (_rank_loop)
+            if f"cpu_{label}" in ours and f"cpu_{label}" in floor:  # ranks that report their CPU (rank_loop)
                 figures.setdefault(f"cpu {label}", []).append(ours[f"cpu_{label}"])
                 figures.setdefault(f"floor cpu {label}", []).append(floor[f"cpu_{label}"])
                 figures.setdefault(f"cpu fraction {label}", []).append(floor[f"cpu_{label}"] / ours[f"cpu_{label}"])

@@ -1,4 +1,4 @@
-"""MosaicML Streaming as a rank of the multi-process figures reads it (``_rank_loop``, ``loader="streaming"``).
+"""MosaicML Streaming as a rank of the multi-process figures reads it (``rank_loop``, ``loader="streaming"``).
 
 ``StreamingDataset(remote="s3://...", local=<one cache dir for the node>, shuffle=True,
 shuffle_algo="py1e", batch_size=32)`` in a ``StreamingDataLoader`` (``spec`` may add ``cache_limit`` and
@@ -7,7 +7,7 @@ downloaded), rank and world from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_
 ranks on one node), the S3 endpoint from ``S3_ENDPOINT_URL`` and the credentials from ``AWS_*``, as
 Streaming's docs say; resume through the loader's ``state_dict()`` / ``load_state_dict()`` (rank 0's
 state on every rank). ``streaming`` is imported inside the functions, which run in its scratch venv
-(``_streaming_venv.py``); ``fetched_bytes`` also runs in the benchmark's. It imports no other bench
+(``streaming_venv.py``); ``fetched_bytes`` also runs in the benchmark's. It imports no other bench
 module: the ranks' loop imports it, never the other way round.
 """
 

@@ -3,22 +3,23 @@
 mosaicml-streaming is not a dependency of this repository: it imports torchvision at import, and
 PyPI's torchvision does not import beside this machine's torch 2.13.0, so it runs in a scratch venv
 with torch 2.14.1 and torchvision 0.29.1 (``$TMPDIR/scratch-venv-streaming``, or
-``$SHARDWISE_STREAMING_PYTHON``; BENCHMARKS.md gives the commands), with this worktree's ``src``
-and ``bench`` on ``PYTHONPATH``. Commands:
+``$SHARDWISE_STREAMING_PYTHON``; docs/benchmarks/sharded-sources.md and ``bench_sharded_sources.py``'s
+docstring give the commands), run from the repository root with this worktree's ``src`` on
+``PYTHONPATH``. Commands:
 
-- ``python _streaming_venv.py mds SHARDS OUT COUNT``: the Parquet shards' rows written with
+- ``python -m bench._lib.streaming_venv mds SHARDS OUT COUNT``: the Parquet shards' rows written with
   ``streaming.MDSWriter`` (columns ``id: int64``, ``tokens: ndarray:int32``, no compression) as
   about ``COUNT`` shards of even bytes (``size_limit`` = the rows' bytes / ``COUNT``); prints
   ``MDS <json>``: samples and bytes of each shard;
-- ``python _streaming_venv.py ranks SPEC.json``: ``rank_main`` over the ``streaming`` loader on real
-  gloo ranks; prints one JSON line of the ranks' reports (``bench/_venv_ranks.py``);
-- ``python _streaming_venv.py py1e SIZES.npy OUT.npy --block-size B --canonical-nodes C --seed S
+- ``python -m bench._lib.streaming_venv ranks SPEC.json``: ``rank_main`` over the ``streaming`` loader on real
+  gloo ranks; prints one JSON line of the ranks' reports (``bench/_lib/venv_ranks.py``);
+- ``python -m bench._lib.streaming_venv py1e SIZES.npy OUT.npy --block-size B --canonical-nodes C --seed S
   --epoch E``: the global sample order of one epoch that Streaming's ``py1e`` shuffle gives for
   shards of ``SIZES`` samples (``streaming.base.shuffle.get_shuffle_py1e``, what
   ``StreamingDataset(shuffle_algo="py1e")`` partitions over nodes, ranks and workers), written to
   ``OUT`` (``.npy`` int64, or a JSON list if ``OUT`` ends in ``.json``). No S3, no ranks.
 
-The loader itself is ``_streaming_loader.py`` (what ``_rank_loop`` builds for ``loader="streaming"``).
+The loader itself is ``streaming_loader.py`` (what ``rank_loop`` builds for ``loader="streaming"``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def write_mds(shards: str, out: str, count: int) -> list[dict[str, int]]:
 
 def py1e(argv: list[str]) -> None:
     """The ``py1e`` command (the module docstring); bad arguments: one line on stderr, exit 2."""
-    parser = argparse.ArgumentParser(prog="_streaming_venv.py py1e",
+    parser = argparse.ArgumentParser(prog="python -m bench._lib.streaming_venv py1e",
                                      description="Streaming's py1e global sample order of one epoch")
     parser.add_argument("sizes", help=".npy of the samples in each shard (1-D, integers >= 1), in shard order")
     parser.add_argument("out", help="where to write the order: .npy (int64) or .json")

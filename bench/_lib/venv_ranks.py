@@ -1,9 +1,10 @@
-"""What the scratch-venv sides of ``bench_sharded_sources.py`` share (``_litdata_venv.py``, ``_streaming_venv.py``).
+"""What the scratch-venv sides of ``bench_sharded_sources.py`` share (``litdata_venv.py``, ``streaming_venv.py``).
 
 A loader that is not a dependency of this repository (its install pulls its own pins) runs in a
-scratch venv, as a subprocess of the benchmark, with this worktree's ``src`` and ``bench`` on
-``PYTHONPATH``. Each such script converts the Parquet shards' rows to the loader's own format
-(``rows_of``) and runs ``rank_main`` over that loader on real gloo ranks (``run_ranks``).
+scratch venv, as a subprocess of the benchmark (``python -m bench._lib.<name>`` from the repository
+root), with this worktree's ``src`` on ``PYTHONPATH``. Each such module converts the Parquet shards'
+rows to the loader's own format (``rows_of``) and runs ``rank_main`` over that loader on real gloo
+ranks (``run_ranks``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The benchmarks run from a fresh clone: every one answers ``--help`` and offers ``--quick``; no path of one machine.
 
-``python bench/<name>.py --help`` from the repository root, for every benchmark script of ``bench/``
-(the ``_`` modules are helpers, not benchmarks). To keep this fast, the scripts run one after the
-other in one fresh interpreter (numpy and torch imported once): each runs as ``__main__`` with
-``sys.argv == ["bench/<name>.py", "--help"]`` and ``bench/`` first on ``sys.path``, which is what
-``python bench/<name>.py --help`` gives a script; one script also runs as its own process, to
-check that equivalence. Each script is a test of its own.
+``python -m bench.<name> --help`` from the repository root, for every benchmark script of ``bench/``
+(``bench/_lib/`` holds their helpers, not benchmarks). To keep this fast, the scripts run one after
+the other in one fresh interpreter at the repository root (numpy and torch imported once): each runs
+as ``__main__`` through ``runpy.run_module("bench.<name>", alter_sys=True)`` with ``--help`` as its
+argument, which is what ``python -m bench.<name> --help`` gives a module; one script also runs as its
+own process, to check that equivalence. Each script is a test of its own.
 
 Paths: the benchmarks, the docs and the two front pages name no absolute path of a machine (a user's
 home, a scratch or temporary folder, one machine's install): data comes from the repository
@@ -25,10 +25,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted(path.name for path in (ROOT / "bench").glob("*.py") if not path.name.startswith("_"))
+"""The benchmark scripts: the modules of ``bench/`` a user runs (``__init__.py`` and the ``_lib`` helpers are not)."""
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""}
 PAGES = sorted(
     [
-        *(ROOT / "bench").glob("*.py"),
+        *(ROOT / "bench").rglob("*.py"),
         *(ROOT / "docs").rglob("*.md"),
         *(ROOT / name for name in ("README.md", "BENCHMARKS.md") if (ROOT / name).exists()),
     ]
@@ -38,15 +39,14 @@ MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|home|root|tmp|Users|mnt|scratc
 
 HELP_ALL = """
 import contextlib, io, json, runpy, sys
-bench, names = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, bench)
+names = sys.argv[1:]
 results = {}
 for name in names:
-    sys.argv = [f"bench/{name}", "--help"]
+    sys.argv = [sys.argv[0], "--help"]  # run_module(alter_sys=True) puts the module's file first, as -m does
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            runpy.run_path(f"{bench}/{name}", run_name="__main__")
+            runpy.run_module(f"bench.{name.removesuffix('.py')}", run_name="__main__", alter_sys=True)
         results[name] = {"code": None, "out": out.getvalue()}
     except SystemExit as done:
         results[name] = {"code": done.code, "out": out.getvalue()}
@@ -59,7 +59,7 @@ print("RESULTS " + json.dumps(results))
 @pytest.fixture(scope="module")
 def helps() -> dict[str, dict[str, object]]:
     """Every benchmark's ``--help`` exit code and output, from one fresh interpreter at the repository root."""
-    done = subprocess.run([sys.executable, "-c", HELP_ALL, str(ROOT / "bench"), *BENCHES], cwd=ROOT, env=ENV,
+    done = subprocess.run([sys.executable, "-c", HELP_ALL, *BENCHES], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     assert lines, f"the --help run died (exit {done.returncode}): {done.stderr[-3000:]}"
@@ -74,7 +74,7 @@ def test_there_are_benchmarks() -> None:
 
 @pytest.mark.parametrize("name", BENCHES)
 def test_help_and_quick(name: str, helps: dict[str, dict[str, object]]) -> None:
-    """``python bench/<name>.py --help`` exits 0 with a usage text that offers ``--quick``."""
+    """``python -m bench.<name> --help`` exits 0 with a usage text that offers ``--quick``."""
     result = helps[name]
     assert result["code"] == 0, f"bench/{name} --help: exit {result['code']!r}: {str(result['out'])[-2000:]}"
     assert "usage:" in str(result["out"]), result["out"]
@@ -82,11 +82,21 @@ def test_help_and_quick(name: str, helps: dict[str, dict[str, object]]) -> None:
 
 
 def test_help_as_its_own_process() -> None:
-    """One benchmark run the way a user runs it, as a script in its own process, prints the same help."""
-    done = subprocess.run([sys.executable, "bench/bench_bucket.py", "--help"], cwd=ROOT, env=ENV,
+    """One benchmark run the way a user runs it, as a module in its own process, prints the same help."""
+    done = subprocess.run([sys.executable, "-m", "bench.bench_bucket", "--help"], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--quick" in done.stdout and "--data DIR" in done.stdout, done.stdout
+
+
+def test_bench_is_a_package_without_path_edits() -> None:
+    """bench/ holds the scripts a user runs; its helpers are the package bench._lib; nothing edits ``sys.path``."""
+    stray = sorted(path.name for path in (ROOT / "bench").glob("_*.py") if path.name != "__init__.py")
+    assert not stray, f"helpers belong in bench/_lib/, imported as bench._lib.<name>: {stray}"
+    edits = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "bench").rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"sys\.path\.(insert|append)|sys\.path\s*[+]?=", line)]  # fmt: skip
+    assert not edits, f"run benchmarks as python -m bench.<name> from the repository root instead: {edits}"
 
 
 @pytest.mark.parametrize("page", [str(page.relative_to(ROOT)) for page in PAGES])
