@@ -21,8 +21,8 @@ from shardwise._core.packing import (
 )
 from shardwise._core.packing.rows import pack_histogram
 from shardwise._core.threads import ENV_WORKERS
+from shardwise.index.packing import PARALLEL_FROM, write_layouts
 from shardwise.index.workers import MAX_WORKERS, build_workers, map_tasks
-from shardwise.samplers.packed_build import PARALLEL_FROM, write_layouts
 
 
 # -- the reference: pack_histogram as plan version 2 was first written (numpy per step) -----------------

@@ -11,7 +11,7 @@ from shardwise._core.packing import Balance, fast_build, fill_pieces, piece_coun
 from shardwise._core.packing import compiled as compiled_module
 from shardwise._core.packing.compiled import ENV_NUMBA, kernels
 from shardwise._core.threads import ENV_WORKERS
-from shardwise.samplers import packed_build
+from shardwise.index import packing
 from tests.core.test_packing_build import random_histogram
 
 
@@ -60,7 +60,7 @@ def test_compiled_layouts_are_the_numpy_layouts_byte_for_byte(
     """Random histograms, row sizes and strata counts, strata packed on threads in small tasks: the same files."""
     monkeypatch.setattr(fast_build, "TASK", 3)
     monkeypatch.setattr(fast_build, "DEAL", 5)
-    monkeypatch.setattr(packed_build, "PARALLEL_FROM", 4)
+    monkeypatch.setattr(packing, "PARALLEL_FROM", 4)
     monkeypatch.setenv(ENV_WORKERS, "1")
     rng = np.random.default_rng(len(str(options)))
     for trial in range(12):
@@ -76,7 +76,7 @@ def test_compiled_layouts_are_the_numpy_layouts_byte_for_byte(
             monkeypatch.setenv(ENV_WORKERS, "0" if mode == "0" else "1")  # the numpy path in this process
             directory = tmp_path / f"{trial}-{mode}"
             directory.mkdir()
-            packed_build.write_layouts(directory, counts, strata, max_len, **scaled)
+            packing.write_layouts(directory, counts, strata, max_len, **scaled)
             built[mode] = {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
         assert list(built["1"]) == list(built["0"])
         for name, data in built["0"].items():

@@ -11,7 +11,7 @@ import pytest
 import shardwise
 from shardwise._core.packing.compiled import ENV_NUMBA
 from shardwise._core.threads import ENV_WORKERS
-from shardwise.samplers.packed_build import SHARED_FROM
+from shardwise.index.packing import SHARED_FROM
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardwise.samplers import weight_table
+from shardwise.index.weights import count_positive
 from shardwise.samplers.weighted import quantise
 
 
@@ -31,4 +31,4 @@ def test_quantise_in_blocks_equals_the_reference_and_counts_the_support() -> Non
         cdf, positive = quantise(weights, on_block=lambda part: pieces.append(part.copy()))
         assert np.array_equal(cdf, _reference_quantise(weights))
         assert np.array_equal(np.concatenate(pieces), cdf)
-        assert positive == weight_table.count_positive(cdf) == int(np.count_nonzero(weights))
+        assert positive == count_positive(cdf) == int(np.count_nonzero(weights))

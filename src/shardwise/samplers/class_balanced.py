@@ -55,8 +55,8 @@ from ..index import read_checked
 from ..index.arrow import resolve
 from ..index.builders import index_dtype, populate
 from ..index.keys import BackgroundDigest
+from ..index.tables import Allocate, by_reference, input_key, shared_arrays
 from .base import PlanSampler
-from .indexed import Allocate, by_reference, input_key, shared_arrays
 from .keywords import CachedKeywords
 from .passes import UnitSource
 

@@ -56,6 +56,7 @@ from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import group_keys, key_of, permute_within, read_checked
 from ..index.cache import SHARED_FROM
+from ..index.packing import lengths_array, lengths_range, read_layout, shared_index, shared_layouts
 from .base import PlanSampler
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
@@ -63,7 +64,6 @@ from .passes import UnitSource
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 from .inverses import packed_positions_of
-from .packed_build import lengths_array, lengths_range, read_layout, shared_index, shared_layouts
 
 logger = logging.getLogger("shardwise")
 

@@ -37,8 +37,8 @@ from .._core.schedule import BatchSizeSchedule
 from .._core.seeds import derive_seed, derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
+from ..index.tables import Allocate, by_reference, shared_arrays
 from .base import PlanSampler
-from .indexed import Allocate, by_reference, shared_arrays
 from .keywords import CachedKeywords
 from .passes import UnitSource
 from .two_stream_checks import ListDigests, list_key, stream_overlap

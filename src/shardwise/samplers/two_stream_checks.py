@@ -12,7 +12,7 @@ import numpy as np
 from .._core.arrays import digest
 from .._core.indices import Arange, IndexList, check_values, shared_indices
 from ..index.keys import BackgroundDigest
-from .indexed import input_key
+from ..index.tables import input_key
 
 
 def stream_overlap(primary: IndexList, secondary: IndexList) -> tuple[int, int]:

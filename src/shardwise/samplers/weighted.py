@@ -60,11 +60,8 @@ from .._core.world import World
 from ..index import read_checked
 from ..index.arrow import resolve
 from ..index.keys import BackgroundDigest
-from .base import PlanSampler
-from .indexed import Allocate, input_key, shared_arrays
-from .keywords import CachedKeywords
-from .passes import UnitSource
-from .weight_table import (
+from ..index.tables import Allocate, input_key, shared_arrays
+from ..index.weights import (
     WeightTable,
     distinct_draws,
     fill_guide,
@@ -72,6 +69,9 @@ from .weight_table import (
     guide_length,
     quantise,
 )
+from .base import PlanSampler
+from .keywords import CachedKeywords
+from .passes import UnitSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

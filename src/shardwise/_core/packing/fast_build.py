@@ -1,6 +1,6 @@
 """The compiled build of a packing index (the ``fast`` extra): the piece index and the strata layouts, on threads.
 
-What ``samplers/packed_build.py`` writes with numpy steps (and worker processes), written here by
+What ``index/packing.py`` writes with numpy steps (and worker processes), written here by
 the kernels of :mod:`.jit`, file for file and byte for byte the same. The kernels release the
 GIL, so the build spreads them over threads of the building process (no process to start, no
 second import of numba):
@@ -113,7 +113,7 @@ def write_layouts(jit: ModuleType, directory: Path, counts: np.ndarray, num_stra
                   firsts: np.ndarray, phases: np.ndarray, rows_per_batch: int | None, tokens_per_batch: int | None,
                   attention: bool, drop_short: bool, threads: int,
                   on_strata: Callable[[int], None] | None = None) -> None:  # fmt: skip
-    """The files of ``samplers.packed_build.write_layouts``, by the compiled kernels.
+    """The files of ``index.packing.write_layouts``, by the compiled kernels.
 
     Args:
         firsts: :func:`~.strata.strata_starts` (every stratum's first slot).

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..index import DEFAULT_TIMEOUT, build_or_open, key_of
-from ..index.cache import CacheDir
+from .cache import DEFAULT_TIMEOUT, CacheDir, build_or_open
+from .keys import key_of
 
 SHARED_MIN = 1 << 16
 """Inputs with fewer entries build their table in private memory, without the cache."""

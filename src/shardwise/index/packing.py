@@ -37,12 +37,13 @@ from .._core.packing import (
     stratum_layouts,
 )
 from .._core.packing.compiled import kernels
-from ..index import GroupedIndex, build_or_open, length_index, read_checked
-from ..index.builders import index_dtype
-from ..index.cache import SHARED_FROM, CacheDir
-from ..index.lengths import LENGTH_KIND, LengthsInput
-from ..index.progress import Progress
-from ..index.workers import build_workers, map_tasks
+from .builders import index_dtype
+from .cache import SHARED_FROM, CacheDir, build_or_open
+from .grouped import GroupedIndex
+from .integrity import read_checked
+from .lengths import LENGTH_KIND, LengthsInput, length_index
+from .progress import Progress
+from .workers import build_workers, map_tasks
 
 PIECES_KIND, LAYOUTS_KIND, RANGE_KIND = "pack-pieces", "pack-layouts", "lengths-range"
 

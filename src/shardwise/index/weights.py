@@ -17,9 +17,9 @@ import numpy as np
 from .._core.draws import uniform_below
 from .._core.indices import has_bits, mark_bits
 from .._core.seeds import derive_words
-from ..index import read_checked
-from ..index.builders import populate_ahead
-from .indexed import mapped_source, reopen
+from .builders import populate_ahead
+from .integrity import read_checked
+from .tables import mapped_source, reopen
 
 WITHOUT_REPLACEMENT = "weighted-distinct"
 """The plan kind without replacement (its seeds derive from it)."""
