@@ -2,9 +2,9 @@
 
 Run (alone on the machine: the figures are timings)::
 
-    python bench/bench_arrow.py                  # 1e7 rows, old path at 1e5
-    python bench/bench_arrow.py --rows 1000000 --old-rows 10000
-    python bench/bench_arrow.py --quick          # 1e5 rows, old path at 1e3, one repeat (a smoke test)
+    python -m bench.bench_arrow                  # 1e7 rows, old path at 1e5
+    python -m bench.bench_arrow --rows 1000000 --old-rows 10000
+    python -m bench.bench_arrow --quick          # 1e5 rows, old path at 1e3, one repeat (a smoke test)
 
 A Dataset of ``--rows`` rows of int32 token lists (lengths drawn from WikiText-2's paragraph
 lengths of 1..128 tokens) is written with ``save_to_disk`` (4 Arrow files) in the temporary folder (free space checked

@@ -2,7 +2,7 @@
 
 Run (alone on the machine: the figures are timings)::
 
-    python bench/bench_bucket.py
+    python -m bench.bench_bucket
 
 Data: the paragraphs of WikiText-2's validation and test splits (``bench/data/wikitext-2``, or
 ``--data DIR``; one per line; blank

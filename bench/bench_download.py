@@ -20,7 +20,7 @@ after 0, 30 and 100 ms (``s3_endpoint(latency=...)``: a sleep, as a real store's
 byte). Prints the median seconds, MB/s and the ratio to one thread. ``--prefetch-only`` skips the
 first table.
 
-Run: ``python bench/bench_download.py``; ``--quick``: 8 shards, one round (a smoke test).
+Run: ``python -m bench.bench_download``; ``--quick``: 8 shards, one round (a smoke test).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Usage (a few minutes; writes up to 4 GB under --dir, removed at the end)::
 
     mkdir -p ../shardwise-baseline && git archive 7219ef3 src | tar -x -C ../shardwise-baseline   # before the checks
-    python bench/bench_index_integrity.py --sizes 1e8 1e9 --first-batch 1e8 \
+    python -m bench.bench_index_integrity --sizes 1e8 1e9 --first-batch 1e8 \
         --baseline-src ../shardwise-baseline/src
-    python bench/bench_index_integrity.py --quick   # n = 1e6, one repeat, emulated baseline (a smoke test)
+    python -m bench.bench_index_integrity --quick   # n = 1e6, one repeat, emulated baseline (a smoke test)
 
 Table 1, per n: an ``order.npy`` of n uint32 indices (the length index of n samples) in the page
 cache: the open-time sampled CRC-32 (what opening cost before and still costs), the full CRC-32

@@ -2,7 +2,7 @@
 
 Run (alone on the machine; the greedy index at 1e8 takes about 1 GB)::
 
-    python bench/bench_mixture.py
+    python -m bench.bench_mixture
 
 Setting: 5 sources of sizes 4e8, 3e8, 2e8, 5e7, 5e7 with weights 0.4, 0.3, 0.15, 0.1, 0.05.
 The arms, each a reimplementation of the method (not the library), run in this script:

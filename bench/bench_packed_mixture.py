@@ -2,10 +2,10 @@
 
 Run::
 
-    python bench/bench_packed_mixture.py                      # ~20 s on 2 shared cores (TRL packing most of it)
-    python bench/bench_packed_mixture.py --quick              # smoke-sized, well under a minute
-    python bench/bench_packed_mixture.py --data bench/data/wikitext-2   # WikiText-2 lengths as the sources
-    python bench/bench_packed_mixture.py --scale 1e8 --dir DIR   # cold start at 1e8 documents (400 MB under DIR)
+    python -m bench.bench_packed_mixture                      # ~20 s on 2 shared cores (TRL packing most of it)
+    python -m bench.bench_packed_mixture --quick              # smoke-sized, well under a minute
+    python -m bench.bench_packed_mixture --data bench/data/wikitext-2   # WikiText-2 lengths as the sources
+    python -m bench.bench_packed_mixture --scale 1e8 --dir DIR   # cold start at 1e8 documents (400 MB under DIR)
 
 Data (default, synthetic, like the data issue 47 measured on): 3 sources of lognormal document lengths
 (sigma 0.8) with means ~300 / ~1,500 / ~5,000 tokens, seed 0, weights 0.5 / 0.3 / 0.2, rows of

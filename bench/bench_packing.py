@@ -3,8 +3,8 @@
 Run (alone on the machine; numba makes the Multipack reimplementation as fast as
 the original, which is numba-jitted; without it the Multipack plan times are not comparable)::
 
-    python bench/bench_packing.py
-    python bench/bench_packing.py --quick   # WikiText-2 only, 1e5 documents at scale (a smoke test)
+    python -m bench.bench_packing
+    python -m bench.bench_packing --quick   # WikiText-2 only, 1e5 documents at scale (a smoke test)
 
 Data (real length distributions, all available offline):
 

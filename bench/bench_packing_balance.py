@@ -2,8 +2,8 @@
 
 Run::
 
-    python bench/bench_packing_balance.py [--world-size 8] [--accumulation 4]   # seconds
-    python bench/bench_packing_balance.py --quick   # W=2, accumulation 2 (a smoke test)
+    python -m bench.bench_packing_balance [--world-size 8] [--accumulation 4]   # seconds
+    python -m bench.bench_packing_balance --quick   # W=2, accumulation 2 (a smoke test)
 
 ``PackedBatchSampler(max_len=512, rows_per_batch=4)`` over the WikiText-2 paragraph lengths
 (``bench/data/wikitext-2``, or ``--data DIR``), every

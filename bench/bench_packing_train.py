@@ -2,8 +2,8 @@
 
 Run (alone on the machine; a few minutes on 2 CPU cores)::
 
-    python bench/bench_packing_train.py
-    python bench/bench_packing_train.py --quick   # 20,000 tokens an arm, plot in bench/out (a smoke test)
+    python -m bench.bench_packing_train
+    python -m bench.bench_packing_train --quick   # 20,000 tokens an arm, plot in bench/out (a smoke test)
 
 Data: the paragraphs of WikiText-2's validation split (training) and test split (held out), from
 ``bench/data/wikitext-2`` or ``--data DIR``, words mapped to ids (the 4,095 most frequent words of

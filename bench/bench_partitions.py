@@ -22,7 +22,7 @@ W=8); ``drop_last=True`` is shown too. Figures:
 - scale: private memory (smaps_rollup Anonymous) and build time of a ``LocalitySampler`` with
   ``partitions=8, ranks_per_partition=8`` at 1e9 samples in 1e5 shards, in a fresh process.
 
-Run: ``python bench/bench_partitions.py``; ``--quick``: 2,003 samples in 13 shards, 2 partitions, no scale
+Run: ``python -m bench.bench_partitions``; ``--quick``: 2,003 samples in 13 shards, 2 partitions, no scale
 probe (a smoke test).
 """
 

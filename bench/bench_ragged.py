@@ -2,9 +2,9 @@
 
 Run (alone on the machine: the figures are timings)::
 
-    python bench/bench_ragged.py            # 4 GiB store
-    python bench/bench_ragged.py --size-gib 1
-    python bench/bench_ragged.py --quick    # a 0.05 GiB store (a smoke test)
+    python -m bench.bench_ragged            # 4 GiB store
+    python -m bench.bench_ragged --size-gib 1
+    python -m bench.bench_ragged --quick    # a 0.05 GiB store (a smoke test)
 
 A store of ``--size-gib`` of float32 rows (80 features, 50..1500 rows a sample) is written under
 ``--dir`` (default: the temporary folder; checked free space first) and deleted at the end. Three measurements:

@@ -2,9 +2,9 @@
 
 Run (alone on the machine: the figures are timings)::
 
-    python bench/bench_ragged_verify.py              # 2 GiB store
-    python bench/bench_ragged_verify.py --size-gib 1
-    python bench/bench_ragged_verify.py --quick      # a 0.05 GiB store (a smoke test)
+    python -m bench.bench_ragged_verify              # 2 GiB store
+    python -m bench.bench_ragged_verify --size-gib 1
+    python -m bench.bench_ragged_verify --quick      # a 0.05 GiB store (a smoke test)
 
 A store of ``--size-gib`` of float32 rows (80 features) is written in the temporary folder and
 deleted at the end. Measured, each in this process: ``RaggedArray(path)`` (open: sizes, headers, offsets, 16

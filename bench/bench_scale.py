@@ -2,12 +2,12 @@
 
 Run (alone on the machine; the 1e8 rows need ~10 GB of disk under --dir, the 1e9 rows ~25 GB)::
 
-    python bench/bench_scale.py --quick    # 3e5 samples, five samplers, no node totals: a smoke test
-    python bench/bench_scale.py --sizes 1e6 1e7 1e8
-    python bench/bench_scale.py --sizes 2e7 1e8 --samplers Bucket Packed ClassBalanced Weighted TwoStream --no-node
-    python bench/bench_scale.py --sizes 1e9 --samplers Bucket Packed --no-node
+    python -m bench.bench_scale --quick    # 3e5 samples, five samplers, no node totals: a smoke test
+    python -m bench.bench_scale --sizes 1e6 1e7 1e8
+    python -m bench.bench_scale --sizes 2e7 1e8 --samplers Bucket Packed ClassBalanced Weighted TwoStream --no-node
+    python -m bench.bench_scale --sizes 1e9 --samplers Bucket Packed --no-node
     mkdir -p before-790903e && git archive 790903e src | tar -x -C before-790903e   # an older src
-    python bench/bench_scale.py --sizes 2e7 --samplers Packed --no-node --before before-790903e/src \
+    python -m bench.bench_scale --sizes 2e7 --samplers Packed --no-node --before before-790903e/src \
         --before-max 2e7
 
 Inputs are ``.npy`` files opened with ``np.load(mmap_mode="r")`` (generated once under ``--dir``):

@@ -2,7 +2,7 @@
 
 Run (serialised with the other benchmarks)::
 
-    python bench/bench_sharded.py
+    python -m bench.bench_sharded
 
 Every measurement runs in a fresh subprocess (this script re-invokes itself with ``--arm`` and
 reads one JSON line back), so one arm's peak memory cannot hide another's and every "first

@@ -64,7 +64,7 @@ another torch than this repository's, so its venv has torch 2.14.1 (CPU use)::
 
 Either venv missing: that loader is left out with one printed line.
 
-Run: ``python bench/bench_sharded_sources.py`` (~15 min on 2 cores); ``--quick``: the floor at
+Run: ``python -m bench.bench_sharded_sources`` (~15 min on 2 cores); ``--quick``: the floor at
 20,000 samples, one round, and the shuffle (< 1 min).
 """
 

@@ -13,7 +13,7 @@ Printed: seconds and the server's requests by method (``LIST``: a listing), for 
 checkout and, with ``--before SRC``, for another ``src`` directory side by side (``git archive
 <commit> src | tar -x -C DIR``, then ``--before DIR/src``), with the ratio before/now.
 
-Run: ``python bench/bench_sharded_startup.py --shards 400 --latency 0.02 --before before-abc1234/src`` (~1 min);
+Run: ``python -m bench.bench_sharded_startup --shards 400 --latency 0.02 --before before-abc1234/src`` (~1 min);
 ``--quick``: 40 shards, 5 ms a request.
 """
 

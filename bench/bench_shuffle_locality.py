@@ -31,7 +31,7 @@ Scale: private memory (smaps_rollup Anonymous), time to the first index and indi
 (64 ranks) of ``LocalitySampler(window=8)`` at 1e9 samples in 1e5 shards, each mixing in a fresh
 process (``bench_partitions.py --scale-probe``).
 
-Run: ``python bench/bench_shuffle_locality.py`` (pure numpy; ~1 min, most of it py1e at 1e6 samples);
+Run: ``python -m bench.bench_shuffle_locality`` (pure numpy; ~1 min, most of it py1e at 1e6 samples);
 ``--quick``: one case of 6,000 samples in 37 shards, one epoch, no node-cache or scale section (a smoke test).
 """
 

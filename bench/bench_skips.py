@@ -5,8 +5,8 @@ process, the cost of a resume with the ledger against the same resume without it
 ``load_state_dict`` and the first batch of 32 on each of the 6 ranks, then a steady 64Ki units.
 Correctness (0 lost, 0 repeated, 0 skipped trained at W=8 -> 6) is ``tests/samplers/test_skips.py`` at 1e6.
 
-    python bench/bench_skips.py --size 1e9 --ranges 10000
-    python bench/bench_skips.py --quick   # n = 1e7, 1,000 ranges, 1,000 id ranges, 100 mixture ids (a smoke test)
+    python -m bench.bench_skips --size 1e9 --ranges 10000
+    python -m bench.bench_skips --quick   # n = 1e7, 1,000 ranges, 1,000 id ranges, 100 mixture ids (a smoke test)
 
 A second table skips sample ids (``skip_ids``): 10^4 id ranges on a ``ShardedSampler`` and a run of
 ids on a ``MixtureSampler``; each epoch translates them to plan positions once (cached after).

@@ -2,10 +2,10 @@
 
 Run (CPU: a small Llama, a few minutes on 2 cores; GPU: a 268M Llama in bf16)::
 
-    python bench/bench_trainer_packing.py --rounds 3 --tokens 60000    # CPU, a small Llama
-    python bench/bench_trainer_packing.py --size 268m --tokens 300000 --docs 20000   # one GPU
-    python bench/bench_trainer_packing.py --check               # per-document exactness on this device
-    python bench/bench_trainer_packing.py --quick               # 4,000 tokens, 600 documents, 1 warm-up step
+    python -m bench.bench_trainer_packing --rounds 3 --tokens 60000    # CPU, a small Llama
+    python -m bench.bench_trainer_packing --size 268m --tokens 300000 --docs 20000   # one GPU
+    python -m bench.bench_trainer_packing --check               # per-document exactness on this device
+    python -m bench.bench_trainer_packing --quick               # 4,000 tokens, 600 documents, 1 warm-up step
 
 Every arm trains the same Llama (built from a config, nothing downloaded; SDPA attention, the
 model's default config) through a real ``Trainer`` on the same long-tailed synthetic documents

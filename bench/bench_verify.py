@@ -2,8 +2,8 @@
 
 Run (alone on the machine: the figures are timings)::
 
-    python bench/bench_verify.py
-    python bench/bench_verify.py --quick   # 2 ranks x 2 epochs, one try a row (a smoke test)
+    python -m bench.bench_verify
+    python -m bench.bench_verify --quick   # 2 ranks x 2 epochs, one try a row (a smoke test)
 
 Rows, measured in this one run, side by side:
 

@@ -2,7 +2,7 @@
 
 Run (alone on the machine: the figures are timings)::
 
-    python bench/bench_weighted.py
+    python -m bench.bench_weighted
 
 Setting: ``n`` weights (float32, exponential), a global plan of ``num_samples = n`` draws per
 epoch, rank 3 of a world of 8: each method produces one rank's share, ``n / 8`` draws, in this

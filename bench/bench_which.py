@@ -8,8 +8,8 @@ Nothing is stored per sample: the table shows the private memory the queries add
 (``/proc/self/smaps_rollup`` ``Private_Dirty``), against the 4 bytes a sample (4 GB at 1e9) of
 the per-epoch index file that OLMo-core writes to answer the same question.
 
-    python bench/bench_which.py --size 1e9 --queries 300
-    python bench/bench_which.py --quick   # n = 1e7, index-based 1e5, 30 queries (a smoke test)
+    python -m bench.bench_which --size 1e9 --queries 300
+    python -m bench.bench_which --quick   # n = 1e7, index-based 1e5, 30 queries (a smoke test)
 """
 
 from __future__ import annotations

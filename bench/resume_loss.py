@@ -13,8 +13,8 @@ Points: ``mid`` after 3 batches; ``end_in_loop`` inside the loop just after the 
 
 Run (seconds; no lock needed)::
 
-    python bench/resume_loss.py
-    python bench/resume_loss.py --quick   # no DataLoader workers (a smoke test)
+    python -m bench.resume_loss
+    python -m bench.resume_loss --quick   # no DataLoader workers (a smoke test)
 """
 
 from __future__ import annotations
