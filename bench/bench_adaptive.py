@@ -11,7 +11,7 @@ Run (alone on the machine)::
 **Overhead.** 8 gloo ranks on this machine (CPU), side by side in one run: the update's collective
 (one ``all_reduce`` of ``4 + 2 x 3`` int64 numbers with its checks) against the baseline, a bare
 ``all_reduce`` of one float (what DDP-style loops already pay per step), and a whole
-``sampler.update()``. In one process: the plan work of an update (policy, shares, ledger, the
+``sampler.adaptive.update()``. In one process: the plan work of an update (policy, shares, ledger, the
 plan's layout grown by one stretch), at the first updates and after 10^4, against the 1 ms target;
 the state's size after 10^4 updates (``torch.save`` and JSON) against 1 MB; the private memory
 (``RssAnon``) a process holds per update after 2.4e5 updates (a 1e9-sample epoch, an update every
@@ -95,11 +95,12 @@ def _overhead_rank(rank: int, world_size: int, repeats: int) -> dict[str, float]
         all_reduce_report(sums, counts, 7, 123)
         timings["collective"].append(time.perf_counter() - start)
     sampler = MixtureSampler([10**6] * 3, AdaptiveWeights(Exp3(), interval=512), num_samples=10**9, block=64, seed=0)
+    adaptive = sampler.adaptive
     for update in range(1, repeats + 1):
-        sampler.record(np.ones(3), [0, 1, 2])
+        adaptive.record(np.ones(3), [0, 1, 2])
         dist.barrier()
         start = time.perf_counter()
-        sampler.update(position=update * 512)
+        adaptive.update(position=update * 512)
         timings["update"].append(time.perf_counter() - start)
     return {key: statistics.median(values) * 1e6 for key, values in timings.items()}
 
@@ -109,12 +110,13 @@ def plan_work(updates: int) -> dict[str, float]:
     sampler = MixtureSampler([10**6] * 3, AdaptiveWeights(Exp3(), interval=512), num_samples=10**10, block=64,
                              seed=0, num_replicas=1, rank=0)  # fmt: skip
     next(iter(sampler))  # the epoch's layout is cached: every update grows it (the worst case)
+    adaptive = sampler.adaptive
     rng = np.random.default_rng(0)
     times = []
     for update in range(1, updates + 1):
-        sampler.record(rng.random(8) * 3, rng.integers(0, 3, 8))
+        adaptive.record(rng.random(8) * 3, rng.integers(0, 3, 8))
         start = time.perf_counter()
-        sampler.update(position=update * 512)
+        adaptive.update(position=update * 512)
         times.append(time.perf_counter() - start)
     state = sampler.state_dict()
     buffer = io.BytesIO()
@@ -139,15 +141,16 @@ def memory_per_update(updates: int) -> dict[str, float]:
     sampler = MixtureSampler([10**6] * 3, AdaptiveWeights(Exp3(), interval=interval), num_samples=10**9, block=64,
                              seed=0, num_replicas=1, rank=0)  # fmt: skip
     next(iter(sampler))
+    adaptive = sampler.adaptive
     values, sources = np.ones(3), np.arange(3)
     for update in range(1, 101):  # the first updates allocate what every later one reuses
-        sampler.record(values, sources)
-        sampler.update(position=update * interval)
+        adaptive.record(values, sources)
+        adaptive.update(position=update * interval)
     gc.collect()
     before = status_bytes("RssAnon")
     for update in range(101, updates + 101):
-        sampler.record(values, sources)
-        sampler.update(position=update * interval)
+        adaptive.record(values, sources)
+        adaptive.update(position=update * interval)
     gc.collect()
     after = status_bytes("RssAnon")
     buffer = io.BytesIO()
@@ -282,12 +285,12 @@ def train(arm: str, trains: list[np.ndarray], devs: list[np.ndarray], helds: lis
         if log is not None and rank == 0:
             log.write(json.dumps([step, batch.tolist()]) + "\n")
             log.flush()
-        if sampler.adaptive is not None and sampler.update_due():
+        if sampler.adaptive is not None and sampler.adaptive.update_due():
             # Learning progress: by how many percent each source's dev loss fell over the interval. Every rank has the
             # same replica and reports the same three values, so the means are the values themselves.
             now = held_out(model, devs)
-            sampler.record(100.0 * (1.0 - np.divide(now, previous)), [0, 1, 2])  # percent of the dev loss
-            sampler.update()
+            sampler.adaptive.record(100.0 * (1.0 - np.divide(now, previous)), [0, 1, 2])  # percent of the dev loss
+            sampler.adaptive.update()
             previous = now
         if eval_every and step % eval_every == 0:
             curve.append((step, held_out(model, helds)))
@@ -298,7 +301,7 @@ def train(arm: str, trains: list[np.ndarray], devs: list[np.ndarray], helds: lis
             os.replace(temporary, os.path.join(folder, "checkpoint.pt"))
     if log is not None:
         log.close()
-    ledger = sampler.ledger.weights.tolist() if sampler.adaptive is not None else [[1 / 3] * 3]
+    ledger = sampler.adaptive.ledger.weights.tolist() if sampler.adaptive is not None else [[1 / 3] * 3]
     if folder is not None and rank == 0:
         with open(os.path.join(folder, f"ledger-{world}.json"), "w") as handle:
             json.dump(ledger, handle)
@@ -399,7 +402,7 @@ def overhead(repeats: int, updates: int) -> None:
     print("|---|---|---|---|")
     for key, label in (("baseline", "all_reduce of 1 float (baseline)"), ("ten", "all_reduce of 10 int64"),
                        ("collective", "the update's collective (10 int64, checks)"),
-                       ("update", "sampler.update() (collective + plan work)")):  # fmt: skip
+                       ("update", "sampler.adaptive.update() (collective + plan work)")):  # fmt: skip
         slowest = max(r[key] for r in per_rank)
         print(f"| {label} | {per_rank[0][key]:.0f} | {slowest:.0f} | {per_rank[0][key] / baseline:.2f} / "
               f"{slowest / slowest_baseline:.2f} |")  # fmt: skip
