@@ -36,15 +36,12 @@ array of its own.
 from __future__ import annotations
 
 import enum
-import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.arrays import digest, one_dimensional
-from .._core.class_buckets import group_by_class, two_passes
-from .._core.class_index import count_classes
+from .._core.arrays import digest
 from .._core.classes import EpochLayout, class_quotas, member_keys, member_ranks
 from .._core.epoch_sizes import EpochSizes
 from .._core.errors import check_choice, check_int
@@ -52,10 +49,8 @@ from .._core.schedule import BatchSizeSchedule
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
-from ..index.arrow import resolve
-from ..index.builders import index_dtype, populate
-from ..index.keys import BackgroundDigest
-from ..index.tables import Allocate, by_reference, input_key, shared_arrays
+from ..index.labels import LabelsInput
+from ..index.tables import by_reference
 from .base import PlanSampler
 from .keywords import CachedKeywords
 from .passes import UnitSource
@@ -64,9 +59,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["ClassBalancedBatchSampler", "SmallClasses", "class_quotas"]
-
-CLASS_INDEX = "class-index-v1"
-"""Cache kind of the class index (classes, counts, members grouped by class, digest of the labels)."""
 
 
 class SmallClasses(str, enum.Enum):
@@ -78,21 +70,6 @@ class SmallClasses(str, enum.Enum):
     """Leave it out of every batch."""
     ERROR = "error"
     """Refuse the labels at construction."""
-
-
-def _labels_array(labels: object) -> np.ndarray:
-    labels = resolve("labels", labels)  # a pyarrow Array/ChunkedArray of integer labels, without a copy to Python
-    array = one_dimensional("labels", labels, sequence_of="class labels", one="label")
-    kind = array.dtype.kind
-    if kind == "O":
-        items = array.tolist()
-        if all(isinstance(item, str) for item in items):
-            array, kind = np.asarray(items, dtype=str), "U"
-        elif all(isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in items):
-            array, kind = np.asarray(items, dtype=np.int64), "i"
-    if kind not in "iuUS":
-        raise TypeError(f"labels should hold integers or strings, but got labels of dtype {array.dtype}")
-    return array
 
 
 class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
@@ -161,31 +138,16 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         **options: Unpack[CachedKeywords],
     ) -> None:
         keywords = self._read_keywords(options)
-        self.labels = _labels_array(labels)
+        # resolved and checked once; its class index is built (or opened) below, after the other checks
+        self._input = LabelsInput.of(labels, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
         # classes_per_batch may be a per-epoch BatchSizeSchedule; the attribute holds epoch 0's value.
-        self._schedules = EpochSizes("ClassBalancedBatchSampler", len(self.labels), classes_per_batch=classes_per_batch)
+        self._schedules = EpochSizes("ClassBalancedBatchSampler", self._input.size, classes_per_batch=classes_per_batch)
         classes_per_batch = self._schedules.initial("classes_per_batch", classes_per_batch)  # type: ignore[assignment]
         self.classes_per_batch = check_int("classes_per_batch", classes_per_batch, minimum=1)
         self.samples_per_class = check_int("samples_per_class", samples_per_class, minimum=1)
         self.small_classes = check_choice("small_classes", small_classes, SmallClasses)
         self.drop_last = keywords.drop_last
-        labels_ = self.labels
-
-        def build(allocate: Allocate) -> None:
-            with BackgroundDigest(labels_) as hashing:  # the labels' digest, on another core meanwhile
-                found, counts = count_classes(labels_)
-                allocate("classes", len(found), found.dtype)[:] = found
-                allocate("counts", len(counts), np.int64)[:] = counts
-                members = allocate("members", len(labels_), index_dtype(len(labels_)))
-                if not two_passes(len(labels_), counts, members.dtype):
-                    populate(members)  # the one-pass sort writes through the mapping: its pages in one call
-                group_by_class(labels_, found, counts, members)
-                allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
-
-        # The class index: built once per labels and node (a chunked counting sort), then mapped.
-        index = shared_arrays(CLASS_INDEX, input_key(labels_), build, size=len(labels_), cache_dir=keywords.cache_dir,
-                              timeout=keywords.cache_timeout)
-        classes, sizes = index["classes"], np.asarray(read_checked(index["counts"], index["counts"]))
+        classes, sizes = self._input.classes, self._input.counts
         small = sizes < self.samples_per_class
         if small.any() and self.small_classes is SmallClasses.ERROR:
             first = int(np.argmax(small))
@@ -213,10 +175,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
                     f"classes_per_batch should be at most the number of usable classes in labels "
                     f"({int(usable.sum())}), but its schedule gives {wanted} at epoch {epoch}"
                 )
-        # members: every sample index grouped by class (all classes, label order); the usable
-        # classes are read through their starts, so the index depends on the labels alone.
-        self._members = index["members"]
-        self._labels_digest = bytes(index["digest"]).hex()
+        # the index's members: every sample index grouped by class (all classes, label order); the
+        # usable classes are read through their starts, so the index depends on the labels alone.
         starts = np.cumsum(sizes) - sizes
         self._sizes = sizes[usable].astype(np.int64)
         self._class_starts = starts[usable].astype(np.int64)
@@ -225,6 +185,11 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self._cached: tuple[int, int, EpochLayout] | None = None
         self._digest: str | None = None
         self._init_plan(keywords)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The class label of every sample, as given (a memory map stays one)."""
+        return self._input.values
 
     @property
     def batch_size(self) -> int:
@@ -258,7 +223,8 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         layout = self._layout(seed, epoch)
         cls, use = layout.cells(np.asarray(positions, dtype=np.int64))
         ranks = member_ranks(cls, use, self._sizes, samples, member_keys(seed, epoch))
-        picks: np.ndarray = read_checked(self._members, self._members[self._class_starts[cls][:, :, None] + ranks])
+        members = self._input.members
+        picks: np.ndarray = read_checked(members, members[self._class_starts[cls][:, :, None] + ranks])
         return picks.reshape(len(cls), classes * samples).astype(np.int64)
 
     def epoch_plan(self, epoch: int) -> np.ndarray:
@@ -274,7 +240,7 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         return lambda positions: self.batches_at(positions, epoch).tolist()
 
     def _id_count(self) -> int:
-        return len(self.labels)
+        return len(self._input)
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every plan position whose batch holds ``index`` (provenance): a scan of the epoch's plan.
@@ -286,9 +252,9 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
 
     def _fingerprint(self) -> Fingerprint:
         if self._digest is None:
-            self._digest = self._labels_digest + digest(self._sizes)
+            self._digest = self._input.digest + digest(self._sizes)
         return {
-            "num_labels": len(self.labels),
+            "num_labels": len(self._input),
             "classes_per_batch": self.classes_per_batch,
             "samples_per_class": self.samples_per_class,
             "small_classes": self.small_classes.value,
@@ -305,9 +271,9 @@ class ClassBalancedBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
         }
 
     def _data_repr(self) -> str:
-        return f"labels={len(self.labels)}, classes={len(self.classes)}"
+        return f"labels={len(self._input)}, classes={len(self.classes)}"
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_cached"] = None  # rebuilt on demand (O(classes))
-        return by_reference(state)  # memory-mapped labels and class index travel as file names
+        return by_reference(state)  # memory-mapped class starts travel as file names (the labels: LabelsInput's own)
