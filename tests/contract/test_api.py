@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pydoc
 import subprocess
 import sys
+from pathlib import Path
 
 import shardwise
 
@@ -123,16 +127,87 @@ def test_import_shardwise_is_light_and_names_load_on_first_use() -> None:
                                           "[] [] shardwise.samplers.sharded True"], out.stdout  # fmt: skip
 
 
-def test_the_lazy_table_names_what_the_typed_imports_import() -> None:
-    """NOTE [ A light import shardwise ]: the runtime table, the TYPE_CHECKING imports and __all__ agree."""
-    import ast
-    from pathlib import Path
-
+def _typed_block() -> list[ast.ImportFrom]:
+    """The imports of shardwise/__init__.py's ``if TYPE_CHECKING:`` block."""
     tree = ast.parse(Path(shardwise.__file__).read_text())
     guarded = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
-    typed = {alias.name: "." * node.level + (node.module or "") for node in guarded.body
-             if isinstance(node, ast.ImportFrom) for alias in node.names}  # fmt: skip
-    assert typed == shardwise._SOURCES
-    assert set(shardwise.__all__) == set(shardwise._SOURCES) | {"__version__"}
+    return [node for node in guarded.body if isinstance(node, ast.ImportFrom)]
+
+
+def test_the_public_names_are_listed_once() -> None:
+    """NOTE [ The public names, listed once ]: the TYPE_CHECKING imports are the list; __all__ and the lazy
+    imports come from it, and no public name is typed a second time in __init__.py (no table, no __all__)."""
+    typed = {alias.name: "." * node.level + (node.module or "") for node in _typed_block() for alias in node.names}
+    assert all(alias.asname == alias.name for node in _typed_block() for alias in node.names)  # X as X: re-exported
+    assert shardwise._public() == typed
+    assert shardwise.__all__ == sorted([*typed, "__version__"])
+    tree = ast.parse(Path(shardwise.__file__).read_text())
+    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not strings & set(typed), "a public name is typed again in shardwise/__init__.py as a string"
+    assigned = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(target, ast.Name)}  # fmt: skip
+    assert "__all__" not in assigned
     assert set(dir(shardwise)) >= set(shardwise.__all__)
     assert shardwise.samplers.sharded.ShardedSampler is shardwise.ShardedSampler  # subpackages still reachable
+    code = "import shardwise; from shardwise import *; print(sorted(k for k in dir() if not k.startswith('_')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == str(sorted(["shardwise", *typed])), out.stdout
+
+
+def test_public_names_report_a_public_module() -> None:
+    """NOTE [ Public names, public modules ]: every public object's __module__ is public and gives it back."""
+    for name in shardwise.__all__:
+        obj = getattr(shardwise, name)
+        if name == "__version__":
+            continue
+        module = obj.__module__
+        assert not any(part.startswith("_") for part in module.split(".")), (name, module)
+        assert getattr(importlib.import_module(module), name) is obj, (name, module)
+    assert shardwise.Exp3.__module__ == "shardwise" and shardwise.Exp3.__qualname__ == "Exp3"
+    assert "in module shardwise" in pydoc.render_doc(shardwise.Exp3)
+    assert repr(shardwise.Exp3()) == "Exp3(smoothing=0.9, floor=0.02)"
+    assert repr(shardwise.Even.PAD) == "<Even.PAD: 'pad'>"
+
+
+def test_public_objects_pickle_through_their_public_module() -> None:
+    """Pickles name ``shardwise``, not a private module, and round-trip (pickle finds classes by __module__)."""
+    import pickle
+
+    import numpy as np
+
+    ledger = shardwise.WeightLedger(interval=4, initial=np.array([0.5, 0.5]), state=np.zeros(0))
+    ledger.append(np.array([0.25, 0.75]), np.zeros(0))
+    objects = [shardwise.Exp3(smoothing=0.5), shardwise.ExponentiatedGradient(), shardwise.Even.PAD,
+               shardwise.WeightSchedule, shardwise.WeightSchedule.by_epoch({0: [1, 1], 2: [1, 3]}),
+               shardwise.PackedIndex(7, row=1, start=2, stop=5), shardwise.temperature_weights]  # fmt: skip
+    for obj in objects:
+        data = pickle.dumps(obj)
+        assert b"shardwise._core" not in data and b"shardwise" in data, obj
+        back = pickle.loads(data)
+        assert type(back) is type(obj) and repr(back) == repr(obj), obj
+    error = pickle.loads(pickle.dumps(shardwise.MalformedStateError("x")))
+    assert type(error) is shardwise.MalformedStateError and str(error) == "x"
+    data = pickle.dumps(ledger)  # no repr of its own: compared by its state
+    assert b"shardwise._core" not in data
+    assert repr(pickle.loads(data).to_state()) == repr(ledger.to_state())
+
+
+def test_public_examples_run() -> None:
+    """The Example sections of every public name run as written (doctest.testmod of a private module skips the
+    objects that say ``__module__ == "shardwise"``, so they run here, in their defining module's namespace)."""
+    import doctest
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    attempted = 0
+    for name, source in shardwise._public().items():
+        if not any(part.startswith("_") for part in source.split(".")):
+            continue  # its module's own testmod runs it
+        obj = getattr(shardwise, name)
+        namespace = vars(importlib.import_module(source, "shardwise"))
+        for test in finder.find(obj, name, module=False, globs=dict(namespace)):
+            result = runner.run(test)
+            assert result.failed == 0, name
+            attempted += result.attempted
+    assert attempted >= 9

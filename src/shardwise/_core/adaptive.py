@@ -293,3 +293,7 @@ def known_prefix(positions: np.ndarray, known: int, refuse: Callable[[np.ndarray
         refuse(positions[:1])
     kept: np.ndarray = positions[: int(beyond[0])]
     return kept
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+SourceStatistics.__module__ = WeightLedger.__module__ = "shardwise"

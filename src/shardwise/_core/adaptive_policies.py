@@ -274,3 +274,7 @@ class AdaptiveWeights:
         initial = "" if self.initial is None else f", initial={self.initial.tolist()!r}"
         lag = "" if self.lag == 1 else f", lag={self.lag}"
         return f"AdaptiveWeights({self.policy!r}, interval={self.interval}{lag}{initial})"
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+AdaptiveWeights.__module__ = Exp3.__module__ = ExponentiatedGradient.__module__ = PolicyStep.__module__ = "shardwise"

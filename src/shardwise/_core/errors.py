@@ -278,3 +278,7 @@ def check_ranges(name: str, values: object) -> Any:
         bad = array[(array[:, 0] < 0) | (array[:, 1] < array[:, 0])][:3].tolist()
         raise ValueError(f"{wanted} with 0 <= first <= stop, but got {name} with rows {bad}")
     return array.astype(np.int64, copy=False)
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+MalformedStateError.__module__ = StateMismatchError.__module__ = "shardwise"

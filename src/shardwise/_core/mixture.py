@@ -319,3 +319,7 @@ class MixturePlan:
         s = int(layout.stretch_of(np.asarray([position // self.block]))[0])
         prefix = layout.prefix[s]
         return [float(x) for x in np.diff(prefix) / float(layout.denominator[s])]
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+MixtureStop.__module__ = PendingWeightsError.__module__ = "shardwise"

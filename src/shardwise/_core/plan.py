@@ -107,3 +107,7 @@ def rank_positions(start: int, rank: int, world_size: int, first: int, stop: int
     """
     positions = start + rank + world_size * np.arange(first, stop, dtype=np.int64)
     return wrap(positions, total, period)
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+Even.__module__ = "shardwise"

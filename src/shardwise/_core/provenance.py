@@ -164,3 +164,7 @@ def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -
             found.append(position)
         cycle += 1
     return np.asarray(sorted(found), dtype=np.int64)
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+ProvenanceUnsupported.__module__ = "shardwise"

@@ -211,3 +211,7 @@ def as_weight_schedule(weights: object) -> WeightSchedule:
             "use WeightSchedule.by_samples(...) or WeightSchedule.by_epoch(...)"
         )
     return WeightSchedule.constant(weights)
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+WeightSchedule.__module__ = temperature_weights.__module__ = "shardwise"

@@ -38,3 +38,7 @@ class PackedIndex(int):
 
     def __repr__(self) -> str:
         return f"PackedIndex({int(self)}, row={self.row}, start={self.start}, stop={self.stop})"
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+PackedIndex.__module__ = "shardwise"

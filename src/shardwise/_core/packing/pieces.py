@@ -205,3 +205,7 @@ def fill_pieces(
         start[slots] = starts[order]
         if on_chunk is not None:
             on_chunk(part.size)
+
+
+# Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
+TooLong.__module__ = "shardwise"
