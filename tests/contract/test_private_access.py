@@ -121,23 +121,88 @@ def test_the_check_finds_a_reach_into_another_module() -> None:
     ]
 
 
-def foreign_names_by_string(modules: dict[str, ast.Module]) -> list[str]:
-    """``module:line: call`` of every getattr/hasattr/setattr/delattr of a private name given as a string that
-    no shardwise module defines: another library's private name, which must come from ``_core.foreign``'s
-    table (``private(library, name)``), not a literal the table's check cannot see."""
+DOCUMENTED: dict[str, str] = {
+    "sys._getframe": "the Python library reference's own API (CPython); stack walks: issue 48, step 2",
+}
+"""Underscored names that are another library's documented API, not a private reach; each with its reason.
+Also documented, by their form: namedtuple's ``_asdict``/``_replace``/``_fields``/``_make``/``_field_defaults``
+and enum's sunder names (``_value_``)."""
+
+_NAMEDTUPLE_API = {"_asdict", "_replace", "_fields", "_make", "_field_defaults"}
+
+
+def _ours(modules: dict[str, ast.Module]) -> set[str]:
+    """Every private name a shardwise module defines: attributes, methods, and module-level names."""
     ours: set[str] = set()
     for tree in modules.values():
         attributes, methods = _definitions(tree)
         ours |= attributes | methods
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                ours.add(node.name)
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []:
+                ours |= {part.id for part in ast.walk(target) if isinstance(part, ast.Name)}
+    return {name for name in ours if _private(name)}
+
+
+def _documented(name: str) -> bool:
+    return name in _NAMEDTUPLE_API or (len(name) > 2 and name.startswith("_") and name.endswith("_"))  # _sunder_
+
+
+_READERS = {"getattr", "hasattr", "setattr", "delattr", "getattr_static", "attrgetter"}
+
+
+def _table() -> tuple[set[str], set[str]]:
+    """The private names and the owner modules of ``_core.foreign``'s table."""
+    from shardwise._core.foreign import PRIVATE
+
+    return {row.name for row in PRIVATE}, {row.owner.partition(":")[0] for row in PRIVATE}
+
+
+def foreign_names_by_string(modules: dict[str, ast.Module]) -> list[str]:
+    """``module:line: call`` of every getattr/hasattr/setattr/delattr (and ``inspect.getattr_static``,
+    ``operator.attrgetter``) of a private name given as a string that no shardwise module defines: another
+    library's private name, which must come from ``_core.foreign``'s table (``private(library, name)``), not a
+    literal the table's check cannot see."""
+    ours = _ours(modules)
     found = []
     for module, tree in modules.items():
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+            if not isinstance(node, ast.Call):
                 continue
-            name = node.args[1]
-            if node.func.id in {"getattr", "hasattr", "setattr", "delattr"} and isinstance(name, ast.Constant) \
-                    and isinstance(name.value, str) and _private(name.value) and name.value not in ours:  # fmt: skip
+            function = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if function not in _READERS:
+                continue
+            names = node.args if function == "attrgetter" else node.args[1:2]
+            if any(isinstance(name, ast.Constant) and isinstance(name.value, str)
+                   and any(_private(part) and part not in ours for part in name.value.split(".")) for name in names):  # fmt: skip
                 found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def foreign_private_reads(modules: dict[str, ast.Module]) -> list[str]:
+    """``module:line: code`` of every other library's private name read as an attribute (``config._attn``) or
+    imported (``from pyarrow._parquet import ...``, ``from lib import _name``) that the table does not list: read
+    it through ``_core.foreign`` instead (``getattr(obj, private(library, name))``, or a row for the import)."""
+    ours = _ours(modules)
+    names, owners = _table()
+    found = []
+    for module, tree in modules.items():
+        if module == "_core/foreign.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and not _is_self(node.value):
+                if node.attr in ours or _documented(node.attr) or ast.unparse(node) in DOCUMENTED:
+                    continue
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                imported = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for path in imported:
+                    if path.split(".")[0] == "shardwise":
+                        continue
+                    privately = [alias.name for alias in node.names if _private(alias.name)] if isinstance(node, ast.ImportFrom) else []
+                    if (any(_private(part) for part in path.split(".")) and path not in owners) or set(privately) - names:
+                        found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
     return sorted(found)
 
 
@@ -145,7 +210,32 @@ def test_foreign_private_names_are_not_read_by_string() -> None:
     """A foreign private name read with getattr("_name") goes through the table (numpy's memmap._mmap was one)."""
     found = foreign_names_by_string(_modules())
     assert not found, "read it as getattr(obj, private(library, name)) with a row in _core/foreign.py:\n" + "\n".join(found)
-    planted = ast.parse('raw = getattr(values, "_mmap", None)\nown = hasattr(cls, "_keyword_kind")')
+    planted = ast.parse(
+        'raw = getattr(values, "_mmap", None)\nown = hasattr(cls, "_keyword_kind")\n'
+        'static = inspect.getattr_static(model, "_orig_mod")\nget = operator.attrgetter("config._attn_implementation")'
+    )
     assert foreign_names_by_string({"planted.py": planted, **_modules()}) == [
-        "planted.py:1: getattr(values, '_mmap', None)"
+        "planted.py:1: getattr(values, '_mmap', None)",
+        "planted.py:3: inspect.getattr_static(model, '_orig_mod')",
+        "planted.py:4: operator.attrgetter('config._attn_implementation')",
+    ]
+
+
+def test_foreign_private_names_are_not_read_as_attributes() -> None:
+    """Another library's private attribute (``config._attn_implementation``) or private module
+    (``pyarrow._parquet``) is read through the table, where its check sees it; sys._getframe is documented."""
+    found = foreign_private_reads(_modules())
+    assert not found, (
+        "read it as getattr(obj, private(library, name)) with a row in _core/foreign.py (an import: a row naming "
+        "its module):\n" + "\n".join(found)
+    )
+    planted = ast.parse(
+        "impl = config._attn_implementation\nown = self._seed_arg\nframe = sys._getframe(1)\n"
+        "from torch.utils.data.dataloader import _DatasetKind\nimport torch._dynamo\n"
+        "row = step._replace(weights=None)\nvalue = member._value_\nfrom pyarrow._parquet import ParquetReader"
+    )
+    assert foreign_private_reads({**_modules(), "planted.py": planted}) == [
+        "planted.py:1: config._attn_implementation",
+        "planted.py:4: from torch.utils.data.dataloader import _DatasetKind",
+        "planted.py:5: import torch._dynamo",
     ]

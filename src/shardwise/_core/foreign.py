@@ -42,6 +42,8 @@ TESTED = {
     "accelerate": "1.15.0",
     "transformers": "5.23.0",
     "datasets": "5.2.0",
+    "fsspec": "2026.9.0",
+    "pyarrow": "26.0.1",
 }
 """The version of each library the whole table was tested with (constraints.txt pins them).
 
@@ -139,6 +141,11 @@ PRIVATE: tuple[Private, ...] = (
     # HF datasets: no public accessor for the indices mapping or the fingerprint.
     Private("datasets", "datasets.arrow_dataset:Dataset", "_indices", "used", "index/arrow.py hf_private"),
     Private("datasets", "datasets.arrow_dataset:Dataset", "_fingerprint", "used", "index/arrow.py hf_private"),
+    # fsspec: a URL as the filesystem's own listing names it (no public method on the filesystem).
+    Private("fsspec", "fsspec.spec:AbstractFileSystem", "_strip_protocol", "attribute",
+            "data/sharded/metadata.py _listed"),
+    # pyarrow: the Parquet reader that takes a memory pool (ParquetFile takes none); a row for a private module.
+    Private("pyarrow", "pyarrow._parquet", "ParquetReader", "attribute", "data/sharded/formats.py _with_pool"),
 )  # fmt: skip
 """The table: (library, owner, private name, kind, where shardwise uses it); versions in :data:`TESTED`."""
 

@@ -32,6 +32,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from ..._core.errors import check_iterable
+from ..._core.foreign import private
 from ..._core.threads import KernelThreads
 from ...index import build_or_open
 from ...index.cache import CacheDir
@@ -40,6 +41,7 @@ from .fetch import Identity, identity, is_local
 from .formats import Format, ShardError, format_of, read_column, shard_facts
 
 KIND = "sharded-meta"
+_STRIP_PROTOCOL = private("fsspec", "_strip_protocol")  # a URL as the filesystem's listing names it
 
 
 def expand_urls(urls: object, storage_options: dict[str, Any], shared: Path | None = None) -> list[str]:
@@ -204,7 +206,7 @@ def _listed(folder: str, members: list[str], filesystem: Callable[[str], Any]) -
     by_name = {entry.get("name"): entry for entry in entries if isinstance(entry, dict)}
     found: dict[str, Identity] = {}
     for url in members:
-        entry = by_name.get(fs._strip_protocol(url))
+        entry = by_name.get(getattr(fs, _STRIP_PROTOCOL)(url))
         if entry is not None and entry.get("type") == "file" and entry.get("size") is not None:
             found[url] = identity(url, entry)
     first = members[0]
