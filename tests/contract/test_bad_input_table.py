@@ -42,6 +42,7 @@ from shardwise import (
     shard_batches,
     temperature_weights,
 )
+from shardwise.samplers.adaptive import AdaptiveMixture
 from tests.contract.test_bad_input_data import ROWS as DATA_ROWS
 from tests.contract.test_bad_input_data import check_row
 
@@ -88,8 +89,10 @@ def _scheduled(**kwargs: Any) -> Call:
     return lambda tmp: ScheduledBatchSampler(data, **kwargs)
 
 
-def _adaptive() -> MixtureSampler:
-    return MixtureSampler([3, 2], shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8), num_samples=4)
+def _adaptive() -> AdaptiveMixture:
+    adaptive = MixtureSampler([3, 2], shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8), num_samples=4).adaptive
+    assert adaptive is not None
+    return adaptive
 
 
 def _mixture(**kwargs: Any) -> Call:
@@ -322,7 +325,7 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("mixture-datasets-of-ints", lambda tmp: Mixture([1, 2]), T, ("datasets", "1")),  # type: ignore[list-item]
     ("mixture-datasets-empty", lambda tmp: Mixture([]), V, ("datasets",)),
     ("mixture-datasets-one-empty", lambda tmp: Mixture([[1], []]), V, ("datasets", "'1'")),
-    # -- adaptive mixtures: AdaptiveWeights, Exp3, ExponentiatedGradient, MixtureSampler.record ----------
+    # -- adaptive mixtures: AdaptiveWeights, Exp3, ExponentiatedGradient, MixtureSampler.adaptive.record---------
     ("adaptive-policy-not-callable", lambda tmp: shardwise.AdaptiveWeights("exp3", interval=8), T, ("policy", "'exp3'")),
     ("adaptive-interval-zero", lambda tmp: shardwise.AdaptiveWeights(shardwise.Exp3(), interval=0), V, ("interval", "0")),
     ("adaptive-initial-negative", lambda tmp: shardwise.AdaptiveWeights(shardwise.Exp3(), interval=8, initial=[1, -1]), V, ("initial", "-1")),
@@ -339,7 +342,7 @@ ROWS: list[tuple[str, Call, type[BaseException], tuple[str, ...]]] = [
     ("mixture-record-source-out-of-range", lambda tmp: _adaptive().record([1.0], [2]), V, ("sources", "[0, 1]", "2")),
     ("mixture-record-lengths-differ", lambda tmp: _adaptive().record([1.0, 2.0], [0]), V, ("values", "sources", "2 values")),
     ("mixture-record-float-sources", lambda tmp: _adaptive().record([1.0], [0.5]), T, ("sources", "float64")),
-    ("mixture-update-without-adaptive", lambda tmp: MixtureSampler([3, 2], [1, 1], num_samples=4).update(), RuntimeError, ("update", "AdaptiveWeights")),
+    ("mixture-update-due-negative-position", lambda tmp: _adaptive().update_due(-1), V, ("position", "-1")),
     # -- PackedBatchSampler, pack_collate, PackCollate, PackedDataset, PackedIndex ----------------------
     ("packed-max-len-zero", lambda tmp: PackedBatchSampler([3, 4], max_len=0, rows_per_batch=2), V, ("max_len", "0")),
     ("packed-both-budgets", lambda tmp: PackedBatchSampler([3, 4], max_len=8, rows_per_batch=2, tokens_per_batch=16), V, ("rows_per_batch", "tokens_per_batch")),

@@ -66,7 +66,7 @@ def _fit(rank: int, world_size: int) -> dict[str, Any]:
 
     module = Module()
     _trainer(callbacks=[AdaptiveMixtureCallback(sampler)]).fit(module)
-    return {"ledger": sampler.ledger.to_state(), "seen": module.seen}
+    return {"ledger": sampler.adaptive.ledger.to_state(), "seen": module.seen}
 
 
 def _reference() -> tuple[dict[str, Any], list[list[int]]]:
@@ -80,11 +80,11 @@ def _reference() -> tuple[dict[str, Any], list[list[int]]]:
             plan.append(data[index][0])
             if len(plan) % BATCH == 0:
                 values = torch.tensor(plan[-BATCH:])
-                sampler.record(_loss(values), sampler.sources_of(_ids(values)))
-                if sampler.update_due():
-                    sampler.update()
+                sampler.adaptive.record(_loss(values), sampler.sources_of(_ids(values)))
+                if sampler.adaptive.update_due():
+                    sampler.adaptive.update()
         plans.append(plan)
-    return sampler.ledger.to_state(), plans
+    return sampler.adaptive.ledger.to_state(), plans
 
 
 def _ids(values: Any) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from shardwise import AdaptiveWeights, ExponentiatedGradient, Mixture, MixtureSampler
+from shardwise.samplers.adaptive import AdaptiveMixture
 
 pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -51,7 +52,8 @@ def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
-def _train(folder: Path, resume: str | None = None) -> tuple[MixtureSampler, list[list[int]]]:
+def _train(folder: Path, monkeypatch: pytest.MonkeyPatch, resume: str | None = None
+           ) -> tuple[MixtureSampler, list[list[int]]]:  # fmt: skip
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
     from shardwise.integrations.adaptive_mixture import AdaptiveMixtureTrainer
@@ -61,8 +63,13 @@ def _train(folder: Path, resume: str | None = None) -> tuple[MixtureSampler, lis
     adaptive = AdaptiveWeights(ExponentiatedGradient(rate=1.0, smoothing=0.5, floor=0.1), interval=INTERVAL)
     sampler = MixtureSampler(data, adaptive, num_samples=NUM_SAMPLES, block=10, seed=1, num_replicas=1, rank=0)
     recorded: list[list[int]] = []
-    record = sampler.record
-    sampler.record = lambda values, sources: (recorded.append(list(map(int, sources))), record(values, sources))[1]  # type: ignore[method-assign]
+    record = AdaptiveMixture.record
+
+    def spy(adaptive: AdaptiveMixture, values: Any, sources: Any) -> None:
+        recorded.append(list(map(int, sources)))
+        record(adaptive, values, sources)
+
+    monkeypatch.setattr(AdaptiveMixture, "record", spy)
     args = TrainingArguments(str(folder), per_device_train_batch_size=BATCH, num_train_epochs=2, save_strategy="steps",
                              save_steps=8, use_cpu=True, remove_unused_columns=False, report_to="none",
                              disable_tqdm=True, logging_strategy="no", seed=5, learning_rate=5e-3)  # fmt: skip
@@ -77,18 +84,20 @@ def _train(folder: Path, resume: str | None = None) -> tuple[MixtureSampler, lis
     return sampler, recorded
 
 
-def test_the_trainer_moves_weights_from_its_loss_and_a_resume_continues_the_ledger(tmp_path: Path) -> None:
+def test_the_trainer_moves_weights_from_its_loss_and_a_resume_continues_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two epochs of 16 steps: 8 updates, weight moves off the easy source; a resume at step 8 gives the same ledger."""
     import json
 
-    sampler, recorded = _train(tmp_path)
-    ledger = sampler.ledger
+    sampler, recorded = _train(tmp_path, monkeypatch)
+    ledger = sampler.adaptive.ledger
     assert ledger.updates == 2 * NUM_SAMPLES // INTERVAL and len(recorded) == 32
     assert ledger.weights[-1][0] < ledger.weights[0][0]  # the repeated token is learnt first
     saved = json.loads((tmp_path / "checkpoint-8" / "shardwise_sampler.json").read_text())
     assert saved["sampler"]["adaptive"]["updates"] == 2 and saved["sampler"]["consumed"] == 32
-    resumed, _ = _train(tmp_path, resume=str(tmp_path / "checkpoint-8"))
-    assert (resumed.ledger.shares == ledger.shares).all()
+    resumed, _ = _train(tmp_path, monkeypatch, resume=str(tmp_path / "checkpoint-8"))
+    assert (resumed.adaptive.ledger.shares == ledger.shares).all()
 
 
 def test_packed_batches_are_refused_not_recorded_row_by_row(tmp_path: Path) -> None:
@@ -109,10 +118,12 @@ def test_packed_batches_are_refused_not_recorded_row_by_row(tmp_path: Path) -> N
                                      data_collator=PackCollate(max_len=2 * LENGTH), train_sampler=sampler)  # fmt: skip
     with pytest.raises(ValueError, match="got packed batches"):
         trainer.train()
-    assert sampler.ledger.updates == 0 and sampler.pending == 0
+    assert sampler.adaptive.ledger.updates == 0 and sampler.adaptive.pending == 0
 
 
-def test_packed_mixture_batches_report_each_tokens_loss_to_its_source_and_resume_the_ledger(tmp_path: Path) -> None:
+def test_packed_mixture_batches_report_each_tokens_loss_to_its_source_and_resume_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """PackedMixtureSampler through the Trainer: each predicted token's loss goes to its document's source."""
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
@@ -128,11 +139,13 @@ def test_packed_mixture_batches_report_each_tokens_loss_to_its_source_and_resume
         sampler = PackedMixtureSampler(lengths, adaptive, max_len=2 * LENGTH, rows_per_batch=2, num_batches=16,
                                        seed=1, num_replicas=1, rank=0)  # fmt: skip
         recorded: list[np.ndarray] = []
-        record = sampler.record
-        sampler.record = lambda values, found: (  # type: ignore[method-assign]
-            recorded.append(np.bincount(np.asarray(found), minlength=3)),
-            record(values, found),
-        )[1]
+        record = AdaptiveMixture.record
+
+        def spy(adaptive: AdaptiveMixture, values: Any, found: Any) -> None:
+            recorded.append(np.bincount(np.asarray(found), minlength=3))
+            record(adaptive, values, found)
+
+        monkeypatch.setattr(AdaptiveMixture, "record", spy)
         args = TrainingArguments(str(tmp_path), num_train_epochs=2, save_strategy="steps", save_steps=8,
                                  use_cpu=True, report_to="none", disable_tqdm=True, logging_strategy="no", seed=5,
                                  learning_rate=5e-3)  # fmt: skip
@@ -153,7 +166,7 @@ def test_packed_mixture_batches_report_each_tokens_loss_to_its_source_and_resume
             # a piece's first token is no target (a document's first label is -100, and so is a row's first position)
             expected.append(np.bincount(sampler.sources_of(ids), weights=stops - starts - 1, minlength=3).astype(int))
     assert len(recorded) == 32 and all((r == e).all() for r, e in zip(recorded, expected, strict=True))
-    ledger = sampler.ledger
+    ledger = sampler.adaptive.ledger
     assert ledger.updates == 8 and not np.allclose(ledger.weights[-1], ledger.weights[0])
     resumed, _ = train(str(tmp_path / "checkpoint-8"))
-    assert (resumed.ledger.shares == ledger.shares).all()
+    assert (resumed.adaptive.ledger.shares == ledger.shares).all()

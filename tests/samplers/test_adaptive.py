@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 import shardwise
 from shardwise import AdaptiveWeights, Exp3, ExponentiatedGradient, Mixture, MixtureSampler, PendingWeightsError
 from shardwise._core.errors import StateMismatchError
+from shardwise.samplers.adaptive import AdaptiveMixture
 
 SIZES = [100, 60, 30]
 BATCH = 16
@@ -42,10 +43,10 @@ def train(sampler: MixtureSampler, epochs: range, *, stop: int | None = None, wo
         sampler.set_epoch(epoch)
         for batch in DataLoader(_data(), batch_size=BATCH, sampler=sampler, num_workers=workers):
             indices = batch.tolist()
-            sampler.record(loss_of(indices), sampler.sources_of(sampler_indices(indices)))
+            sampler.adaptive.record(loss_of(indices), sampler.sources_of(sampler_indices(indices)))
             batches.append(indices)
-            if sampler.update_due():
-                sampler.update()
+            if sampler.adaptive.update_due():
+                sampler.adaptive.update()
             if stop is not None and len(batches) == stop:
                 return batches
     return batches
@@ -62,7 +63,7 @@ def test_a_resume_mid_run_continues_the_identical_ledger_and_draws(policy: Any) 
     """Checkpoint at an update (24 of 80 batches, two epochs), resume: the same batches and ledger, bit for bit."""
     whole = _sampler(policy)
     expected = train(whole, range(2))
-    assert whole.ledger.updates == 2 * 640 // 128 and len(expected) == 80
+    assert whole.adaptive.ledger.updates == 2 * 640 // 128 and len(expected) == 80
     first = _sampler(policy)
     head = train(first, range(2), stop=24)
     state = first.state_dict()
@@ -70,8 +71,10 @@ def test_a_resume_mid_run_continues_the_identical_ledger_and_draws(policy: Any) 
     resumed.load_state_dict(state)
     tail = train(resumed, range(state["epoch"], 2))
     assert head + tail == expected
-    assert (resumed.ledger.shares == whole.ledger.shares).all() and (resumed.ledger.state == whole.ledger.state).all()
-    assert not np.allclose(whole.ledger.weights[-1], whole.ledger.weights[0])  # the weights did move
+    assert (resumed.adaptive.ledger.shares == whole.adaptive.ledger.shares).all() and (
+        resumed.adaptive.ledger.state == whole.adaptive.ledger.state
+    ).all()
+    assert not np.allclose(whole.adaptive.ledger.weights[-1], whole.adaptive.ledger.weights[0])  # the weights did move
 
 
 def test_weights_move_toward_the_source_with_the_higher_loss() -> None:
@@ -79,14 +82,16 @@ def test_weights_move_toward_the_source_with_the_higher_loss() -> None:
     for policy in (Exp3(), ExponentiatedGradient(rate=0.5)):
         sampler = _sampler(policy)
         train(sampler, range(3))
-        assert int(np.argmax(sampler.ledger.weights[-1])) == 2
+        assert int(np.argmax(sampler.adaptive.ledger.weights[-1])) == 2
 
 
 def test_the_sampler_refuses_to_pass_an_interval_boundary_without_the_update() -> None:
     """A loop that never updates gets PendingWeightsError naming the fix at the first unknown position."""
     sampler = _sampler()
     drawn = []
-    with pytest.raises(PendingWeightsError, match=r"run position 256.*sampler\.update\(\) when sampler\.update_due"):
+    with pytest.raises(
+        PendingWeightsError, match=r"run position 256.*sampler\.adaptive\.update\(\) when sampler\.adaptive\.update_due"
+    ):
         for index in sampler:
             drawn.append(index)
     assert len(drawn) == 256  # (updates + 2) * interval: the initial weights hold for two intervals
@@ -101,13 +106,13 @@ def test_update_before_it_is_due_and_update_without_reports() -> None:
     with pytest.raises(
         RuntimeError, match=r"due once the loop has trained through run position 128.*trained through 100"
     ):
-        sampler.update()
+        sampler.adaptive.update()
     for _ in range(28):
         next(iterator)
-    assert sampler.update_due()
+    assert sampler.adaptive.update_due()
     with pytest.warns(RuntimeWarning, match="no reported samples"):
-        weights = sampler.update()
-    assert sum(weights) == pytest.approx(1.0) and sampler.ledger.updates == 1
+        weights = sampler.adaptive.update()
+    assert sum(weights) == pytest.approx(1.0) and sampler.adaptive.ledger.updates == 1
 
 
 def test_which_and_when_answer_across_an_update() -> None:
@@ -115,7 +120,7 @@ def test_which_and_when_answer_across_an_update() -> None:
     sampler = _sampler(ExponentiatedGradient(rate=2.0))
     batches = train(sampler, range(1))
     data = _data()
-    assert sampler.ledger.updates == 5
+    assert sampler.adaptive.ledger.updates == 5
     changed = sampler.weights_at(0, 300) != sampler.weights_at(0, 200)
     assert changed
     for step in (0, 15, 16, 30, 39):
@@ -143,7 +148,7 @@ def test_describe_and_state_show_the_weights_in_force() -> None:
     sampler = _sampler(ExponentiatedGradient(rate=2.0))
     train(sampler, range(1), stop=20)  # position 320: update 1's weights in force from 256
     weights = [source["weight"] for source in sampler.describe()["sources"]]
-    assert weights == pytest.approx(sampler.ledger.weights[1].tolist(), abs=1e-9)
+    assert weights == pytest.approx(sampler.adaptive.ledger.weights[1].tolist(), abs=1e-9)
     state = sampler.state_dict()
     assert state["adaptive"]["updates"] == 2 and len(state["adaptive"]["shares"]) == 3 * 3
     assert torch.load(_saved(state), weights_only=True)["adaptive"] == state["adaptive"]
@@ -220,38 +225,38 @@ def test_skipped_steps_and_adaptive_weights_resume_together() -> None:
     head: list[list[int]] = []
     for batch in DataLoader(_data(), batch_size=BATCH, sampler=head_sampler):
         indices = batch.tolist()
-        head_sampler.record(loss_of(indices), head_sampler.sources_of(sampler_indices(indices)))
+        head_sampler.adaptive.record(loss_of(indices), head_sampler.sources_of(sampler_indices(indices)))
         head.append(indices)
-        if head_sampler.update_due():
-            head_sampler.update()
+        if head_sampler.adaptive.update_due():
+            head_sampler.adaptive.update()
             break  # checkpoint at the update
     tail_sampler = _sampler(policy)
     tail_sampler.load_state_dict(head_sampler.state_dict())
     assert head + train(tail_sampler, range(1)) == rest
-    assert (tail_sampler.ledger.shares == whole.ledger.shares).all()
+    assert (tail_sampler.adaptive.ledger.shares == whole.adaptive.ledger.shares).all()
 
 
 def test_lag_zero_takes_an_update_at_once_without_workers() -> None:
     """AdaptiveWeights(lag=0): update u is in force from u * interval (a loop without prefetching workers)."""
     adaptive = AdaptiveWeights(ExponentiatedGradient(rate=2.0), interval=128, lag=0)
     sampler = MixtureSampler(_data(), adaptive, num_samples=640, block=64, seed=5, num_replicas=1, rank=0)
-    assert len(train(sampler, range(1))) == 40 and sampler.ledger.updates == 5
+    assert len(train(sampler, range(1))) == 40 and sampler.adaptive.ledger.updates == 5
     assert sampler.weights_at(0, 127) != sampler.weights_at(0, 128)
-    assert sampler.weights_at(0, 128) == pytest.approx(sampler.ledger.weights[1].tolist(), abs=1e-9)
+    assert sampler.weights_at(0, 128) == pytest.approx(sampler.adaptive.ledger.weights[1].tolist(), abs=1e-9)
 
 
 def test_a_checkpoint_between_updates_warns_that_it_misses_the_recorded_losses() -> None:
     """pending counts what this rank recorded since the last update; warn_if_pending (the integrations' save hooks)."""
     sampler = _sampler()
     train(sampler, range(1), stop=8)  # an update at 128: nothing pending
-    assert sampler.pending == 0
+    assert sampler.adaptive.pending == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sampler.warn_if_pending()
-    sampler.record([1.0, 2.0], [0, 2])
-    assert sampler.pending == 2
+        sampler.adaptive.warn_if_pending()
+    sampler.adaptive.record([1.0, 2.0], [0, 2])
+    assert sampler.adaptive.pending == 2
     with pytest.warns(RuntimeWarning, match=r"misses the 2 losses this rank recorded towards update 2"):
-        sampler.warn_if_pending()
+        sampler.adaptive.warn_if_pending()
 
 
 class Recording:
@@ -280,7 +285,7 @@ def test_exp3_importance_weights_with_the_weights_that_drew_the_interval(interva
     adaptive = AdaptiveWeights(policy, interval=interval, lag=lag)
     sampler = MixtureSampler(_data(), adaptive, num_samples=num_samples, block=64, seed=5, num_replicas=1, rank=0)
     train(sampler, range(2))
-    assert len(policy.calls) == sampler.ledger.updates >= 8
+    assert len(policy.calls) == sampler.adaptive.ledger.updates >= 8
     differ = 0
     for update, (statistics, before, latest, after) in enumerate(policy.calls, start=1):
         positions = range((update - 1) * interval, update * interval)
@@ -313,15 +318,17 @@ def test_a_state_saved_before_the_exp3_fix_loads_and_keeps_its_recorded_weights(
     }  # fmt: skip
     resumed = _sampler(Exp3())
     resumed.load_state_dict(saved)
-    assert resumed.ledger.shares.tolist() == [[357913942, 357913941, 357913941]] * 3
+    assert resumed.adaptive.ledger.shares.tolist() == [[357913942, 357913941, 357913941]] * 3
     train(resumed, range(2))
     whole = _sampler(Exp3())
     train(whole, range(2))
-    assert (resumed.ledger.shares == whole.ledger.shares).all()
+    assert (resumed.adaptive.ledger.shares == whole.adaptive.ledger.shares).all()
     # The same run at fbe51ab, entries 4 and 5: update 5 is the first whose interval was drawn with other weights
     # than the last update's (entry 3, uniform, against entry 4), so the trajectory departs there.
     before = [[347164200, 356378849, 370198775], [334924940, 354226522, 384590362]]
-    assert whole.ledger.shares[4].tolist() == before[0] and whole.ledger.shares[5].tolist() != before[1]
+    assert (
+        whole.adaptive.ledger.shares[4].tolist() == before[0] and whole.adaptive.ledger.shares[5].tolist() != before[1]
+    )
 
 
 def test_a_policy_weight_below_one_over_block_is_lifted_with_a_warning() -> None:
@@ -332,15 +339,15 @@ def test_a_policy_weight_below_one_over_block_is_lifted_with_a_warning() -> None
 
     sampler = MixtureSampler(_data(), AdaptiveWeights(greedy, interval=48), num_samples=480, block=24, seed=5,
                              num_replicas=1, rank=0)  # fmt: skip
-    sampler.record([1.0], [0])
+    sampler.adaptive.record([1.0], [0])
     with pytest.warns(RuntimeWarning, match=r"update 1: .* below 1/24.*source 2: 0\.0001 -> 0\.0417.*block>=10001"):
-        weights = sampler.update(position=48)
+        weights = sampler.adaptive.update(position=48)
     assert weights == pytest.approx([22 / 24, 1 / 24, 1 / 24], abs=1e-8)
-    assert sampler.ledger.weights[-1].tolist() == pytest.approx(weights, abs=0)
+    assert sampler.adaptive.ledger.weights[-1].tolist() == pytest.approx(weights, abs=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once a sampler
-        sampler.record([1.0], [0])
-        sampler.update(position=96)
+        sampler.adaptive.record([1.0], [0])
+        sampler.adaptive.update(position=96)
 
 
 def test_a_policy_with_more_positive_weights_than_a_block_holds_names_the_block() -> None:
@@ -348,9 +355,9 @@ def test_a_policy_with_more_positive_weights_than_a_block_holds_names_the_block(
     adaptive = AdaptiveWeights(lambda ledger, statistics: [1.0, 1.0, 1.0], interval=8, initial=[1, 1, 0])
     sampler = MixtureSampler(_data(), adaptive, num_samples=80, seed=5, num_replicas=1, rank=0)
     assert sampler.block == 2
-    sampler.record([1.0], [0])
+    sampler.adaptive.record([1.0], [0])
     with pytest.raises(ValueError, match=r"3 sources a positive weight at update 1.*block of 2.*block>=3"):
-        sampler.update(position=8)
+        sampler.adaptive.update(position=8)
 
 
 @pytest.mark.parametrize(("position", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError),
@@ -359,10 +366,10 @@ def test_update_position_is_checked(position: object, error: type) -> None:
     """update_due(position=...) and update(position=...) take a non-negative integer and name position otherwise."""
     sampler = _sampler()
     with pytest.raises(error, match=rf"position should be .*position={position!r}"):
-        sampler.update_due(position=position)  # type: ignore[arg-type]
+        sampler.adaptive.update_due(position=position)  # type: ignore[arg-type]
     with pytest.raises(error, match=rf"position should be .*position={position!r}"):
-        sampler.update(position=position)  # type: ignore[arg-type]
-    assert sampler.ledger.updates == 0
+        sampler.adaptive.update(position=position)  # type: ignore[arg-type]
+    assert sampler.adaptive.ledger.updates == 0
 
 
 def test_weights_at_and_when_refuse_positions_the_ledger_does_not_cover() -> None:
@@ -394,12 +401,67 @@ def test_an_update_adds_no_python_objects() -> None:
     next(iter(sampler))  # the epoch's layout is cached: every update grows it
     values, sources = np.ones(3), np.arange(3)
     for update in range(1, 21):
-        sampler.record(values, sources)
-        sampler.update(position=update * 64)
+        sampler.adaptive.record(values, sources)
+        sampler.adaptive.update(position=update * 64)
     gc.collect()
     before = len(gc.get_objects())
     for update in range(21, 221):
-        sampler.record(values, sources)
-        sampler.update(position=update * 64)
+        sampler.adaptive.record(values, sources)
+        sampler.adaptive.update(position=update * 64)
     gc.collect()
     assert len(gc.get_objects()) - before < 20
+
+
+def test_fixed_weights_have_no_adaptive_object_and_no_adaptive_methods() -> None:
+    """sampler.adaptive is None for fixed weights and schedules; the sampler has no record/update to refuse."""
+    schedule = shardwise.WeightSchedule.by_samples({0: [1, 1, 1], 320: [1, 2, 3]})
+    packed = shardwise.PackedMixtureSampler([[30] * 10, [20] * 10], [1, 1], max_len=40, rows_per_batch=1,
+                                            num_replicas=1, rank=0)  # fmt: skip
+    adaptive = _sampler().adaptive
+    assert isinstance(adaptive, AdaptiveMixture) and adaptive.config.interval == 128
+    for sampler in (MixtureSampler(_data(), [1, 1, 1], num_samples=64), MixtureSampler(_data(), schedule, num_samples=64),
+                    packed):  # fmt: skip
+        assert sampler.adaptive is None
+        assert sampler.weights_at(0, 0)  # what works for fixed weights stays on the sampler
+        for name in ("record", "update", "update_due", "ledger", "pending", "warn_if_pending", "trained_position",
+                     "record_tokens", "record_predictions"):  # fmt: skip
+            assert not hasattr(sampler, name), name
+
+
+@pytest.mark.parametrize("how", ["pickle", "copy"])
+def test_a_pickled_or_copied_sampler_updates_and_saves_the_same_ledger(how: str) -> None:
+    """A copy (pickle, as DataLoader workers and ddp_spawn do, or copy.copy) taken after epoch 0 trains epoch 1 with
+    its own adaptive weights: the same batches, the same saved ledger as the uninterrupted run."""
+    import copy
+    import pickle
+
+    whole = _sampler()
+    expected = train(whole, range(2))
+    first = _sampler()
+    head = train(first, range(1))
+    twin = pickle.loads(pickle.dumps(first)) if how == "pickle" else copy.copy(first)
+    assert twin.adaptive is not None and twin.adaptive.trained_position() == 640  # bound to the copy
+    tail = train(twin, range(1, 2))
+    assert head + tail == expected
+    assert twin.state_dict()["adaptive"] == whole.state_dict()["adaptive"]
+    assert (twin.adaptive.ledger.shares == whole.adaptive.ledger.shares).all()
+
+
+def test_adaptive_weights_held_across_a_resume_read_the_resumed_plan() -> None:
+    """``adaptive = sampler.adaptive`` taken before load_state_dict updates the plan the resume built."""
+    whole = _sampler()
+    expected = train(whole, range(1))
+    first = _sampler()
+    head = train(first, range(1), stop=16)  # right after update 2 (position 256)
+    resumed = _sampler()
+    adaptive = resumed.adaptive
+    resumed.load_state_dict(first.state_dict())
+    assert adaptive is not None and adaptive.ledger.updates == 2 and adaptive.trained_position() == 256
+    tail: list[list[int]] = []
+    for batch in DataLoader(_data(), batch_size=BATCH, sampler=resumed):
+        indices = batch.tolist()
+        adaptive.record(loss_of(indices), resumed.sources_of(sampler_indices(indices)))
+        tail.append(indices)
+        if adaptive.update_due():
+            adaptive.update()
+    assert head + tail == expected and (adaptive.ledger.shares == whole.adaptive.ledger.shares).all()

@@ -55,12 +55,12 @@ def _step(sampler: MixtureSampler, batch: torch.Tensor, log: Any) -> bool:
 
     values = batch.tolist()
     starts = {0: 0, 1000: 150, 2000: 240}
-    sampler.record(_loss(values), sampler.sources_of([starts[v // 1000 * 1000] + v % 1000 for v in values]))
+    sampler.adaptive.record(_loss(values), sampler.sources_of([starts[v // 1000 * 1000] + v % 1000 for v in values]))
     log.write(json.dumps(values) + "\n")
     log.flush()
     dist.all_reduce(torch.ones(1))  # a rank with a batch more or less fails here
-    if sampler.update_due():
-        sampler.update()
+    if sampler.adaptive.update_due():
+        sampler.adaptive.update()
         return True
     return False
 
@@ -80,7 +80,7 @@ def _disagreements(rank: int) -> list[str]:
     for _ in range(INTERVAL // 2):  # 24 units a rank: 48 positions, both samplers' updates are due
         next(iterator)
     try:
-        sampler.update()
+        sampler.adaptive.update()
     except RuntimeError as error:
         caught.append(str(error))
     try:
@@ -122,12 +122,12 @@ def _job_2(rank: int, world_size: int, directory: str) -> None:
             for batch in _loader(sampler, workers=0):
                 _step(sampler, batch, log)
     if rank == 0:
-        (folder / "ledger.json").write_text(json.dumps(sampler.ledger.to_state()))
+        (folder / "ledger.json").write_text(json.dumps(sampler.adaptive.ledger.to_state()))
     # A rank that skips its update: it stops at the boundary, the others fail in the update's collective.
     fresh = _sampler()
     for index, _ in enumerate(fresh):
         if index + 1 == INTERVAL // world_size and rank != 2:
-            fresh.update()
+            fresh.adaptive.update()
 
 
 def _reference() -> tuple[list[list[int]], dict[str, Any]]:
@@ -146,11 +146,13 @@ def _reference() -> tuple[list[list[int]], dict[str, Any]]:
             drawn.append(data[index])
             if len(drawn) % BATCH == 0:
                 values = drawn[-BATCH:]
-                sampler.record(_loss(values), sampler.sources_of([starts[v // 1000 * 1000] + v % 1000 for v in values]))
-                if sampler.update_due():
-                    sampler.update()
+                sampler.adaptive.record(
+                    _loss(values), sampler.sources_of([starts[v // 1000 * 1000] + v % 1000 for v in values])
+                )
+                if sampler.adaptive.update_due():
+                    sampler.adaptive.update()
         epochs.append(drawn)
-    return epochs, sampler.ledger.to_state()
+    return epochs, sampler.adaptive.ledger.to_state()
 
 
 def _interleave(logs: list[list[list[int]]]) -> list[int]:

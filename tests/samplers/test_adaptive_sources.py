@@ -90,8 +90,8 @@ def _run(sampler: MixtureSampler, loader: DataLoader[Any], step: Callable[[Any],
     seen: list[list[int]] = []
     for batch in loader:
         seen.append(step(batch))
-        if sampler.update_due():
-            sampler.update()
+        if sampler.adaptive.update_due():
+            sampler.adaptive.update()
         if len(seen) == stop:
             break
     return seen
@@ -109,26 +109,26 @@ def test_sharded_sources_feed_an_adaptive_mixture_through_two_workers(shards: Pa
 
         def step(batch: list[dict[str, Any]]) -> list[int]:
             ids = [row["id"] for row in batch]
-            sampler.record([i % 3 + 2 * (i >= BASE["noise"]) for i in ids], [row["source"] for row in batch])
+            sampler.adaptive.record([i % 3 + 2 * (i >= BASE["noise"]) for i in ids], [row["source"] for row in batch])
             return ids
 
         return _run(sampler, loader, step, stop), sampler
 
     whole, sampler = trained()
-    assert len(whole) == NUM_SAMPLES // BATCH and sampler.ledger.updates == NUM_SAMPLES // INTERVAL
-    assert int(np.argmax(sampler.ledger.weights[-1])) == 2  # the noise reports the highest loss
+    assert len(whole) == NUM_SAMPLES // BATCH and sampler.adaptive.ledger.updates == NUM_SAMPLES // INTERVAL
+    assert int(np.argmax(sampler.adaptive.ledger.weights[-1])) == 2  # the noise reports the highest loss
     data = _data(shards)
     for index, row_id in zip(_plan(sampler), [i for batch in whole for i in batch], strict=True):
         source, within = data.locate(index)
         assert row_id == BASE[data.names[source]] + within  # the shard rows are the plan's samples
     head, first = trained(stop=8)  # checkpoint right after update 2 (position 128)
     state = first.state_dict()
-    assert state["consumed"] == 8 * BATCH and state["adaptive"]["updates"] == 2 and first.pending == 0
+    assert state["consumed"] == 8 * BATCH and state["adaptive"]["updates"] == 2 and first.adaptive.pending == 0
     assert len(state["fingerprint"]["dataset"]) == 3  # both sharded sources' fingerprints (and None for the list)
     tail, resumed = trained(state=state)
     assert head + tail == whole
-    assert (resumed.ledger.shares == sampler.ledger.shares).all()
-    assert (resumed.ledger.state == sampler.ledger.state).all()
+    assert (resumed.adaptive.ledger.shares == sampler.adaptive.ledger.shares).all()
+    assert (resumed.adaptive.ledger.state == sampler.adaptive.ledger.state).all()
 
 
 class Bigram(torch.nn.Module):
@@ -174,7 +174,7 @@ def test_mixture_sources_feed_packed_rows_with_per_document_losses(shards: Path)
         def step(batch: PackedBatch) -> list[int]:
             with torch.no_grad():
                 losses, samples = document_losses(batch, model(batch.input_ids))
-            sampler.record(losses, sampler.sources_of(samples))
+            sampler.adaptive.record(losses, sampler.sources_of(samples))
             return samples.tolist()
 
         return _run(sampler, loader, step, stop), sampler
@@ -182,8 +182,8 @@ def test_mixture_sources_feed_packed_rows_with_per_document_losses(shards: Path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # every update sees recorded losses
         whole, sampler = trained()
-    assert sampler.ledger.updates == NUM_SAMPLES // INTERVAL
-    assert not np.allclose(sampler.ledger.weights[-1], sampler.ledger.weights[0])
+    assert sampler.adaptive.ledger.updates == NUM_SAMPLES // INTERVAL
+    assert not np.allclose(sampler.adaptive.ledger.weights[-1], sampler.adaptive.ledger.weights[0])
     plan = _plan(sampler)
     assert [i for batch in whole for i in batch] == plan  # every sample has >= 2 tokens: one loss each, in order
 
@@ -199,7 +199,7 @@ def test_mixture_sources_feed_packed_rows_with_per_document_losses(shards: Path)
 
     head, first = trained(stop=12)  # checkpoint right after update 3 (position 192)
     state = first.state_dict()
-    assert state["adaptive"]["updates"] == 3 and first.pending == 0
+    assert state["adaptive"]["updates"] == 3 and first.adaptive.pending == 0
     tail, resumed = trained(state=state)
     assert head + tail == whole
-    assert (resumed.ledger.shares == sampler.ledger.shares).all()
+    assert (resumed.adaptive.ledger.shares == sampler.adaptive.ledger.shares).all()

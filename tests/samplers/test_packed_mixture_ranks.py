@@ -59,7 +59,7 @@ def report(sampler: shardwise.PackedMixtureSampler, batch: list[list[int]]) -> N
     """Each token's loss, a function of its document alone (as a model's would be, without the noise)."""
     samples = np.asarray([p[0] for p in batch])
     sample_ids = np.repeat(samples, [p[2] - p[1] for p in batch])
-    sampler.record_tokens(1.0 + 0.5 * sampler.sources_of(sample_ids) + 0.01 * (sample_ids % 5), sample_ids)
+    sampler.adaptive.record_tokens(1.0 + 0.5 * sampler.sources_of(sample_ids) + 0.01 * (sample_ids % 5), sample_ids)
 
 
 def train(sampler: Any, batches: Any, on_step: Any = None) -> None:
@@ -67,8 +67,8 @@ def train(sampler: Any, batches: Any, on_step: Any = None) -> None:
         report(sampler, batch)
         if on_step is not None:
             on_step(batch)
-        if sampler.update_due():
-            sampler.update()
+        if sampler.adaptive.update_due():
+            sampler.adaptive.update()
             if on_step is not None:
                 on_step(None)  # right after an update: a checkpoint carries the whole trajectory
 
@@ -112,7 +112,7 @@ def _second_job(rank: int, world_size: int, directory: str) -> None:
             sampler.set_epoch(epoch)
             train(sampler, data, lambda batch: batch is not None and log.write(json.dumps({"pieces": batch}) + "\n"))
     if rank == 0:
-        torch.save(sampler.ledger.shares.tolist(), Path(directory) / "ledger")
+        torch.save(sampler.adaptive.ledger.shares.tolist(), Path(directory) / "ledger")
 
 
 def _records(directory: Path, prefix: str) -> list[dict[str, Any]]:
@@ -146,8 +146,8 @@ def test_sigkill_with_workers_then_resume_at_three_ranks_keeps_pieces_and_ledger
         train(reference, batches, lambda batch: batch is not None and plan.update(tuple(p) for p in batch))
     lost, repeated = plan - trained, trained - plan
     assert not lost and not repeated, (sorted(lost)[:5], sorted(repeated)[:5])  # 24 batches: no padding at 2 or 3
-    assert reference.ledger.updates == EPOCHS * NUM_BATCHES // 6
-    assert torch.load(tmp_path / "ledger", weights_only=False) == reference.ledger.shares.tolist()
+    assert reference.adaptive.ledger.updates == EPOCHS * NUM_BATCHES // 6
+    assert torch.load(tmp_path / "ledger", weights_only=False) == reference.adaptive.ledger.shares.tolist()
     # which() answers in packed terms what each rank trained: document, row and token range, step by step
     for record in _records(tmp_path, "first"):
         (found,) = shardwise.which(reference, epoch=0, step=record["step"] - 1, rank=record["rank"], world_size=2)

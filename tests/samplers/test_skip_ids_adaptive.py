@@ -70,12 +70,12 @@ def _train(sampler: MixtureSampler, epochs: range, *, stop: int | None = None, o
                 continue
             if collective:
                 dist.all_reduce(torch.ones(1))  # a rank with a batch more or less fails here
-            sampler.record(_loss(batch), sampler.sources_of(batch))
+            sampler.adaptive.record(_loss(batch), sampler.sources_of(batch))
             batches.append(batch)
             batch = []
             done += 1
-            if sampler.update_due():
-                sampler.update()
+            if sampler.adaptive.update_due():
+                sampler.adaptive.update()
                 if on_update is not None:
                     on_update(sampler, done)
             if stop is not None and done == stop:
@@ -104,7 +104,7 @@ def test_skipped_ids_never_train_with_adaptive_weights() -> None:
     sampler = _skipping()
     announced = len(sampler)
     trained = _train(sampler, range(EPOCHS))
-    assert sampler.ledger.updates >= EPOCHS * NUM_SAMPLES // INTERVAL - 1  # the last one is due after the run
+    assert sampler.adaptive.ledger.updates >= EPOCHS * NUM_SAMPLES // INTERVAL - 1  # the last one is due after the run
     for epoch, batches in enumerate(trained):
         flat = _flat(batches)
         assert int(_is_skipped(flat).sum()) == 0, f"epoch {epoch}: {int(_is_skipped(flat).sum())} skipped ids trained"
@@ -145,7 +145,7 @@ def test_a_resume_at_an_update_continues_the_same_run() -> None:
     tail = _train(resumed, range(EPOCHS))
     assert _flat(head[0])[: state["consumed"]] + _flat(tail[0]) == _flat(expected[0])
     assert _flat(tail[1]) == _flat(expected[1])
-    assert (resumed.ledger.shares == whole.ledger.shares).all()
+    assert (resumed.adaptive.ledger.shares == whole.adaptive.ledger.shares).all()
     assert resumed.skipped_ids == whole.skipped_ids
 
 
@@ -178,10 +178,10 @@ def _prefetching_epoch(sampler: MixtureSampler) -> list[int]:
         trained += batch
         if len(batch) < per_rank:
             return trained
-        sampler.record(_loss(batch), sampler.sources_of(batch))
-        position = sampler.trained_position(0, len(trained) * sampler.num_replicas)  # the loop's count
-        if sampler.update_due(position):
-            sampler.update(position=position)
+        sampler.adaptive.record(_loss(batch), sampler.sources_of(batch))
+        position = sampler.adaptive.trained_position(0, len(trained) * sampler.num_replicas)  # the loop's count
+        if sampler.adaptive.update_due(position):
+            sampler.adaptive.update(position=position)
 
 
 def _job(rank: int, world_size: int, directory: str) -> dict[str, Any]:
@@ -190,7 +190,7 @@ def _job(rank: int, world_size: int, directory: str) -> dict[str, Any]:
     for drop_last in (False, True):
 
         def save(sampler: MixtureSampler, done: int, drop_last: bool = drop_last) -> None:
-            if rank == 0 and sampler.ledger.updates == 2:  # the second update, in epoch 0
+            if rank == 0 and sampler.adaptive.ledger.updates == 2:  # the second update, in epoch 0
                 torch.save(sampler.state_dict(), folder / f"w2-{drop_last}.pt")
 
         sampler = _skipping(world_size, rank, drop_last=drop_last)
@@ -216,7 +216,7 @@ def test_two_gloo_ranks_never_train_skipped_ids_and_resume_across_world_sizes(tm
         edges[drop_last] = (_flat(_train(edge, range(1), step=EDGE_STEP)[0]), edge.plan_size(0))
 
         def save(sampler: MixtureSampler, done: int, drop_last: bool = drop_last) -> None:
-            if sampler.ledger.updates == 1:  # the first update, in epoch 0
+            if sampler.adaptive.ledger.updates == 1:  # the first update, in epoch 0
                 torch.save(sampler.state_dict(), tmp_path / f"w1-{drop_last}.pt")
 
         reference[drop_last] = [_flat(b) for b in _train(_skipping(drop_last=drop_last), range(EPOCHS),

@@ -31,6 +31,7 @@ import numpy as np
 
 from .._core.plan import rank_positions
 from ..data.packed_batch import PackedBatch
+from ..samplers.adaptive import AdaptiveMixture, PackedAdaptiveMixture
 from ..samplers.mixture import MixtureSampler
 from ..samplers.packed_mixture import PackedMixtureSampler
 from . import require
@@ -88,26 +89,28 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
 
     _packed_sample_ids: Any = None  # the packed batch being trained: each token's document (its bookkeeping)
 
-    def _adaptive_sampler(self, model: Any) -> MixtureSampler | PackedMixtureSampler | None:
+    def _adaptive_sampler(self, model: Any) -> tuple[MixtureSampler | PackedMixtureSampler, AdaptiveMixture] | None:
+        """The training sampler and its adaptive weights (``sampler.adaptive``) while the model trains, else None."""
         sampler = self.train_sampler
-        training = getattr(model, "training", True)
-        if training and isinstance(sampler, (MixtureSampler, PackedMixtureSampler)) and sampler.adaptive is not None:
-            return sampler
-        return None
+        if not getattr(model, "training", True) or not isinstance(sampler, (MixtureSampler, PackedMixtureSampler)):
+            return None
+        adaptive = sampler.adaptive
+        return None if adaptive is None else (sampler, adaptive)
 
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, **kwargs: Any) -> Any:
-        sampler = self._adaptive_sampler(model)
-        if sampler is None or self._shardwise_position is None:
+        found = self._adaptive_sampler(model)
+        if found is None or self._shardwise_position is None:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+        sampler, adaptive = found
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, **kwargs)
-        if isinstance(sampler, PackedMixtureSampler):
-            self._record_packed(sampler, outputs, inputs)
-        else:
+        if isinstance(adaptive, PackedAdaptiveMixture):
+            self._record_packed(adaptive, outputs, inputs)
+        elif isinstance(sampler, MixtureSampler):
             values = per_sample_losses(outputs, inputs, loss)
-            sampler.record(values, self._batch_sources(sampler, len(values)))
+            adaptive.record(values, self._batch_sources(sampler, len(values)))
         return (loss, outputs) if return_outputs else loss
 
-    def _record_packed(self, sampler: PackedMixtureSampler, outputs: Any, inputs: Any) -> None:
+    def _record_packed(self, adaptive: PackedAdaptiveMixture, outputs: Any, inputs: Any) -> None:
         """Each token's loss to its document's source, from the packed batch's ``sample_ids``."""
         found = per_token_losses(outputs, inputs)
         sample_ids = self._packed_sample_ids
@@ -117,7 +120,7 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
                 "(rows, length, vocabulary) logits beside (rows, length) labels from the model, and the packed batch "
                 "of PackCollate(model=...) in rows (a flash-attention model's single flattened row works too)"
             )
-        sampler.record_predictions(found, inputs["labels"], sample_ids)
+        adaptive.record_predictions(found, inputs["labels"], sample_ids)
 
     def _batch_sources(self, sampler: MixtureSampler, count: int) -> np.ndarray:
         """The sources of the batch being trained: the next ``count`` units of this rank's pass."""
@@ -131,8 +134,8 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
         return sampler.sources_at(position.epoch, sampler.uncompacted(position.epoch, positions))
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        sampler = self._adaptive_sampler(model)
-        if isinstance(sampler, MixtureSampler) and isinstance(inputs, PackedBatch):
+        found = self._adaptive_sampler(model)
+        if found is not None and isinstance(found[0], MixtureSampler) and isinstance(inputs, PackedBatch):
             # Rows are not samples: a loss per row, tagged with the first rows' sources, would be wrong silently.
             raise ValueError(
                 "AdaptiveMixtureTrainer reads one loss per sample from a MixtureSampler's batches, but got packed "
@@ -143,16 +146,17 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
         self._packed_sample_ids = getattr(inputs, "sample_ids", None) if isinstance(inputs, PackedBatch) else None
         loss = super().training_step(model, inputs, *args, **kwargs)  # counts the batch as trained
         position = self._shardwise_position
-        if sampler is not None and position is not None:
-            trained = sampler.trained_position(position.epoch, position.consumed())
-            if sampler.update_due(trained):
-                sampler.update(position=trained)
+        if found is not None and position is not None:
+            adaptive = found[1]
+            trained = adaptive.trained_position(position.epoch, position.consumed())
+            if adaptive.update_due(trained):
+                adaptive.update(position=trained)
         return loss
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        sampler = self._adaptive_sampler(model)
-        if sampler is not None:
-            sampler.warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses
+        found = self._adaptive_sampler(model)
+        if found is not None:
+            found[1].warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses
         super()._save_checkpoint(model, trial)
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from .._core.foreign import check, private
 from ..samplers import set_epoch as _set_epoch
+from ..samplers.adaptive import AdaptiveMixture, PackedAdaptiveMixture
 from . import require
 
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")
@@ -98,7 +99,7 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
     ``training_step`` returns ``{"loss": loss, "sample_losses": (B,) losses, "sources": (B,) source
     numbers}`` (``sources`` may instead be in the batch, as ``Mixture(..., source_key="source")``
     puts it: ``batch["source"]``, or the last element of a tuple batch). After every batch the losses
-    are recorded (local); when the interval ends every rank calls ``sampler.update()`` (one all_reduce).
+    are recorded (local); when the interval ends every rank calls ``sampler.adaptive.update()`` (one all_reduce).
     Lightning runs checkpoint callbacks after this one, so a checkpoint at that step holds the update.
 
     With a ``PackedMixtureSampler`` (packed rows, weights in tokens), ``training_step`` returns
@@ -107,7 +108,7 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
     ``sample_ids``, and tokens labelled ``-100`` are left out.
 
     Args:
-        sampler: the ``MixtureSampler`` built with ``weights=AdaptiveWeights(...)``.
+        sampler: the ``MixtureSampler`` or ``PackedMixtureSampler`` built with ``weights=AdaptiveWeights(...)``.
         losses: the key of the per-sample losses in ``training_step``'s output.
         sources: the key of the sources in the output, else in a dict batch.
         tokens: the key of a packed batch's per-token losses in the output.
@@ -121,16 +122,28 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         self.sampler, self.losses, self.sources, self.tokens = sampler, losses, sources, tokens
+        self._weights()  # a sampler of fixed weights is refused here, not at the first batch
+
+    def _weights(self) -> AdaptiveMixture:
+        """``sampler.adaptive``, read at each use: it is bound to the sampler (a resume replaces its plan)."""
+        adaptive = getattr(self.sampler, "adaptive", None)
+        if not isinstance(adaptive, AdaptiveMixture):
+            raise ValueError(
+                "AdaptiveMixtureCallback needs a MixtureSampler or PackedMixtureSampler built with "
+                f"weights=AdaptiveWeights(policy, interval=...), but got sampler={self.sampler!r}"
+            )
+        return adaptive
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if isinstance(outputs, dict) and self.tokens in outputs and hasattr(self.sampler, "record_tokens"):
-            self._record_tokens(outputs[self.tokens].detach(), batch)
+        adaptive = self._weights()
+        if isinstance(outputs, dict) and self.tokens in outputs and isinstance(adaptive, PackedAdaptiveMixture):
+            self._record_tokens(adaptive, outputs[self.tokens].detach(), batch)
         else:
-            self._record_samples(outputs, batch)
-        if self.sampler.update_due():
-            self.sampler.update()
+            self._record_samples(adaptive, outputs, batch)
+        if adaptive.update_due():
+            adaptive.update()
 
-    def _record_tokens(self, losses: Any, batch: Any) -> None:
+    def _record_tokens(self, adaptive: PackedAdaptiveMixture, losses: Any, batch: Any) -> None:
         """A packed batch (``PackedMixtureSampler``): each predicted token's loss to its document's source."""
         labels = batch["labels"] if isinstance(batch, dict) and "labels" in batch else None
         sample_ids = getattr(batch, "sample_ids", None)
@@ -140,9 +153,9 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
                 "(rows, length - 1: position t predicts label t + 1) beside the batch's labels and sample_ids (a "
                 f"PackCollate batch), but got {self.tokens} of shape {tuple(losses.shape)}"
             )
-        self.sampler.record_predictions(losses, labels, sample_ids)
+        adaptive.record_predictions(losses, labels, sample_ids)
 
-    def _record_samples(self, outputs: Any, batch: Any) -> None:
+    def _record_samples(self, adaptive: AdaptiveMixture, outputs: Any, batch: Any) -> None:
         if not isinstance(outputs, dict) or self.losses not in outputs:
             raise ValueError(
                 f"AdaptiveMixtureCallback needs training_step to return a dict with {self.losses!r} (a loss per "
@@ -159,7 +172,7 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
                 f"AdaptiveMixtureCallback found no sources: return them from training_step as {self.sources!r}, "
                 'or build the data with shardwise.Mixture(..., source_key="source")'
             )
-        self.sampler.record(outputs[self.losses].detach(), sources)
+        adaptive.record(outputs[self.losses].detach(), sources)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        self.sampler.warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses
+        self._weights().warn_if_pending()  # a checkpoint between updates misses this rank's recorded losses

@@ -1,4 +1,4 @@
-"""The adaptive side of ``MixtureSampler``: this rank's pending report, the one collective, the ledger update.
+"""The state of a mixture's adaptive weights: this rank's pending report, the one collective, the ledger update.
 
 The arithmetic (fixed-point sums, the ledger) is :mod:`shardwise._core.adaptive`, the policies
 :mod:`shardwise._core.adaptive_policies`; this
@@ -23,7 +23,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -37,8 +37,7 @@ from .._core.adaptive import (
     quantize_shares,
 )
 from .._core.adaptive_policies import AdaptiveWeights, initial_state, run_policy
-from .._core.errors import MalformedStateError, check_int
-from .._core.state import Fingerprint, Progress
+from .._core.errors import MalformedStateError
 from .._core.weights import Weights
 from .._core.world import World
 
@@ -100,7 +99,7 @@ def all_reduce_report(sums: np.ndarray, counts: np.ndarray, update: int, tag: in
     if world * total[1] != total[0] ** 2:
         raise RuntimeError(
             f"the ranks reported different updates to the adaptive mixture (this rank reported update {update}; "
-            f"over {world} ranks the update numbers sum to {total[0]}): every rank must call sampler.update() "
+            f"over {world} ranks the update numbers sum to {total[0]}): every rank must call sampler.adaptive.update() "
             "once per interval, at the same step, from the same checkpoint"
         )
     if world * total[3] != total[2] ** 2:
@@ -160,7 +159,7 @@ class Feedback:
                 "since the last update: a resume from a checkpoint saved between an interval's end and its update?); "
                 "the policy sees no statistics",
                 RuntimeWarning,
-                stacklevel=4,  # next_shares, Feedback.update, MixtureSampler.update: the loop
+                stacklevel=4,  # next_shares, Feedback.update, AdaptiveMixture.update: the loop
             )
         ledger = self.ledger
         drawn = ledger.drawn((update - 1) * ledger.interval, update * ledger.interval, self.epoch_size, self.block)
@@ -206,7 +205,7 @@ class Feedback:
                     f"least 1/{self.block}, return 0 to leave a source out, or build the sampler with block>={need} "
                     f"(for a weight of {smallest:.3g}); later lifts of this sampler are not warned again",
                     RuntimeWarning,
-                    stacklevel=5,  # block_shares, next_shares, Feedback.update, MixtureSampler.update: the loop
+                    stacklevel=5,  # block_shares, next_shares, Feedback.update, AdaptiveMixture.update: the loop
                 )
         return shares
 
@@ -223,7 +222,7 @@ class Feedback:
             raise RuntimeError(
                 f"update {ledger.updates + 1} is due once the loop has trained through run position {ledger.due_at} "
                 f"(interval={ledger.interval} {self.unit} over all ranks), but it has trained through {trained}; call "
-                "sampler.update() when sampler.update_due()"
+                "sampler.adaptive.update() when sampler.adaptive.update_due()"
             )
         if dist.is_available() and dist.is_initialized():
             sums, counts = all_reduce_report(self.sums, self.counts, ledger.updates + 1, config_tag(fingerprint), group)
@@ -231,7 +230,7 @@ class Feedback:
             sums, counts = self.sums, self.counts
         else:
             raise RuntimeError(
-                f"MixtureSampler.update() on rank {world.rank} of {world.world_size} needs an initialised "
+                f"sampler.adaptive.update() on rank {world.rank} of {world.world_size} needs an initialised "
                 "torch.distributed process group to agree on the statistics with the other ranks"
             )
         shares = self.next_shares(sums, counts)
@@ -263,146 +262,3 @@ class Feedback:
 def as_weights(shares: np.ndarray) -> Weights:
     """A ledger row as the plan's exact weights."""
     return Weights(tuple(int(x) for x in shares), SHARE_DENOMINATOR)
-
-
-class AdaptiveMixin:
-    """The adaptive-weights API of ``MixtureSampler``: the ledger, ``record``, ``update_due``, ``update``.
-
-    NOTE [ An adaptive ledger is a weight schedule written at run time ] (``_core/adaptive``).
-    """
-
-    _feedback: Feedback | None
-    _plan: AdaptivePlan
-    _progress: Progress
-
-    if TYPE_CHECKING:  # provided by PlanSampler
-
-        def _sync(self) -> None: ...
-        def _plan_size(self, epoch: int) -> int: ...
-        def _raw_plan_size(self, epoch: int) -> int: ...
-        def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray: ...
-        def _full_fingerprint(self) -> Fingerprint: ...
-        def _follow_ledger(self) -> None: ...
-
-        seed: int
-
-        @property
-        def world(self) -> World: ...
-
-    def _need_feedback(self, what: str) -> Feedback:
-        if self._feedback is None:
-            raise RuntimeError(
-                f"MixtureSampler.{what} needs adaptive weights: build the sampler with "
-                "weights=AdaptiveWeights(policy, interval=...)"
-            )
-        return self._feedback
-
-    @property
-    def ledger(self) -> WeightLedger:
-        """The weights of every update so far (entry 0: the initial weights), the same on every rank."""
-        return self._need_feedback("ledger").ledger
-
-    def record(self, values: Any, sources: Any) -> None:
-        """Add per-sample values (losses) with each sample's source to this rank's report for the next update.
-
-        Local and cheap (no communication); call it every step. ``sources`` are source numbers
-        (``sampler.sources_of(indices)`` gives them from the batch's indices). Values are kept as
-        fixed-point sums (NOTE [ Reported statistics are fixed-point ] in ``_core.adaptive``).
-
-        Raises:
-            ValueError: a non-finite value or one beyond ``2**20``, a source out of range, lengths that differ.
-            TypeError: non-numeric values, non-integer sources.
-        """
-        self._need_feedback("record").record(values, sources)
-
-    def trained_position(self, epoch: int | None = None, consumed: int | None = None) -> int:
-        """The run position (samples of all epochs, all ranks) the loop has trained through.
-
-        Counted by the sampler (what the loop received, see ``delivery``), or given as the
-        ``(epoch, consumed)`` of a state the caller keeps (HF ``Trainer``, whose loader runs ahead).
-        """
-        if epoch is None or consumed is None:
-            self._sync()
-            epoch, consumed = self._progress.epoch, self._progress.consumed
-        else:
-            epoch, consumed = check_int("epoch", epoch, minimum=0), check_int("consumed", consumed, minimum=0)
-        # Skipped positions (skip_steps) count as passed: intervals are of plan positions, as the weights are.
-        if consumed >= self._plan_size(epoch):
-            position = self._raw_plan_size(epoch)
-        else:
-            position = int(self.uncompacted(epoch, np.asarray([consumed], dtype=np.int64))[0])
-        return self._plan.epoch_start(epoch) + position
-
-    @property
-    def pending(self) -> int:
-        """Samples this rank recorded since the last update: a checkpoint now does not carry them.
-
-        NOTE [ Resuming an adaptive mixture ] (docs/mixture.md): a resume from such a checkpoint
-        computes the next update from what is recorded after it, so its weights can differ from the
-        uninterrupted run's; checkpoint right after an update for an identical trajectory.
-        """
-        return int(self._need_feedback("pending").counts.sum())
-
-    def warn_if_pending(self) -> None:
-        """Warn that a checkpoint taken now misses this rank's statistics since the last update."""
-        pending = self.pending
-        if pending:
-            ledger = self._need_feedback("pending").ledger
-            warnings.warn(
-                f"a checkpoint taken now misses the {pending} losses this rank recorded towards update "
-                f"{ledger.updates + 1} (due at run position {ledger.due_at}): a resume from it computes that update "
-                "from what is recorded after the resume, so the weights can differ from this run's. Checkpoint "
-                "right after an update (every interval) for an identical trajectory",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
-    def update_due(self, position: int | None = None) -> bool:
-        """Whether the loop has trained through the end of the interval the next update reports.
-
-        ``position``: the run position trained through (a non-negative integer), when the caller
-        counts it (else the sampler's).
-
-        Raises:
-            TypeError: ``position`` is not an integer (a bool, a float, a string).
-            ValueError: ``position`` is negative.
-        """
-        ledger = self._need_feedback("update_due").ledger
-        trained = self.trained_position() if position is None else check_int("position", position, minimum=0)
-        return trained >= ledger.due_at
-
-    def update(self, group: Any = None, *, position: int | None = None) -> list[float]:
-        """Agree on the recorded statistics with one all_reduce, append the policy's weights to the ledger.
-
-        Call it on every rank when :meth:`update_due` (the same step on every rank); the new
-        weights take effect ``lag`` intervals later. Without an initialised process group the sampler
-        must be alone (``world_size == 1``). NOTE [ One collective an update ] (``samplers/feedback``)
-        says where the tensor lives and how disagreeing ranks fail. ``position`` as for :meth:`update_due`.
-
-        Returns:
-            The new weights as the ledger records them (shares summing to 1): the policy's, with a
-            positive weight below ``1 / block`` lifted to it (warned at the first lift; NOTE [ A
-            policy's weight below 1/block ] in docs/mixture.md).
-
-        Raises:
-            RuntimeError: the update is not due yet; the ranks report different updates or have
-                differently built samplers; several ranks but no process group.
-            TypeError, ValueError: ``position`` is not a non-negative integer.
-        """
-        feedback = self._need_feedback("update")
-        trained = self.trained_position() if position is None else check_int("position", position, minimum=0)
-        shares = feedback.update(self._plan, trained, self._full_fingerprint(), self.world, group)
-        self._follow_ledger()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture)
-        return shares
-
-    def weights_at(self, epoch: int, position: int) -> list[float]:
-        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1).
-
-        Raises:
-            PendingWeightsError: no update has set the weights of that position yet (it lies at or
-                past ``ledger.known_until``), as ``which`` and the sampler's own pass raise.
-        """
-        epoch = check_int("epoch", epoch, minimum=0)
-        position = check_int("position", position, minimum=0, maximum=max(0, self._plan_size(epoch) - 1))
-        self._plan.check_known(epoch, np.asarray([position], dtype=np.int64))
-        return self._plan.weights_at(epoch, position)

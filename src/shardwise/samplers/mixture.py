@@ -35,8 +35,9 @@ from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import BY_TOKENS, WeightSchedule, as_weight_schedule
 from .._core.world import World
+from .adaptive import AdaptiveMixture, weights_in_force
 from .base import PlanSampler
-from .feedback import ADAPTIVE, AdaptiveMixin, Feedback
+from .feedback import ADAPTIVE, Feedback
 from .identity import with_sources
 from .keywords import MixtureKeywords
 from .passes import UnitSource
@@ -58,7 +59,7 @@ def source_sizes(sizes: object) -> np.ndarray:
     return as_size_array("sizes", sizes)
 
 
-class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
+class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     """Draw from several datasets at once with exact proportions, over a ``ConcatDataset`` of them.
 
     Index ``offset_i + k`` is sample ``k`` of source ``i`` (``ConcatDataset`` order), so
@@ -86,9 +87,9 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
       (over the run, all ranks together) or by epoch; a change takes effect at the first block
       boundary at or after its threshold. :func:`temperature_weights` gives ``w_i ~ n_i ** alpha``.
     - **Adaptive weights.** ``weights=AdaptiveWeights(policy, interval=...)`` moves the weights
-      during the run from what the loop reports (``record`` each step, ``update`` when
-      ``update_due``): one all_reduce an update, every update appended to a ledger in the state,
-      so the plan stays one function of the ledger: identical on every rank, resumable at any
+      during the run from what the loop reports (``sampler.adaptive``: ``record`` each step,
+      ``update`` when ``update_due``): one all_reduce an update, every update appended to a ledger
+      in the state, so the plan stays one function of the ledger: identical on every rank, resumable at any
       world size, answered by ``which``/``when`` (docs/mixture.md, "Adaptive weights").
     - **Resume.** The position maps to every source's draw count by arithmetic, without replay:
       ``load_state_dict`` is O(1) at any world size. ``describe()`` and ``state_dict()["mixture"]``
@@ -145,7 +146,7 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     _CHUNK = 1 << 16
     _FIRST_CHUNK = 1 << 8  # a resumed batch of 256 costs one small chunk: resume in ~1-2 ms
 
-    _plan: MixturePlan  # AdaptiveMixin reads it as an AdaptivePlan
+    _plan: MixturePlan
 
     def __init__(
         self,
@@ -165,8 +166,9 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         self.source_names: list[str] = [str(n) for n in names] if names else [str(i) for i in range(len(self.sizes))]
         # NOTE [ What the data fingerprint checks ] (samplers/identity.py): names given by a Mixture, sources' own.
         self._identity = with_sources({"names": self.source_names} if names else {}, getattr(sizes, "datasets", ()))
-        self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
-        initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(self.sizes))
+        config = weights if isinstance(weights, AdaptiveWeights) else None
+        self._adaptive_config = config
+        initial = None if config is None else as_initial(config.initial, len(self.sizes))
         self.weights: WeightSchedule = as_weight_schedule(weights if initial is None else initial)
         if self.weights.kind == BY_TOKENS:
             raise ValueError(
@@ -195,16 +197,16 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
         self.primary = primary
         self.drop_last = keywords.drop_last
         self._feedback: Feedback | None = None
-        if self.adaptive is not None:
+        if config is not None:
             if self.stop is not MixtureStop.NUM_SAMPLES:
                 raise ValueError(
                     f"weights=AdaptiveWeights(...) needs stop='num_samples' (and num_samples=...), but got "
                     f"stop={self.stop.value!r}: where an exhaustion stop ends an epoch depends on weights not yet known"
                 )
-            block = adaptive_block(self.adaptive.policy, self.num_sources, block, self.weights.weights[0])
+            block = adaptive_block(config.policy, self.num_sources, block, self.weights.weights[0])
         self._plan = self._new_plan(block)
-        if self.adaptive is not None and initial is not None:
-            self._feedback = Feedback(self.adaptive, initial, self._plan.block, int(self.num_samples or 0))
+        if config is not None and initial is not None:
+            self._feedback = Feedback(config, initial, self._plan.block, int(self.num_samples or 0))
             self._plan.known_until = self._feedback.ledger.known_until
         self._init_plan(keywords)
 
@@ -213,6 +215,40 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
             self.sizes, self.weights, stop=self.stop, num_samples=self.num_samples, primary=self.primary,
             block=block, shuffle=self.shuffle, interleave=self.interleave,
         )  # fmt: skip
+
+    @property
+    def adaptive(self) -> AdaptiveMixture | None:
+        """The adaptive weights (``record``, ``update``, the ledger), or ``None`` for fixed weights or a schedule.
+
+        Built on each access, bound to this sampler (NOTE [ Adaptive weights read their sampler
+        through a link ] in ``samplers.adaptive``); ``adaptive.config`` is the ``AdaptiveWeights`` given.
+        """
+        feedback = self._feedback
+        if feedback is None:
+            return None
+        return AdaptiveMixture(
+            feedback, self, trained=self._trained, fingerprint=self._full_fingerprint, updated=self._follow_ledger
+        )
+
+    def _trained(self) -> tuple[int, int]:
+        """``(epoch, consumed)`` the loop has trained through: the adaptive weights' clock."""
+        self._sync()
+        return self._progress.epoch, self._progress.consumed
+
+    @property
+    def plan(self) -> MixturePlan:
+        """The global plan (numpy only): blocks, weights in force, every position's source and sample."""
+        return self._plan
+
+    def weights_at(self, epoch: int, position: int) -> list[float]:
+        """The weights in force at plan ``position`` of ``epoch`` (exact shares summing to 1).
+
+        Raises:
+            PendingWeightsError: adaptive weights no update has set yet (the position lies at or past
+                ``adaptive.ledger.known_until``), as ``which`` and the sampler's own pass raise.
+        """
+        epoch = check_int("epoch", epoch, minimum=0)
+        return weights_in_force(self._plan, epoch, position, self._plan_size(epoch))
 
     @property
     def block(self) -> int:
@@ -344,7 +380,7 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     def _fingerprint(self) -> Fingerprint:
         return {
             "sizes": self.sizes.tolist(),
-            "weights": self.weights.fingerprint() if self.adaptive is None else self.adaptive.fingerprint(),
+            "weights": (self._adaptive_config or self.weights).fingerprint(),
             "stop": self.stop.value,
             "num_samples": self.num_samples,
             "primary": self.primary,
@@ -357,8 +393,8 @@ class MixtureSampler(AdaptiveMixin, PlanSampler[int], DistributedSampler[int]):
     def _config(self) -> dict[str, Any]:
         schedule = self.weights  # plain values, so that describe() can be logged as JSON
         weights = schedule.weights[0].tolist() if schedule.kind == "constant" else repr(schedule)
-        if self.adaptive is not None:
-            weights = repr(self.adaptive)
+        if self._adaptive_config is not None:
+            weights = repr(self._adaptive_config)
         return {"weights": weights, "stop": self.stop.value, "num_samples": self.num_samples,
                 "block": self.block, "shuffle": self.shuffle, "interleave": self.interleave}  # fmt: skip
 

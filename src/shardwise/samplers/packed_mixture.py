@@ -24,8 +24,9 @@ from .._core.token_mixture import TokenMixturePlan, TokenStop
 from .._core.weights import BY_TOKENS, CONSTANT, WeightSchedule, as_weight_schedule
 from .._core.world import World
 from ..index.token_chunks import chunk_table, mixture_lengths
+from .adaptive import PackedAdaptiveMixture, weights_in_force
 from .base import PlanSampler
-from .feedback import ADAPTIVE, AdaptiveMixin, Feedback
+from .feedback import ADAPTIVE, Feedback
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
 
@@ -39,7 +40,7 @@ PLAN_VERSION = 1
 """The plan's version in the state fingerprint: a release that changes the plan bumps it."""
 
 
-class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[int]]):
+class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
     """Batches of full rows drawn from several sources, whose weights are shares of **tokens**.
 
     Give it each source's document lengths (token counts) and the weights; wrap the sources in
@@ -74,9 +75,9 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
       after its threshold). ``by_tokens`` needs ``num_batches``.
     - **Adaptive weights.** ``weights=AdaptiveWeights(policy, interval=...)`` (with ``num_batches``;
       ``interval`` in batches over all ranks) moves the weights from what the loop reports:
-      ``record_tokens(losses, batch.sample_ids)`` each step (each token's source read from its
-      document id), ``update()`` when ``update_due()``: one all_reduce an update, every update in a
-      ledger in the state, the same weights on every rank and after a resume at any world size.
+      ``sampler.adaptive.record_tokens(losses, batch.sample_ids)`` each step (each token's source
+      read from its document id), ``update()`` when ``update_due()``: one all_reduce an update, every
+      update in a ledger in the state, the same weights on every rank and after a resume at any world size.
     - **Resume.** The plan is a function of (lengths, weights, seed, epoch, position): the state is
       ``(epoch, consumed, seed, fingerprint)``, loaded at any world size in O(1), without replay.
 
@@ -129,7 +130,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
 
     _CHUNK = 64
     _FIRST_CHUNK = 1
-    _plan: TokenMixturePlan  # AdaptiveMixin reads it as an AdaptivePlan
+    _plan: TokenMixturePlan
 
     def __init__(
         self,
@@ -155,10 +156,11 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
                 f"num_batches={num_batches!r}, stop={self.stop.value!r}"
             )
         self.source_names, inputs = mixture_lengths(lengths)
-        self.adaptive: AdaptiveWeights | None = weights if isinstance(weights, AdaptiveWeights) else None
-        initial = None if self.adaptive is None else as_initial(self.adaptive.initial, len(inputs))
+        config = weights if isinstance(weights, AdaptiveWeights) else None
+        self._adaptive_config = config
+        initial = None if config is None else as_initial(config.initial, len(inputs))
         self.weights = self._schedule(weights if initial is None else initial, len(inputs))
-        if self.adaptive is not None and self.num_batches is None:
+        if config is not None and self.num_batches is None:
             raise ValueError(
                 f"weights=AdaptiveWeights(...) needs num_batches (an epoch's length may not depend on weights not "
                 f"yet known), but got stop={self.stop.value!r}; pass num_batches"
@@ -172,10 +174,10 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         self.sizes = self._plan.sizes
         self._lengths_digest = digest(np.concatenate([np.asarray(t, dtype=np.int64) for t in self._plan.totals]))
         self._feedback: Feedback | None = None
-        if self.adaptive is not None and initial is not None and self.num_batches is not None:
+        if config is not None and initial is not None and self.num_batches is not None:
             # NOTE [ Adaptive weights in tokens ]: weights change at any batch (block 1), and every positive
             # weight is drawn as asked (its tokens floor per batch, the sum exact): no least share to lift to.
-            self._feedback = Feedback(self.adaptive, initial, 1, self.num_batches, least_share=1, unit="batches")
+            self._feedback = Feedback(config, initial, 1, self.num_batches, least_share=1, unit="batches")
             self._plan.known_until = self._feedback.ledger.known_until
         self._init_plan(keywords)
 
@@ -192,7 +194,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         A group is dealt whole, so every one of its batches' weights must be known: groups may not
         straddle an update's boundary (an interval's end) nor an epoch's end.
         """
-        interval = self.adaptive.interval if self.adaptive is not None else None
+        interval = self._adaptive_config.interval if self._adaptive_config is not None else None
         if given is None:
             if interval is None or self.num_batches is None:
                 return DEFAULT_GROUP
@@ -254,44 +256,38 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
         """
         return runs_of(self.sizes, indices, noun="documents")
 
-    def record_tokens(self, losses: Any, sample_ids: Any, mask: Any = None) -> None:
-        """Add per-token losses to this rank's report, each token's source read from its document id.
+    @property
+    def adaptive(self) -> PackedAdaptiveMixture | None:
+        """The adaptive weights (``record_tokens``, ``update``, the ledger), or ``None`` for fixed weights.
 
-        ``sample_ids`` is a packed batch's (``batch.sample_ids``: the document each token came
-        from, -1 on padding); ``losses`` the same shape (the loss of predicting each token; see
-        docs/packed_mixture.md for a causal LM's shift). Tokens with a negative id or ``mask``
-        false are left out. The policy sees each source's mean token loss.
+        Built on each access, bound to this sampler (NOTE [ Adaptive weights read their sampler
+        through a link ] in ``samplers.adaptive``); ``adaptive.config`` is the ``AdaptiveWeights`` given.
         """
-        ids = np.asarray(sample_ids.cpu() if hasattr(sample_ids, "cpu") else sample_ids).reshape(-1)
-        values = np.asarray(losses.detach().cpu().double() if hasattr(losses, "detach") else losses).reshape(-1)
-        if values.shape != ids.shape:
-            raise ValueError(
-                f"losses should have one value per token of sample_ids ({ids.size}), but got {values.size} values"
-            )
-        keep = ids >= 0
-        if mask is not None:
-            keep &= np.asarray(mask.cpu() if hasattr(mask, "cpu") else mask, dtype=bool).reshape(-1)
-        self.record(values[keep], self.sources_of(ids[keep]))
+        feedback = self._feedback
+        if feedback is None:
+            return None
+        return PackedAdaptiveMixture(feedback, self, trained=self._trained, fingerprint=self._full_fingerprint)
 
-    def record_predictions(self, losses: Any, labels: Any, sample_ids: Any) -> None:
-        """:meth:`record_tokens` for a causal LM's packed batch: ``losses[:, t]`` predicts ``labels[:, t + 1]``.
+    def _trained(self) -> tuple[int, int]:
+        """``(epoch, consumed)`` the loop has trained through: the adaptive weights' clock."""
+        self._sync()
+        return self._progress.epoch, self._progress.consumed
 
-        ``losses`` is ``(rows, length - 1)`` (the shifted cross-entropy), ``labels`` and ``sample_ids``
-        the batch's (``sample_ids`` may be flattened, as for flash-attention); each loss goes to the
-        source of the token it predicts, and tokens labelled ``-100`` (padding, each document's first
-        token) are left out.
+    def weights_at(self, epoch: int, position: int) -> list[float]:
+        """The token weights in force at batch ``position`` of ``epoch`` (exact shares summing to 1).
+
+        Raises:
+            PendingWeightsError: adaptive weights no update has set yet (the batch lies at or past
+                ``adaptive.ledger.known_until``).
         """
-        targets = labels[:, 1:]
-        self.record_tokens(losses, sample_ids.reshape(labels.shape)[:, 1:], targets != -100)
+        epoch = check_int("epoch", epoch, minimum=0)
+        return weights_in_force(self._plan, epoch, position, self._plan_size(epoch))
 
     def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
         if self._feedback is None:
             return None
         plan, epoch = self._plan, self._progress.epoch  # the live pass's: it waits for the ledger's weights
         return lambda positions: plan.known_prefix(epoch, positions)
-
-    def _follow_ledger(self) -> None:
-        """Nothing to follow: the epoch's size does not depend on the ledger (no skipped ids)."""
 
     def state_dict(self) -> dict[str, Any]:
         """The shell's O(1) state; an adaptive mixture adds its weight ledger (``state["adaptive"]``)."""
@@ -350,7 +346,7 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
             "sizes": self.sizes.tolist(),
             "names": self.source_names,
             "lengths": self._lengths_digest,
-            "weights": self.weights.fingerprint() if self.adaptive is None else self.adaptive.fingerprint(),
+            "weights": (self._adaptive_config or self.weights).fingerprint(),
             "max_len": self.max_len,
             "rows_per_batch": self.rows_per_batch,
             "stop": self.stop.value,
@@ -363,8 +359,8 @@ class PackedMixtureSampler(AdaptiveMixin, PlanSampler[list[int]], Sampler[list[i
     def _config(self) -> dict[str, Any]:
         schedule = self.weights
         weights = schedule.weights[0].tolist() if schedule.kind == CONSTANT else repr(schedule)
-        if self.adaptive is not None:
-            weights = repr(self.adaptive)
+        if self._adaptive_config is not None:
+            weights = repr(self._adaptive_config)
         return {"weights": weights, "max_len": self.max_len, "rows_per_batch": self.rows_per_batch,
                 "stop": self.stop.value, "num_batches": self.num_batches, "balance_group": self.balance_group,
                 "shuffle": self.shuffle,

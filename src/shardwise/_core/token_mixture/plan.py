@@ -170,8 +170,8 @@ class TokenMixturePlan:
         if self.known_until is not None and run >= self.known_until:
             raise PendingWeightsError(
                 f"batch {batch} of epoch {epoch} (run batch {run}) draws with weights that no update has set yet: "
-                f"the ledger holds them up to run batch {self.known_until}. Call sampler.update() on every rank "
-                "when sampler.update_due()"
+                f"the ledger holds them up to run batch {self.known_until}. Call sampler.adaptive.update() on every "
+                "rank when sampler.adaptive.update_due()"
             )
 
     def epoch_size(self, epoch: int) -> int:
