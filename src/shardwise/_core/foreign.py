@@ -72,11 +72,12 @@ class Private:
 _DL = "torch.utils.data.dataloader"
 _DELIVERY = "samplers/delivery.py"
 _FRAMEWORKS = "samplers/frameworks.py"
+_CALLERS = "samplers/callers.py"
 
 PRIVATE: tuple[Private, ...] = (
     # torch: which DataLoader iterator pulls a pass, and how many batches it delivered.
-    Private("torch", _DL, "_BaseDataLoaderIter", "attribute", f"{_DELIVERY} find_driver (frame's self)"),
-    Private("torch", f"{_DL}:_BaseDataLoaderIter", "_next_index", "attribute", f"{_DELIVERY} frame search depth"),
+    Private("torch", _DL, "_BaseDataLoaderIter", "attribute", f"{_CALLERS} loader_iterator (a frame's self)"),
+    Private("torch", f"{_DL}:_BaseDataLoaderIter", "_next_index", "attribute", f"{_CALLERS} loader_iterator depth"),
     Private("torch", f"{_DL}:_BaseDataLoaderIter", "_index_sampler", "used", f"{_DELIVERY} LoaderDriver"),
     Private("torch", f"{_DL}:_BaseDataLoaderIter", "_num_workers", "used", f"{_DELIVERY} LoaderDriver"),
     Private("torch", f"{_DL}:_BaseDataLoaderIter", "_sampler_iter", "used", f"{_DELIVERY} LoaderDriver"),
@@ -86,19 +87,21 @@ PRIVATE: tuple[Private, ...] = (
     Private("torchdata", "torchdata.stateful_dataloader.stateful_dataloader:_StatefulBaseDataLoaderIter",
             "_num_yielded", "used", f"{_DELIVERY} LoaderDriver (a restored iterator)"),
     Private("torchdata", "torchdata.stateful_dataloader.sampler", "_BatchSamplerIterator", "attribute",
-            f"{_DELIVERY} frame search depth"),
+            f"{_CALLERS} loader_iterator depth"),
     # torchdata: the steps its restoring iterator replays after its last snapshot (another world size: refused).
     Private("torchdata", "torchdata.stateful_dataloader.stateful_dataloader:_StatefulMultiProcessingDataLoaderIter",
-            "_STEPS_SINCE_SNAPSHOT", "attribute", f"{_DELIVERY} replayed_steps"),
+            "_STEPS_SINCE_SNAPSHOT", "attribute", f"{_CALLERS} torchdata_replayed_steps"),
     Private("torchdata", "torchdata.stateful_dataloader.stateful_dataloader:_StatefulMultiProcessingDataLoaderIter",
-            "next_iter_state", "parameter", f"{_DELIVERY} replayed_steps (a frame's local)"),
+            "next_iter_state", "parameter", f"{_CALLERS} torchdata_replayed_steps (a frame's local)"),
     # Lightning: the batch sampler rebuild record, the loop that pulls before set_epoch, Fabric's epoch count.
     *(
         Private("lightning", "lightning.fabric.utilities.data", name, "used", f"{_FRAMEWORKS} install")
         for name in ("__pl_saved_args", "__pl_saved_kwargs", "__pl_saved_arg_names", "__pl_saved_default_kwargs")
     ),
     Private("lightning", "lightning.pytorch.loops.fit_loop", "_FitLoop", "attribute",
-            f"{_FRAMEWORKS} lightning_pending_epoch"),
+            f"{_CALLERS} lightning_fit_loop"),
+    Private("lightning", "lightning.pytorch.loops.fit_loop:_FitLoop", "setup_data", "attribute",
+            f"{_CALLERS} lightning_fit_loop (a frame's name)"),
     Private("lightning", "lightning.pytorch.loops.fit_loop:_FitLoop", "_combined_loader", "used",
             "integrations/lightning.py FollowEpochLength"),
     Private("lightning", "lightning.pytorch.trainer.setup", "_val_check_time_interval", "used",
@@ -109,7 +112,7 @@ PRIVATE: tuple[Private, ...] = (
     # Accelerate: the wrapper that would reshard, and what prepare_data_loader passes to DataLoaderShard.
     *(
         Private("accelerate", "accelerate.data_loader:BatchSamplerShard", name, "attribute",
-                f"{_FRAMEWORKS} refuse_resharding frame depth")
+                f"{_CALLERS} accelerate_resharder depth")
         for name in ("_iter_with_split", "_iter_with_no_split")
     ),
     *(

@@ -15,7 +15,6 @@ the next ``__iter__``). A Python generator would cost a frame switch per index.
 from __future__ import annotations
 
 import itertools
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -276,7 +275,7 @@ class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
         self._check_iterable()
         live = self._pass
         if live is not None and live.driver is not None:  # a loader restarting its iterator: the pass is over
-            live.driver.restarting(sys._getframe(1))
+            live.driver.restarting(1)  # 1: what called __iter__
         return itertools.chain.from_iterable(self._pass_chunks())
 
     def _check_iterable(self) -> None:
@@ -286,23 +285,18 @@ class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
         # The pass begins at the first unit pulled, not at __iter__: a DataLoader builds iterators
         # it never pulls (torch's multi-process iterator calls iter() twice; torchdata builds one
         # to restore a finished state and discards it), and those must not move the position.
-        # The frame that pulls the first unit tells which DataLoader iterator drives the pass.
+        # The frame that pulls the first unit tells which DataLoader iterator drives the pass (``callers``).
         # A loader iterator that had delivered batches before it pulled from us was restored from a
         # state (torchdata): it continues that state, even one saved just after an epoch's last batch.
-        caller = sys._getframe(1)
-        driver = find_driver(self, caller)
+        driver = find_driver(self, 1)  # 1: what pulled this generator
         restored = driver is not None and driver.base > 0
         if driver is not None and driver.workers > 0:
             # A restored iterator continues the loaded epoch unless Lightning runs another one on it
             # (NOTE [ A step checkpoint at an epoch's last batch ] in .frameworks).
-            pending = lightning_pending_epoch(caller)
+            pending = lightning_pending_epoch(1)
             current = self._progress.epoch if restored else self._progress.upcoming_epoch()
             if pending is not None and pending != current:
                 self.set_epoch(pending)
-        # Drop the frame before suspending: it holds the loader iterator (its ``self``), which holds
-        # this generator, and that cycle would keep the iterator, and its worker processes, alive
-        # after the loop is left, until a garbage collection.
-        del caller
         live, chunks = self._start_pass(restored=restored)
         live.driver = driver
         for chunk in chunks:

@@ -5,16 +5,18 @@ ahead of the training loop, so "units handed out" is not "units trained": a stat
 former skips the prefetched batches on every resume. A shardwise pass therefore learns, when its
 first unit is pulled, which DataLoader iterator pulls it (the iterator is the ``self`` of one of
 the few frames that called it: torch's ``_next_index``, directly for a batch sampler, through
-``BatchSampler.__iter__`` for an index sampler), and reads that iterator's ``_num_yielded``, the
-batches it delivered to the loop. From it and the batch structure (a batch sampler: one unit per
-batch; an index sampler under a ``BatchSampler``: ``batch_size`` units, the last batch short or
-dropped) the pass computes the units this rank trained, which ``state_dict()`` reports.
+``BatchSampler.__iter__`` for an index sampler; ``callers.loader_iterator`` finds it), and reads
+that iterator's ``_num_yielded``, the batches it delivered to the loop. From it and the batch
+structure (a batch sampler: one unit per batch; an index sampler under a ``BatchSampler``:
+``batch_size`` units, the last batch short or dropped) the pass computes the units this rank
+trained, which ``state_dict()`` reports.
 
 - All ranks are in lockstep, so the global position is ``start + trained x world_size``, the
   same on every rank at a step boundary.
 - torchdata's ``StatefulDataLoader`` snapshots the sampler as it hands out indices and pairs each
   snapshot with the step at which that batch is delivered: its own calls (recognised by the
-  calling module) get the handed-out position; anyone else's call gets the trained one.
+  calling module, ``callers.torchdata_snapshotting``) get the handed-out position; anyone else's
+  call gets the trained one.
 - The iterator is held by a weak reference, plus its attribute dict, so the count survives the
   iterator (a loop that ``break``\\ s and then saves) without keeping its workers alive.
 - A loader that starts a new iteration over the same iterator object (``persistent_workers``)
@@ -25,7 +27,7 @@ dropped) the pass computes the units this rank trained, which ``state_dict()`` r
 - torchdata's iterator with workers restores the snapshot it took last (every
   ``snapshot_every_n_steps`` steps) and replays the steps the loop took after it: at another
   world size those steps cover another number of units, so the sampler refuses such a state
-  there (:func:`replayed_steps` reads their count as the state loads).
+  there (``callers.torchdata_replayed_steps`` reads their count as the state loads).
 - A loader whose batches shardwise cannot map to units (a batch sampler that wraps the shardwise
   sampler, ``in_order=False``) with workers falls back to the handed-out count, and
   ``state_dict()`` warns, naming the exact alternative (torchdata's ``StatefulDataLoader``).
@@ -33,30 +35,20 @@ dropped) the pass computes the units this rank trained, which ``state_dict()`` r
 
 from __future__ import annotations
 
-import sys
 import weakref
-from types import FrameType
 from typing import Any
 
-from torch.utils.data import dataloader as _dataloader
-
 from .._core.foreign import check, private
+from . import callers
 
 check("torch")  # the names below: one clear error naming the torch to pin, not a silent miscount
 
-_BASE_ITER = private("torch", "_BaseDataLoaderIter")
 _INDEX_SAMPLER = private("torch", "_index_sampler")
 _NUM_WORKERS = private("torch", "_num_workers")
 _IN_ORDER = private("torch", "_in_order")
 _SAMPLER_ITER = private("torch", "_sampler_iter")
 _NUM_YIELDED = private("torch", "_num_yielded")  # torchdata's restored iterator sets it too (see the table)
-_SEARCH_DEPTH = 4  # our generator <- [BatchSampler.__iter__ | torchdata _BatchSamplerIterator] <- _next_index
-_SNAPSHOTTERS = ("torchdata.stateful_dataloader.",)
-_SNAPSHOT_DEPTH = 3  # state_dict's caller, or the callers of an override that calls super().state_dict()
 _GROUPERS = ("torch.utils.data.sampler", "torchdata.stateful_dataloader.sampler")
-_STEPS_SINCE_SNAPSHOT = private("torchdata", "_STEPS_SINCE_SNAPSHOT")  # a class constant: the key's name
-_NEXT_ITER_STATE = private("torchdata", "next_iter_state")
-_REPLAY_DEPTH = 8  # load_state_dict [<- overrides] [<- torchdata's batch iterator] <- _restore_main_state <- __init__
 
 STATEFUL_FIX = (
     "checkpoint the loader instead: build it as torchdata's StatefulDataLoader (or convert it with "
@@ -102,9 +94,9 @@ class LoaderDriver:
             return None  # the loader began a new iteration: this pass is over
         return max(0, int(state.get(_NUM_YIELDED, 0) or 0) - self.base)
 
-    def restarting(self, frame: FrameType | None) -> None:
-        """Freeze what the pass delivered when the loader iterator driving it (among the frames that
-        called the sampler's ``__iter__``, from ``frame``) is asking for a new sampler iterator.
+    def restarting(self, depth: int) -> None:
+        """Freeze what the pass delivered when the loader iterator driving it is asking for a new sampler
+        iterator (it is among the frames from ``depth`` above the caller: see ``callers.called_by``).
 
         A loader with ``persistent_workers`` restarts the same iterator object (torch's ``_reset``):
         it asks for the new sampler iterator, then replaces the old one and sets its delivered count
@@ -115,14 +107,9 @@ class LoaderDriver:
         if self._vars is None or self._vars.get(_SAMPLER_ITER) is not self._pulled:
             return  # over already (its count is final), or replaced without asking us first
         iterator = self._ref()
-        for _ in range(_SEARCH_DEPTH):
-            if frame is None or iterator is None:
-                return
-            if frame.f_locals.get("self") is iterator:
-                self._final = self._delivered_now()
-                self._vars = self._pulled = None
-                return
-            frame = frame.f_back
+        if iterator is not None and callers.called_by(iterator, depth + 1):
+            self._final = self._delivered_now()
+            self._vars = self._pulled = None
 
     def trained(self, handed: int, count: int) -> int:
         """Units of a pass of ``count`` that reached the loop, given that ``handed`` were handed out."""
@@ -154,59 +141,7 @@ def _groups_in_order(batch_sampler: object) -> bool:
     ) in _GROUPERS
 
 
-def find_driver(sampler: object, frame: FrameType | None) -> LoaderDriver | None:
-    """The DataLoader iterator among the frames that pulled ``sampler``'s first unit, if any."""
-    base_iter = getattr(_dataloader, _BASE_ITER)
-    for _ in range(_SEARCH_DEPTH):
-        if frame is None:
-            return None
-        caller = frame.f_locals.get("self")
-        if isinstance(caller, base_iter):
-            return LoaderDriver(caller, sampler)
-        frame = frame.f_back
-    return None
-
-
-def called_by_snapshotter(depth: int = 2) -> bool:
-    """Whether ``state_dict`` was called (``depth`` frames up, or a few above: subclasses that
-    override it) by a loader that snapshots at hand-out (torchdata's serialisation)."""
-    try:
-        frame: FrameType | None = sys._getframe(depth)
-    except ValueError:
-        return False
-    for _ in range(_SNAPSHOT_DEPTH):
-        if frame is None:
-            return False
-        name = frame.f_globals.get("__name__", "")
-        if isinstance(name, str) and name.startswith(_SNAPSHOTTERS):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def replayed_steps(depth: int = 2) -> int:
-    """The steps torchdata's restoring iterator replays after loading the state that ``load_state_dict``
-    (``depth`` frames up) is loading; 0 when none, or when torchdata is not the caller.
-
-    torchdata's ``StatefulDataLoader`` with workers saves the snapshot it took last (one every
-    ``snapshot_every_n_steps`` steps) and the count of steps since; its iterator's ``__init__``
-    loads the snapshot, then pulls that many batches again and drops them. That ``__init__`` is
-    among the frames calling ``load_state_dict`` and holds the loader's state (``next_iter_state``),
-    read here (written for torchdata 0.11).
-    """
-    try:
-        frame: FrameType | None = sys._getframe(depth)
-    except ValueError:
-        return 0
-    for _ in range(_REPLAY_DEPTH):
-        if frame is None:
-            return 0
-        name = frame.f_globals.get("__name__", "")
-        if isinstance(name, str) and name.startswith(_SNAPSHOTTERS) and frame.f_code.co_name == "__init__":
-            restoring = frame.f_locals.get(_NEXT_ITER_STATE)
-            key = getattr(type(frame.f_locals.get("self")), _STEPS_SINCE_SNAPSHOT, None)
-            if isinstance(restoring, dict) and isinstance(key, str):
-                steps = restoring.get(key, 0)
-                return steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
-        frame = frame.f_back
-    return 0
+def find_driver(sampler: object, depth: int) -> LoaderDriver | None:
+    """The DataLoader iterator that pulled ``sampler``'s first unit (``depth`` frames above the caller), if any."""
+    iterator = callers.loader_iterator(depth + 1)
+    return None if iterator is None else LoaderDriver(iterator, sampler)

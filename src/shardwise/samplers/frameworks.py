@@ -32,24 +32,20 @@ from __future__ import annotations
 import inspect
 import sys
 import warnings
-from types import FrameType
 from typing import Any
 
 from .._core.foreign import check_loaded, private
+from . import callers
 from .keywords import accepted_keywords, expand_signature
 
 ACCELERATE_FIX = (
     "loader = shardwise.integrations.accelerate.prepare_data_loader(accelerator, loader)"
 )
-_RESHARDERS = {("accelerate.data_loader", "BatchSamplerShard")}
-_RESHARD_FRAMES = (private("accelerate", "_iter_with_split"), private("accelerate", "_iter_with_no_split"))
-_FRAME_DEPTH = 4  # our __iter__ <- torch BatchSampler.__iter__ <- BatchSamplerShard's _RESHARD_FRAMES <- its __iter__
 _PL_SAVED = tuple(
     private("lightning", name)
     for name in ("__pl_saved_args", "__pl_saved_kwargs", "__pl_saved_arg_names", "__pl_saved_default_kwargs")
 )
 """Lightning's record of a batch sampler's construction arguments, in the order of its tuple."""
-_FIT_LOOP = private("lightning", "_FitLoop")
 
 
 def is_batch_plan(sampler: object) -> bool:
@@ -208,35 +204,27 @@ def install(cls: type) -> None:
 
 
 def refuse_resharding(sampler: object) -> None:
-    """Raise if ``sampler`` is being iterated from inside a framework's own sharding wrapper.
+    """Raise if ``sampler``'s ``__iter__`` (the caller) is called from inside a framework's own sharding wrapper.
 
-    Looks at the few frames that called ``__iter__`` (only once per epoch). A shardwise sampler
-    dealt out a second time would silently hand each rank ``1/W`` of its share. A sampler built
-    with ``num_replicas=1`` yields the whole plan, which the framework may deal out itself.
+    Once per pass (``callers.accelerate_resharder``). A shardwise sampler dealt out a second time
+    would silently hand each rank ``1/W`` of its share. A sampler built with ``num_replicas=1``
+    yields the whole plan, which the framework may deal out itself.
     """
     check_loaded("accelerate")
-    frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the sampler's __iter__
-    for _ in range(_FRAME_DEPTH):
-        if frame is None:
-            return
-        caller = frame.f_locals.get("self")
-        resharder = caller is not None and (type(caller).__module__, type(caller).__name__) in _RESHARDERS
-        # A sampler pinned to one replica yields the whole plan: dealing it out once is correct.
-        if resharder and getattr(getattr(sampler, "world", None), "world_size", 2) > 1:
-            raise RuntimeError(
-                f"accelerator.prepare() wrapped this {type(sampler).__name__} in Accelerate's "
-                f"{type(caller).__name__}, which would shard an already distributed sampler a second time "
-                f"(each rank would get 1/{getattr(caller, 'num_processes', 'W')} of its share). Prepare the "
-                f"loader with: {ACCELERATE_FIX}"
-            )
-        frame = frame.f_back
+    resharder = callers.accelerate_resharder(2)  # 1: the sampler's __iter__, 2: what called it
+    # A sampler pinned to one replica yields the whole plan: dealing it out once is correct.
+    if resharder is not None and getattr(getattr(sampler, "world", None), "world_size", 2) > 1:
+        raise RuntimeError(
+            f"accelerator.prepare() wrapped this {type(sampler).__name__} in Accelerate's "
+            f"{type(resharder).__name__}, which would shard an already distributed sampler a second time "
+            f"(each rank would get 1/{getattr(resharder, 'num_processes', 'W')} of its share). Prepare the "
+            f"loader with: {ACCELERATE_FIX}"
+        )
 
 
-_LIGHTNING_DEPTH = 32  # our generator <- torch's prefetch in the iterator's __init__ <- ... <- FitLoop.setup_data
-
-
-def lightning_pending_epoch(frame: FrameType | None) -> int | None:
-    """The epoch Lightning is about to set, when it pulls a pass before setting it; else ``None``.
+def lightning_pending_epoch(depth: int) -> int | None:
+    """The epoch Lightning is about to set, when it pulls a pass (``depth`` frames above the caller) before
+    setting it; else ``None``.
 
     ``FitLoop.setup_data`` creates the first training iterator of a run before ``on_advance_start``
     calls ``set_epoch``; with DataLoader workers that iterator already draws from the sampler. On
@@ -248,15 +236,8 @@ def lightning_pending_epoch(frame: FrameType | None) -> int | None:
     if "lightning.pytorch" not in sys.modules:
         return None
     check_loaded("lightning")
-    for _ in range(_LIGHTNING_DEPTH):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "setup_data":
-            loop = frame.f_locals.get("self")
-            if type(loop).__name__ == _FIT_LOOP and type(loop).__module__.startswith("lightning.pytorch."):
-                return _epoch_after_reset(loop)
-        frame = frame.f_back
-    return None
+    loop = callers.lightning_fit_loop(depth + 1)
+    return None if loop is None else _epoch_after_reset(loop)
 
 
 def _epoch_after_reset(loop: Any) -> int | None:

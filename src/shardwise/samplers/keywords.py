@@ -12,10 +12,7 @@ class). :func:`read_keywords` checks them, once, for every sampler.
 from __future__ import annotations
 
 import inspect
-import os
 import re
-import sys
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict, TypeVar
@@ -26,6 +23,7 @@ from .._core.seeds import check_seed
 from .._core.world import check_world_args
 from ..index.cache import DEFAULT_TIMEOUT, CacheDir
 from ..index.manifest import IndexCacheError
+from .callers import warn_outside
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -236,21 +234,9 @@ def _even_alias(owner: str, options: Mapping[str, Any]) -> bool:
             f"{owner}() got both drop_last={options['drop_last']!r} and even={even.value!r}, its deprecated alias; "
             "pass drop_last only"
         )
-    warnings.warn(
+    warn_outside(
         f"{owner}(even=...) is deprecated and will be removed; pass drop_last={even is Even.DROP} instead of "
         f"even={even.value!r}",
         DeprecationWarning,
-        stacklevel=outside_stacklevel(),
     )
     return even is Even.DROP
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def outside_stacklevel() -> int:
-    """The ``stacklevel`` of the first frame outside shardwise: a warning points at the user's call."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return level

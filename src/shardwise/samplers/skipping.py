@@ -11,7 +11,6 @@ positions.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from .._core.provenance import ProvenanceUnsupported
 from .._core.skips import IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress
 from .._core.world import World
-from .keywords import outside_stacklevel
+from .callers import warn_outside
 from .passes import UnitSource
 
 
@@ -109,14 +108,12 @@ def _translated(self: Any, epoch: int, rows: np.ndarray) -> np.ndarray:
 
 def _warn_revealed_late(kind: str) -> None:
     """Warn, at the caller's line, that an epoch skipping ids shrinks as the plan is written (see ``_ids_extent``)."""
-    warnings.warn(
+    warn_outside(
         f"{kind} with adaptive weights: the plan positions that draw the skipped ids are known only as far as the "
         "weight ledger (ledger.known_until); each update removes those it reveals, so an epoch that skips ids "
         "ends earlier than len(sampler) said at its start (equally on every rank; len is exact once the epoch's "
         "weights are all known). The skipped ids never train. Count steps by epochs, not len(loader) x epochs "
         "(max_steps, an LR schedule's length), or build the mixture without the ids (docs/mixture.md)",
-        UserWarning,
-        stacklevel=outside_stacklevel(),
     )
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from .._core.errors import MalformedStateError, StateMismatchError, check_int
 from .._core.skips import SKIP, SKIP_IDS, IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress, make_state, read_state
-from .delivery import STATEFUL_FIX, called_by_snapshotter, replayed_steps
+from . import callers
+from .delivery import STATEFUL_FIX
 from .passes import LivePass
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class PlanState:
         size (``"world_size"``): torchdata replays the steps taken after a snapshot, and those
         cover the saved position only at the world size they were taken at (see ``load_state_dict``).
         """
-        snapshot = called_by_snapshotter()
+        snapshot = callers.torchdata_snapshotting(1)  # 1: who called state_dict
         if snapshot:
             # torchdata snapshots at hand-out and pairs the snapshot with the delivering step.
             epoch, consumed = self._handed_out()
@@ -158,7 +159,7 @@ class PlanState:
         world_size = self.world.world_size
         if saved == world_size:
             return
-        steps = replayed_steps(depth=3)  # the caller of load_state_dict
+        steps = callers.torchdata_replayed_steps(2)  # 2: who called load_state_dict
         if steps:
             effect = "skip" if world_size > saved else "repeat"
             raise StateMismatchError(
