@@ -230,8 +230,8 @@ class AdaptiveWeights:
     """Mixture weights that a policy moves, every ``interval`` samples, from what the training loop reports.
 
     Pass it as ``MixtureSampler(..., weights=AdaptiveWeights(...))``; the loop then reports
-    per-sample losses (``sampler.record``) and calls ``sampler.update()`` when
-    ``sampler.update_due()`` (docs/mixture.md, "Adaptive weights").
+    per-sample losses (``sampler.adaptive.record``) and calls ``sampler.adaptive.update()`` when
+    ``sampler.adaptive.update_due()`` (docs/mixture.md, "Adaptive weights").
 
     Args:
         policy: :class:`Exp3`, :class:`ExponentiatedGradient`, or any pure callable

@@ -268,9 +268,10 @@ class MixturePlan:
             raise PendingWeightsError(
                 f"plan position {last - self.epoch_start(epoch)} of epoch {epoch} (run position {last}) uses weights "
                 f"that no update has set yet: the ledger holds them up to run position {self.known_until}. Report the "
-                "update that is due (sampler.update() when sampler.update_due(), on every rank) before the loader "
-                "needs samples past it; a DataLoader's workers prefetch num_workers * prefetch_factor batches ahead "
-                "of the loop: give AdaptiveWeights(lag=...) intervals that cover them (or a larger interval)"
+                "update that is due (sampler.adaptive.update() when sampler.adaptive.update_due(), on every rank) "
+                "before the loader needs samples past it; a DataLoader's workers prefetch num_workers * "
+                "prefetch_factor batches ahead of the loop: give AdaptiveWeights(lag=...) intervals that cover them "
+                "(or a larger interval)"
             )
 
     def plan_size(self, epoch: int) -> int:
