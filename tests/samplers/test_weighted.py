@@ -18,8 +18,9 @@ from torch.utils.data.distributed import DistributedSampler
 from shardwise import StateMismatchError, WeightedSampler
 from shardwise._core.draws import counter_hash, mul_wide, uniform_below
 from shardwise.index import cache as index_cache
+from shardwise.index.weights import WEIGHT_TABLE, WeightTable, distinct_draws, quantise
 from shardwise.samplers import weighted
-from shardwise.samplers.weighted import DISTINCT_PLAN, WeightTable, distinct_draws, quantise
+from shardwise.samplers.weighted import DISTINCT_PLAN
 from shardwise.tools.launch import run_distributed
 from tests.lockstep import lockstep_epochs
 from tests.memcap import first_units_under_cap
@@ -366,7 +367,7 @@ def test_plans_of_older_epochs_are_removed_when_epoch_e_plus_2_is_built(tmp_path
         uncached = list(_distinct(num_samples=1_000, cache_dir=False))
     assert _sha(list(sampler)) == _sha(uncached)
     assert {key.rpartition("=")[2] for key in _plan_entries(tmp_path) if key.startswith(mine)} == {"0"}
-    assert len(list(tmp_path.glob(f"{weighted.WEIGHT_TABLE}-*"))) == 1
+    assert len(list(tmp_path.glob(f"{WEIGHT_TABLE}-*"))) == 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith((".old", ".partial"))]
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardwise.index.weights import count_positive
-from shardwise.samplers.weighted import quantise
+from shardwise.index.weights import count_positive, quantise
 
 
 def _reference_quantise(weights: np.ndarray) -> np.ndarray:

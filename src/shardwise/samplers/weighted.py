@@ -52,23 +52,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from .._core.arrays import one_dimensional
 from .._core.errors import check_bool, check_int
 from .._core.seeds import derive_words
 from .._core.state import Fingerprint
 from .._core.world import World
 from ..index import read_checked
-from ..index.arrow import resolve
-from ..index.keys import BackgroundDigest
-from ..index.tables import Allocate, input_key, shared_arrays
-from ..index.weights import (
-    WeightTable,
-    distinct_draws,
-    fill_guide,
-    guide_dtype,
-    guide_length,
-    quantise,
-)
+from ..index.tables import Allocate, shared_arrays
+from ..index.weights import WeightsInput, distinct_draws
 from .base import PlanSampler
 from .keywords import CachedKeywords
 from .passes import UnitSource
@@ -79,19 +69,8 @@ from .inverses import weighted_positions_of
 
 WITH_REPLACEMENT = "weighted-draws"
 
-WEIGHT_TABLE = "weight-table-v1"
-"""Cache kind of the weight table (cumulative quantised weights, guide table, positive count, digest)."""
-
 DISTINCT_PLAN = "weighted-distinct-v1"
 """Cache kind of one epoch's plan without replacement (``num_samples`` distinct int64 indices)."""
-
-
-def _weights_array(weights: object) -> np.ndarray:
-    weights = resolve("weights", weights)  # a pyarrow Array/ChunkedArray of weights, without a copy to Python
-    array = one_dimensional("weights", weights, sequence_of="weights", one="weight")
-    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise TypeError(f"weights should hold real numbers, but got weights of dtype {array.dtype}")
-    return array
 
 
 class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
@@ -165,41 +144,21 @@ class WeightedSampler(PlanSampler[int], DistributedSampler[int]):
         **options: Unpack[CachedKeywords],
     ) -> None:
         keywords = self._read_keywords(options)
-        weights = _weights_array(weights)
+        # resolved and checked once; its table is built (or opened) below, after the other checks
+        weights = WeightsInput.of(weights, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
         self.num_samples = check_int("num_samples", num_samples, minimum=0)
         self.replacement = check_bool("replacement", replacement)
         self.drop_last = keywords.drop_last
         self._cache_dir, self._cache_timeout = keywords.cache_dir, keywords.cache_timeout
         self.shuffle = True  # DistributedSampler's attribute: frameworks read it to tell training loaders
-
-        def build(allocate: Allocate) -> None:
-            size = len(weights)
-            # the digest of the quantised weights (exactly what the plan depends on), hashed on
-            # another core as their cumulative sums are written
-            with BackgroundDigest(dtype=np.int64, length=size) as hashing:
-                cdf, positive = quantise(weights, allocate("cdf", size, np.int64), on_block=hashing.feed)
-                fill_guide(cdf, allocate("guide", guide_length(int(cdf[-1]), size), guide_dtype(size)))
-                allocate("positive", 1, np.int64)[0] = positive
-                allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
-
         # The table (cumulative weights + guide) is built once per weights and node, then mapped.
-        table = shared_arrays(
-            WEIGHT_TABLE,
-            input_key(weights),
-            build,
-            size=len(weights),
-            cache_dir=self._cache_dir,
-            timeout=self._cache_timeout,
-        )
-        self._table = WeightTable(table["cdf"], table["guide"])
-        self._digest = bytes(table["digest"]).hex()
-        if not self.replacement:
-            positive = int(table["positive"][0])
-            if self.num_samples > positive:
-                raise ValueError(
-                    f"num_samples should be at most the {positive} positive weights with replacement=False, but got "
-                    f"num_samples={self.num_samples}; pass replacement=True to draw more"
-                )
+        self._table = weights.table()
+        self._digest = weights.digest
+        if not self.replacement and self.num_samples > weights.positive:
+            raise ValueError(
+                f"num_samples should be at most the {weights.positive} positive weights with replacement=False, but "
+                f"got num_samples={self.num_samples}; pass replacement=True to draw more"
+            )
         self._cached: tuple[int, int, np.ndarray] | None = None
         self._init_plan(keywords)
 
