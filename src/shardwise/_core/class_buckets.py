@@ -116,15 +116,9 @@ def bucket_plan(counts: np.ndarray, size: int, dtype: np.dtype) -> BucketPlan | 
     return BucketPlan(bucket, number - firsts[bucket], firsts, block_bits)
 
 
-def two_passes(size: int, counts: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether :func:`group_by_class` of ``size`` labels with ``counts`` into ``dtype`` takes the two passes
-    (which write with ``pwrite``), not the one-pass sort (which writes through the output's mapping)."""
-    return kernels(size) is not None and bucket_plan(counts, size, dtype) is not None
-
-
 def group_by_class(
     labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, out: np.ndarray, *, chunk: int = CHUNK,
-    progress: Callable[[int], object] | None = None,
+    progress: Callable[[int], object] | None = None, before_one_pass: Callable[[np.ndarray], object] | None = None,
 ) -> None:  # fmt: skip
     """Write every sample index into ``out``, grouped by class in ``classes`` order, dataset order within.
 
@@ -138,25 +132,36 @@ def group_by_class(
         out: ``(n,)`` integer output, e.g. a writable memmap.
         chunk: labels per step of the one-pass sort (the two passes take ``COMPILED_CHUNK``).
         progress: told of the labels grouped as it goes (``n`` in all), from this thread only.
+        before_one_pass: called with ``out`` before the one-pass sort, which writes through its
+            mapping (e.g. to fault its pages in at once); the two passes write with ``pwrite``.
     """
-    jit = kernels(len(labels))
+    # which path, and the class ids the kernels read: decided here, once (numba, dtypes, counts)
+    jit, raw = kernels(len(labels)), raw_kernels(labels)
     plan = bucket_plan(counts, len(labels), out.dtype) if jit is not None else None
     if jit is None or plan is None:
+        if before_one_pass is not None:
+            before_one_pass(out)
         group_in_one_pass(labels, classes, counts, out, chunk=chunk, progress=progress)
         return
+    dense = dense_table(classes) if raw is not None else None
+    ids_of = id_function(classes)
     workers = threads.build_threads(min(THREADS, threads.usable_cpus()))
     kernel_threads = threads.KernelThreads(workers, name="shardwise-class-index", with_caller=True)
     with kernel_threads, _Output(out) as output:
-        per_block = _scatter(labels, classes, counts, output, plan, jit, kernel_threads, workers, progress)
+        per_block = _scatter(labels, (dense, ids_of), counts, output, plan, jit, kernel_threads, workers, progress)
         _order(counts, output, plan, np.cumsum(per_block, axis=0), jit, kernel_threads, workers)
 
 
 def _scatter(
-    labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, output: _Output, plan: BucketPlan,
-    jit: ModuleType, kernel_threads: threads.KernelThreads, workers: int, progress: Callable[[int], object] | None,
+    labels: np.ndarray, ids: tuple[tuple[int, np.ndarray | None] | None, Callable[[np.ndarray], np.ndarray]],
+    counts: np.ndarray, output: _Output, plan: BucketPlan, jit: ModuleType, kernel_threads: threads.KernelThreads,
+    workers: int, progress: Callable[[int], object] | None,
 ) -> np.ndarray:  # fmt: skip
     """Pass 1: every sample's code appended to its bucket's run; ``(blocks, buckets)`` int64: the codes of
     each bucket from each block.
+
+    ``ids``: ``(dense, ids_of)``, the classes' :func:`~.class_index.dense_table` when the kernels read the
+    labels as they are (else None) and their :func:`~.class_index.id_function`.
 
     With a second thread, the first half of the labels (whole blocks) fills the runs from their
     starts, forwards, and the second half from their ends, chunk after chunk backwards (each chunk's
@@ -170,13 +175,12 @@ def _scatter(
     stops = np.append(starts[1:], int(class_starts[-1] + counts[-1]))
     # a class's code, its bucket in the low bits (the position bits, free until the position is added)
     table = (plan.local.astype(dtype) << dtype.type(plan.block_bits)) | plan.bucket.astype(dtype)
-    dense = dense_table(classes) if raw_kernels(labels) is not None else None
+    dense, ids_of = ids
     low = 0
     if dense is not None:  # the kernel reads the labels as they are: its table is by label - low
-        low, ids = dense
-        if ids is not None:
-            table = table[ids]  # a label absent from classes is never looked up
-    ids_of = id_function(classes)
+        low, by_label = dense
+        if by_label is not None:
+            table = table[by_label]  # a label absent from classes is never looked up
     chunk = min(COMPILED_CHUNK, block)
     mask = dtype.type(min(BUCKETS_MAX, block) - 1)
     per_block = np.zeros((-(-size // block), buckets), dtype=np.int64)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._core.arrays import one_dimensional
-from .._core.class_buckets import group_by_class, two_passes
+from .._core.class_buckets import group_by_class
 from .._core.class_index import count_classes
 from .arrow import resolve
 from .builders import index_dtype, populate
@@ -59,9 +59,8 @@ def build_class_index(labels: np.ndarray, allocate: Allocate) -> None:
         allocate("classes", len(found), found.dtype)[:] = found
         allocate("counts", len(counts), np.int64)[:] = counts
         members = allocate("members", len(labels), index_dtype(len(labels)))
-        if not two_passes(len(labels), counts, members.dtype):
-            populate(members)  # the one-pass sort writes through the mapping: its pages in one call
-        group_by_class(labels, found, counts, members)
+        # the one-pass sort writes through the mapping: its pages faulted in first, in one call
+        group_by_class(labels, found, counts, members, before_one_pass=populate)
         allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
 
 
