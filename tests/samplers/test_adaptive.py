@@ -465,3 +465,16 @@ def test_adaptive_weights_held_across_a_resume_read_the_resumed_plan() -> None:
         if adaptive.update_due():
             adaptive.update()
     assert head + tail == expected and (adaptive.ledger.shares == whole.adaptive.ledger.shares).all()
+
+
+def test_update_warnings_point_at_the_line_that_called_update() -> None:
+    """The no-samples and the lift warnings of ``sampler.adaptive.update()`` name the caller's file, not shardwise's."""
+    empty = _sampler()
+    with pytest.warns(RuntimeWarning, match="no reported samples") as caught:
+        empty.adaptive.update(position=128)
+    lifted = MixtureSampler(_data(), AdaptiveWeights(lambda ledger, statistics: np.array([0.98, 0.0199, 0.0001]),
+                                                     interval=64), num_samples=640, block=24, seed=5)  # fmt: skip
+    lifted.adaptive.record([1.0], [0])
+    with pytest.warns(RuntimeWarning, match="lifted") as more:
+        lifted.adaptive.update(position=64)
+    assert {w.filename for w in [*caught, *more]} == {__file__}
