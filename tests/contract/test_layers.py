@@ -154,7 +154,7 @@ def test_check_loaded_checks_only_rows_whose_module_is_imported(monkeypatch: pyt
 
 SAMPLER_MODULES = {"bucket", "class_balanced", "locality", "mixture", "packed", "scheduled", "sharded", "two_stream",
                    "weighted", "wrappers"}  # fmt: skip
-"""The modules of samplers/ that each hold one sampler; the rest (base, inputs, indexed, ...) is the shared shell."""
+"""The modules of samplers/ that each hold one sampler; the rest (base, inputs, keywords, ...) is the shared shell."""
 
 
 def test_a_sampler_imports_no_sibling_sampler() -> None:

@@ -38,6 +38,13 @@ API (stable; samplers and other layers build on it):
   :class:`GroupedIndex` of samples grouped by length (kind ``"length-order"``), from an array, a
   memory map or a ragged store (whose own ``index/`` directory is used, and which
   ``RaggedWriter`` fills at write time).
+- :class:`~shardwise.index.labels.LabelsInput` / :class:`~shardwise.index.weights.WeightsInput`:
+  ``LabelsInput.of(labels, cache_dir=..., timeout=...)`` resolves and checks labels once and holds
+  their class index (``classes``, ``counts``, ``members``, ``digest``; kind ``"class-index-v1"``),
+  ``WeightsInput.of(weights, ...)`` likewise the weight table (kind ``"weight-table-v1"``), each
+  built on first read; the other O(n) tables a sampler needs are built here too, through
+  :func:`~shardwise.index.tables.shared_arrays` (the cache for large inputs, private memory below
+  65,536 entries): ``PackedBatchSampler``'s item index and strata layouts (:mod:`.packing`).
 - :func:`column(source, name, *, kind="values", cache_dir=None) <column>`: a column of an HF
   ``datasets.Dataset``, a ``pyarrow`` Table/Array or Parquet files as a read-only numpy array (row
   lengths from the Arrow offsets, or values), cached per node (kind ``"arrow-column"``) when the

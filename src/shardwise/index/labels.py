@@ -55,10 +55,11 @@ def labels_array(labels: object) -> np.ndarray:
 def build_class_index(labels: np.ndarray, allocate: Allocate) -> None:
     """Write the class index of ``labels`` into the arrays ``allocate`` gives (see the module docstring)."""
     with BackgroundDigest(labels) as hashing:  # the labels' digest, on another core meanwhile
+        dtype = index_dtype(len(labels))  # of the sample indices (uint32 below 2**32 samples)
         found, counts = count_classes(labels)
         allocate("classes", len(found), found.dtype)[:] = found
         allocate("counts", len(counts), np.int64)[:] = counts
-        members = allocate("members", len(labels), index_dtype(len(labels)))
+        members = allocate("members", len(labels), dtype)
         # the one-pass sort writes through the mapping: its pages faulted in first, in one call
         group_by_class(labels, found, counts, members, before_one_pass=populate)
         allocate("digest", 8, np.uint8)[:] = np.frombuffer(bytes.fromhex(hashing.result()), dtype=np.uint8)
