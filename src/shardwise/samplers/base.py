@@ -3,8 +3,8 @@
 A sampler subclass says three things: how many units its global plan has in an epoch
 (``_plan_size``), how to turn plan positions into units (``_open_pass``), and what identifies its
 configuration (``_fingerprint``). This class deals the plan out by position, keeps every rank's
-length equal, tracks the position and advances the epoch; its base ``PlanState``
-(``samplers.state``) turns the position into ``state_dict`` and back.
+length equal, tracks the position and advances the epoch; the functions of ``samplers.state``
+turn the position into ``state_dict`` and back.
 
 Position tracking costs nothing per unit: the units of a pass are handed out through
 ``itertools.chain`` over one list iterator per chunk, and the position is read back from the
@@ -20,17 +20,17 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from .._core.errors import check_int
-from .._core.plan import Even, rank_count, rank_positions
+from .._core.plan import Even, rank_count
 from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
 from .._core.skips import IdSkips, SkipLedger
 from .._core.state import Fingerprint, Progress
 from .._core.world import World, check_world_args
+from . import callers, state
 from .delivery import find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
 from .keywords import Keywords, read_keywords
 from .passes import LivePass, UnitSource
 from .queries import PlanQueries
-from .state import PlanState
 from .world import current_world
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
+class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     """Mixin with the behaviour docs/design.md requires of every sampler; see the module docstring.
 
     Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks.
@@ -311,29 +311,78 @@ class PlanSampler(PlanQueries, PlanState, Generic[T], metaclass=PlanMeta):
         live = LivePass(start, count, total, world.world_size, self._even)
         self._pass = live
         source = self._open_pass(epoch, seed, world, start)
-        return live, self._chunks(live, world, source)
+        first = min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
+        return live, live.chunks(source, world.rank, first, self._CHUNK, self._wrap_period(), self._known_positions())
 
-    def _chunks(self, live: LivePass, world: World, source: UnitSource) -> Iterator[Iterator[T]]:
-        # Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure
-        # function of the positions), so small first chunks just make the first units cheaper.
-        first, size = 0, min(self._FIRST_CHUNK or self._CHUNK, self._CHUNK)
-        period = self._wrap_period()
-        known = self._known_positions()
-        while first < live.count:
-            stop = min(first + size, live.count)
-            positions = rank_positions(live.start, world.rank, world.world_size, first, stop, live.total, period)
-            if known is not None:  # computed when the chunk is pulled, after the loop's last update
-                positions = known(positions)
-                stop = first + len(positions)
-            units = source(positions)
-            if len(units) != stop - first:
-                raise RuntimeError(f"{type(self).__name__} produced {len(units)} units for {stop - first} positions")
-            pieces = getattr(units, "pieces", None)  # a chunk handed out in pieces, each pulled as the last ends
-            for piece in (units,) if pieces is None else pieces():
-                live.done_chunks += live.current_len
-                live.current, live.current_len = iter(piece), len(piece)
-                yield live.current
-            first, size = stop, min(2 * size, self._CHUNK)
+    # -- state (samplers.state) ---------------------------------------------------------------
+    def _full_fingerprint(self) -> Fingerprint:
+        return {"kind": type(self).__name__, **self._fingerprint()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global, world-size-independent position: ``{version, epoch, consumed, seed, fingerprint}``.
+
+        ``consumed`` counts what the training loop received, not what the DataLoader's workers
+        prefetched: called after ``k`` trained batches, the resumed run starts at batch ``k + 1``,
+        with any ``num_workers`` and ``prefetch_factor`` (see ``shardwise.samplers.delivery``).
+        Every rank returns the same dict at a step boundary, so saving rank 0's is enough.
+
+        Warns when a DataLoader with workers draws from this sampler through a batch sampler that
+        wraps it, which hides how many prefetched units were trained. A state taken by torchdata's
+        snapshot also says the world size its replayed steps cover (``load_state_dict``).
+        """
+        world_size = None
+        if callers.torchdata_snapshotting(1):  # 1: who called state_dict
+            # torchdata snapshots at hand-out and pairs the snapshot with the delivering step.
+            epoch, consumed = state.handed_out(self._progress, self._pass)
+            world_size = self._pass.world_size if self._pass is not None else self.world.world_size
+        else:
+            self._sync()
+            state.warn_if_lossy(type(self).__name__, self._pass)
+            epoch, consumed = self._progress.epoch, self._progress.consumed
+        return state.save(epoch, consumed, seed=self.seed, fingerprint=self._full_fingerprint(), skips=self._skips,
+                          skip_ids=self._skip_ids, snapshot_world_size=world_size)  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()`` output, in O(1), at any world size.
+
+        The next pass (the next ``iter()`` that is pulled) continues from the loaded position.
+
+        .. warning::
+            An iterator of this sampler that is running when the state is loaded does not carry
+            on from its old position: it raises ``RuntimeError`` at its next unit. Load the state
+            before iterating (frameworks do), then iterate again.
+
+        A snapshot that torchdata's ``StatefulDataLoader`` took some steps before it saved (workers,
+        ``snapshot_every_n_steps`` above 1) loads only at its world size: torchdata replays the steps.
+
+        Raises:
+            StateMismatchError: the state belongs to another configuration (names the field), or is
+                such a snapshot loading at another world size.
+            MalformedStateError: the dict is not a shardwise state of a known version.
+        """
+        saved = state.snapshot_world_size(state_dict)
+        if saved is not None and saved != self.world.world_size:
+            state.refuse_replay(saved, self.world.world_size, callers.torchdata_replayed_steps(1))
+        # seed=None resumes with the seed the saved run resolved to, adopted only once the state is valid.
+        adopt = self._seed_arg is None
+        loaded = state.read(state_dict, seed=None if adopt else self.seed, fingerprint=self._full_fingerprint())
+        if adopt:
+            self._adopt_seed(loaded.seed)
+        self._skips, self._skip_ids = loaded.skips, loaded.skip_ids  # before the size below, which they shrink
+        self._sync()
+        if self._pass is not None:  # a running pass: its iterator must not carry on from the old position
+            self._pass.stop(state.stopped_message(type(self).__name__))
+        self._pass = None
+        self._progress.load(loaded.epoch, loaded.consumed, self._plan_size(loaded.epoch))
+        self._on_epoch(loaded.epoch)
+
+    def _adopt_seed(self, seed: int) -> None:  # a validated state's seed (this sampler was built with seed=None)
+        self._resolved_seed, self._seed_source = seed, "resumed state"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A live pass holds iterators; pickling (ddp_spawn, workers) carries only the position.
+        self._sync()
+        return state.pickled(self.__dict__, self._progress, self._pass)
 
     # -- description ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

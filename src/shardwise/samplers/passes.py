@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core.plan import Even, pass_end
+from .._core.plan import Even, pass_end, rank_positions
 from .delivery import LoaderDriver
 
 UnitSource = Callable[[np.ndarray], list[Any]]
@@ -68,6 +68,32 @@ class LivePass:
     def consumed_at(self, done: int) -> int:
         """The global ``consumed`` once every rank has gone ``done`` units into this pass (``done < count``)."""
         return self.start + done * self.world_size
+
+    def chunks(self, source: UnitSource, rank: int, first_size: int, size: int, period: int | None,
+               known: Callable[[np.ndarray], np.ndarray] | None) -> Iterator[Iterator[Any]]:  # fmt: skip
+        """The pass's units for ``rank``, chunk by chunk: ``first_size`` units, doubling up to ``size``.
+
+        Only chunk boundaries depend on the chunk sizes, never the units (a source is a pure function
+        of the positions), so small first chunks just make the first units cheaper. ``known`` cuts a
+        chunk at the positions a plan written at run time knows yet (computed when the chunk is pulled,
+        after the loop's last update); ``period``: where padded positions wrap (``_core.plan.wrap``).
+        """
+        first, step = 0, first_size
+        while first < self.count:
+            stop = min(first + step, self.count)
+            positions = rank_positions(self.start, rank, self.world_size, first, stop, self.total, period)
+            if known is not None:
+                positions = known(positions)
+                stop = first + len(positions)
+            units = source(positions)
+            if len(units) != stop - first:
+                raise RuntimeError(f"the plan produced {len(units)} units for {stop - first} positions")
+            pieces = getattr(units, "pieces", None)  # a chunk handed out in pieces, each pulled as the last ends
+            for piece in (units,) if pieces is None else pieces():
+                self.done_chunks += self.current_len
+                self.current, self.current_len = iter(piece), len(piece)
+                yield self.current
+            first, step = stop, min(2 * step, size)
 
     def end(self) -> int:
         """The global ``consumed`` once the pass is complete: ``total`` or past it (padding)."""
