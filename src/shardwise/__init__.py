@@ -25,7 +25,8 @@ from ._core.version import __version__ as __version__
 #
 # NOTE [ Public names, public modules ]
 # A public name defined in a private module (``shardwise._core...``) says ``__module__ == "shardwise"``
-# (set by one line at the end of its defining module), so that help(), reprs, tracebacks and pickles
+# (set by ``_core.public.public`` at the end of its defining module, which resolves a class's string
+# annotations there first, for typing.get_type_hints), so that help(), reprs, tracebacks and pickles
 # name where a user imports it; pickle finds it here through __getattr__.
 if TYPE_CHECKING:
     from ._core.adaptive import SourceStatistics as SourceStatistics

@@ -7,7 +7,10 @@ import importlib
 import pydoc
 import subprocess
 import sys
+import typing
 from pathlib import Path
+
+import numpy as np
 
 import shardwise
 
@@ -168,6 +171,16 @@ def test_public_names_report_a_public_module() -> None:
     assert "in module shardwise" in pydoc.render_doc(shardwise.Exp3)
     assert repr(shardwise.Exp3()) == "Exp3(smoothing=0.9, floor=0.02)"
     assert repr(shardwise.Even.PAD) == "<Even.PAD: 'pad'>"
+
+
+def test_public_classes_annotations_resolve_where_they_say_they_live() -> None:
+    """typing.get_type_hints reads a class's string annotations in the module __module__ names (shardwise):
+    ``_core.public.public`` resolved them in the defining module first (np.ndarray, Callable)."""
+    for name in shardwise.__all__:
+        obj = getattr(shardwise, name)
+        if isinstance(obj, type):
+            typing.get_type_hints(obj)
+    assert typing.get_type_hints(shardwise.PolicyStep)["weights"] is np.ndarray
 
 
 def test_public_objects_pickle_through_their_public_module() -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .errors import MalformedStateError, check_int
+from .public import public
 
 SHARE_DENOMINATOR = 1 << 30
 """Ledger weights are integer shares of ``2**30``: exact, and what the block arithmetic works on."""
@@ -296,4 +297,4 @@ def known_prefix(positions: np.ndarray, known: int, refuse: Callable[[np.ndarray
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-SourceStatistics.__module__ = WeightLedger.__module__ = "shardwise"
+public(SourceStatistics, WeightLedger)

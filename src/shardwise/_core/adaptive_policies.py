@@ -19,6 +19,7 @@ import numpy as np
 from .adaptive import SHARE_DENOMINATOR, SourceStatistics, WeightLedger, quantize_shares
 from .arrays import as_weight_array
 from .errors import check_int
+from .public import public
 
 
 def check_real(name: str, value: object, *, low: float, high: float, low_open: bool = False) -> float:
@@ -277,4 +278,4 @@ class AdaptiveWeights:
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-AdaptiveWeights.__module__ = Exp3.__module__ = ExponentiatedGradient.__module__ = PolicyStep.__module__ = "shardwise"
+public(AdaptiveWeights, Exp3, ExponentiatedGradient, PolicyStep)

@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from .public import public
+
 E = TypeVar("E", bound=enum.Enum)
 
 
@@ -281,4 +283,4 @@ def check_ranges(name: str, values: object) -> Any:
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-MalformedStateError.__module__ = StateMismatchError.__module__ = "shardwise"
+public(MalformedStateError, StateMismatchError)

@@ -27,6 +27,7 @@ from .mixture_blocks import (
     source_keys,
 )
 from .offsets import offsets_from_counts
+from .public import public
 from .weights import BY_SAMPLES, Weights, WeightSchedule, exact_weights
 
 
@@ -323,4 +324,4 @@ class MixturePlan:
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-MixtureStop.__module__ = PendingWeightsError.__module__ = "shardwise"
+public(MixtureStop, PendingWeightsError)

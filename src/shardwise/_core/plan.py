@@ -32,6 +32,8 @@ import enum
 
 import numpy as np
 
+from .public import public
+
 
 class Even(str, enum.Enum):
     """How every rank is given the same number of units when the plan does not divide evenly."""
@@ -110,4 +112,4 @@ def rank_positions(start: int, rank: int, world_size: int, first: int, stop: int
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-Even.__module__ = "shardwise"
+public(Even)

@@ -27,6 +27,7 @@ from .mixture import MixturePlan
 from .mixture_blocks import element_keys, floor_share, golden_step
 from .permutation import GOLDEN, feistel_unpermute, mix64
 from .plan import padded_positions, wrap
+from .public import public
 from .schedule import Run
 
 
@@ -167,4 +168,4 @@ def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-ProvenanceUnsupported.__module__ = "shardwise"
+public(ProvenanceUnsupported)

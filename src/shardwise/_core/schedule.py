@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .errors import check_callable, check_int
+from .public import public
 from .thresholds import BY_EPOCH, Stepwise, read_thresholds
 
 
@@ -375,4 +376,4 @@ def plan_steps(
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-BatchSizeSchedule.__module__ = "shardwise"
+public(BatchSizeSchedule)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .arrays import as_weight_array, digest
 from .errors import check_int
+from .public import public
 from .thresholds import BY_EPOCH, Stepwise, read_thresholds
 
 WEIGHT_DENOMINATOR = 1 << 30
@@ -214,4 +215,4 @@ def as_weight_schedule(weights: object) -> WeightSchedule:
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-WeightSchedule.__module__ = temperature_weights.__module__ = "shardwise"
+public(WeightSchedule, temperature_weights)

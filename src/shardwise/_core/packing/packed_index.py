@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import check_int
+from ..public import public
 
 
 class PackedIndex(int):
@@ -41,4 +42,4 @@ class PackedIndex(int):
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-PackedIndex.__module__ = "shardwise"
+public(PackedIndex)

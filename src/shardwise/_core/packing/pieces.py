@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..offsets import offsets_from_counts, span_positions
+from ..public import public
 
 
 class TooLong(str, enum.Enum):
@@ -208,4 +209,4 @@ def fill_pieces(
 
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
-TooLong.__module__ = "shardwise"
+public(TooLong)
