@@ -1,4 +1,4 @@
-"""The shell every shardwise sampler shares: lazy rank resolution, epochs, passes, dealing, repr.
+"""The shell every shardwise sampler shares: epochs, passes, dealing, state, repr (over ``samplers.shell``).
 
 A sampler subclass says three things: how many units its global plan has in an epoch
 (``_plan_size``), how to turn plan positions into units (``_open_pass``), and what identifies its
@@ -16,25 +16,18 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
 
 from .._core.errors import check_int
-from .._core.plan import Even, rank_count
-from .._core.seeds import check_seed, log_resolved_seed, resolve_seed
-from .._core.skips import IdSkips, SkipLedger
-from .._core.state import Fingerprint, Progress
-from .._core.world import World, check_world_args
+from .._core.plan import rank_count
+from .._core.world import World
 from . import callers, state
 from .delivery import find_driver
 from .frameworks import PlanMeta, install, lightning_pending_epoch, refuse_resharding
 from .keywords import Keywords, read_keywords
-from .passes import LivePass, UnitSource
+from .passes import LivePass
 from .queries import PlanQueries
-from .world import current_world
-
-if TYPE_CHECKING:
-    import numpy as np
 
 T = TypeVar("T")
 
@@ -42,7 +35,7 @@ T = TypeVar("T")
 class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
     """Mixin with the behaviour docs/design.md requires of every sampler; see the module docstring.
 
-    Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks.
+    Subclasses call :meth:`_init_plan` from ``__init__`` and implement the three hooks (``samplers.shell``).
     """
 
     _CHUNK: ClassVar[int] = 1 << 16
@@ -50,48 +43,6 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
 
     _FIRST_CHUNK: ClassVar[int] = 0
     """Units in a pass's first chunk (0: ``_CHUNK``); later chunks double up to ``_CHUNK``: a cheap first batch."""
-
-    _seed_arg: int | None
-    _resolved_seed: int | None
-    _seed_source: str
-    _num_replicas_arg: int | None
-    _rank_arg: int | None
-    _even: Even
-    _progress: Progress
-    _pass: LivePass | None
-    _skips: SkipLedger
-
-    # -- hooks -------------------------------------------------------------------------------
-    def _plan_size(self, epoch: int) -> int:
-        """Units in the global plan of ``epoch``."""
-        raise NotImplementedError
-
-    def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
-        """The unit source for one pass over ``epoch`` starting at plan position ``start``."""
-        raise NotImplementedError
-
-    def _fingerprint(self) -> Fingerprint:
-        """Plain values identifying the plan; the kind is added here."""
-        raise NotImplementedError
-
-    def _config(self) -> dict[str, Any]:
-        """Configuration shown by ``__repr__`` (after the data argument)."""
-        return {}
-
-    def _on_epoch(self, epoch: int) -> None:
-        """Called whenever the epoch is set or advances (wrappers forward it to what they wrap)."""
-
-    def _known_positions(self) -> Callable[[np.ndarray], np.ndarray] | None:
-        """For one pass: the leading positions of a chunk whose units can be computed yet (``None``: all).
-
-        A sampler whose plan is written at run time (adaptive mixture weights) cuts each chunk there, and
-        raises when not even the first position is known.
-        """
-        return None
-
-    def _wrap_period(self) -> int | None:
-        """The period padding wraps within (NOTE [ Padding wrap ] in ``_core.plan``); ``None``: ``p % total``."""
-        return None
 
     # -- construction --------------------------------------------------------------------------
     _KEYWORD_DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -105,90 +56,7 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
             raise TypeError(f"{type(self).__name__}.__init__ should take **options: Unpack[...] (see .keywords)")
         return read_keywords(type(self).__name__, kind, options, self._KEYWORD_DEFAULTS)
 
-    def _init_plan(self, keywords: Keywords) -> None:
-        self._seed_arg = keywords.seed
-        self._resolved_seed = self._seed_arg
-        self._seed_source = keywords.seed_source  # "default" when no seed was passed (0, as torch's)
-        self._num_replicas_arg, self._rank_arg = keywords.num_replicas, keywords.rank
-        self._even = keywords.even
-        self._progress = Progress()
-        self._pass = None
-        self._skips = SkipLedger()
-        self._skip_ids = IdSkips()
-
-    # -- resolution ----------------------------------------------------------------------------
-    @property
-    def world(self) -> World:
-        """Rank and world size as resolved now (explicit arguments, torch.distributed, launcher)."""
-        return current_world(self._num_replicas_arg, self._rank_arg)
-
-    @property
-    def num_replicas(self) -> int:
-        """World size, resolved lazily (a sampler is often built before the process group)."""
-        return self.world.world_size
-
-    @num_replicas.setter
-    def num_replicas(self, value: int) -> None:
-        # Assigning DistributedSampler.num_replicas pins the world size, like the constructor argument.
-        self._num_replicas_arg, self._rank_arg = check_world_args(value, self._rank_arg)
-
-    @property
-    def rank(self) -> int:
-        """Global rank, resolved lazily; never the local rank."""
-        return self.world.rank
-
-    @rank.setter
-    def rank(self, value: int) -> None:
-        self._num_replicas_arg, self._rank_arg = check_world_args(self._num_replicas_arg, value)
-
-    @property
-    def seed(self) -> int:
-        """The seed in use; ``seed=None`` is resolved once, alike on every rank (see ``resolve_seed``)."""
-        if self._resolved_seed is None:
-            self._resolved_seed, self._seed_source = resolve_seed(None, world_size=self.world.world_size)
-            log_resolved_seed(type(self).__name__, self._resolved_seed, self._seed_source)
-        return self._resolved_seed
-
-    @seed.setter
-    def seed(self, value: int | None) -> None:
-        self._sync()
-        if self._pass is not None or self._progress.consumed:
-            raise RuntimeError("seed cannot change in the middle of an epoch; set it before iterating")
-        self._seed_arg = self._resolved_seed = check_seed(value)
-        self._seed_source = "argument"
-
-    def _refuse_mid_epoch(self, name: str) -> None:
-        """Raise before ``name`` changes while an epoch is under way (the pass and the state follow one plan)."""
-        self._sync()
-        if self._pass is not None or (self._progress.consumed and not self._progress.completed):
-            raise RuntimeError(
-                f"{name} cannot change in the middle of an epoch; set it before iterating or between epochs"
-            )
-
-    @property
-    def even(self) -> Even:
-        """How ranks are given equal lengths: ``Even.PAD`` or ``Even.DROP``."""
-        return self._even
-
     # -- epochs and position -------------------------------------------------------------------
-    def _sync(self) -> None:
-        """Fold the live pass's trained position into the progress record.
-
-        Trained, not handed out: a DataLoader's workers run ahead of the loop (see ``delivery``),
-        so ``state_dict`` after a loop that stopped early resumes after what the loop received. A
-        new pass still starts its epoch (NOTE [ A new pass starts its epoch ] in ``_core.state``).
-        """
-        live = self._pass
-        if live is None:
-            return
-        done = live.trained()
-        if done >= live.count:
-            self._progress.consumed = live.end()
-            self._progress.completed = True
-            self._pass = None
-        else:
-            self._progress.consumed = live.consumed_at(done)
-
     @property
     def epoch(self) -> int:
         """The epoch being iterated, or the one the next ``__iter__`` will iterate."""
@@ -315,9 +183,6 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         return live, live.chunks(source, world.rank, first, self._CHUNK, self._wrap_period(), self._known_positions())
 
     # -- state (samplers.state) ---------------------------------------------------------------
-    def _full_fingerprint(self) -> Fingerprint:
-        return {"kind": type(self).__name__, **self._fingerprint()}
-
     def state_dict(self) -> dict[str, Any]:
         """The global, world-size-independent position: ``{version, epoch, consumed, seed, fingerprint}``.
 
@@ -375,9 +240,6 @@ class PlanSampler(PlanQueries, Generic[T], metaclass=PlanMeta):
         self._pass = None
         self._progress.load(loaded.epoch, loaded.consumed, self._plan_size(loaded.epoch))
         self._on_epoch(loaded.epoch)
-
-    def _adopt_seed(self, seed: int) -> None:  # a validated state's seed (this sampler was built with seed=None)
-        self._resolved_seed, self._seed_source = seed, "resumed state"
 
     def __getstate__(self) -> dict[str, Any]:
         # A live pass holds iterators; pickling (ddp_spawn, workers) carries only the position.

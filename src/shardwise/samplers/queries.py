@@ -56,10 +56,6 @@ class PlanQueries(SkipQueries):
         """
         return self._id_count()
 
-    def _id_count(self) -> int | None:
-        """The hook behind :attr:`id_count`; every shardwise sampler that inverts its plan overrides it."""
-        return None
-
     def _sample_id(self, name: str, value: object) -> int:
         """``value`` as a sample id this sampler draws, else a ``ValueError`` naming ``name`` and the range.
 

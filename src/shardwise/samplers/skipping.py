@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .._core.errors import check_int, check_ranges
-from .._core.plan import Even
 from .._core.provenance import ProvenanceUnsupported
 from .._core.skips import IdSkips, SkipLedger
-from .._core.state import Fingerprint, Progress
 from .._core.world import World
 from .callers import warn_outside
 from .passes import UnitSource
+from .shell import Shell
 
 
 def _compacted_size(raw: Callable[[Any, int], int]) -> Callable[[Any, int], int]:
@@ -131,37 +130,8 @@ def _revealed(self: Any, epoch: int, rows: np.ndarray, first: int, stop: int) ->
     return np.concatenate(found)
 
 
-class SkipQueries:
+class SkipQueries(Shell):
     """The skip ledger of a ``PlanSampler``; see the module docstring."""
-
-    if TYPE_CHECKING:  # provided by PlanSampler
-        _even: Even
-        _progress: Progress
-        _pass: Any
-        _seed_arg: int | None
-        _num_replicas_arg: int | None
-
-        @property
-        def seed(self) -> int: ...
-
-        def _sync(self) -> None: ...
-
-        def _plan_size(self, epoch: int) -> int: ...
-
-        def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource: ...
-
-        def _on_epoch(self, epoch: int) -> None: ...
-
-        def _wrap_period(self) -> int | None: ...
-
-        def _adopt_seed(self, seed: int) -> None: ...
-
-        def _full_fingerprint(self) -> Fingerprint: ...
-
-        def _id_count(self) -> int | None: ...
-
-    _skips: SkipLedger
-    _skip_ids: IdSkips
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # The skip ledger (NOTE in shardwise._core.skips) is honoured around the two plan hooks, once
