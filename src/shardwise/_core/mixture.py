@@ -217,6 +217,10 @@ class MixturePlan:
         self._layout, self._buffer = (epoch, layout), None
         return layout
 
+    def reveal_until(self, known_until: int) -> None:
+        """Run positions below ``known_until`` are known (an adaptive ledger's reach): units past it are refused."""
+        self.known_until = known_until
+
     def extend(self, threshold: int, weights: Weights, known_until: int) -> None:
         """Append a weight change at run position ``threshold`` (an adaptive ledger's update): amortised O(S).
 

@@ -56,6 +56,7 @@ class AdaptivePlan(Protocol):
 
     known_until: int | None
 
+    def reveal_until(self, known_until: int) -> None: ...
     def epoch_start(self, epoch: int) -> int: ...
     def extend(self, threshold: int, weights: Weights, known_until: int) -> None: ...
     def check_known(self, epoch: int, positions: np.ndarray) -> None: ...
@@ -255,7 +256,7 @@ class Feedback:
         plan = new_plan(self.block)
         for entry in range(1, ledger.updates + 1):
             plan.extend(ledger.start_of(entry), as_weights(ledger.shares[entry]), ledger.start_of(entry + 1))
-        plan.known_until = ledger.known_until
+        plan.reveal_until(ledger.known_until)
         return plan
 
 

@@ -207,7 +207,7 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self._plan = self._new_plan(block)
         if config is not None and initial is not None:
             self._feedback = Feedback(config, initial, self._plan.block, int(self.num_samples or 0))
-            self._plan.known_until = self._feedback.ledger.known_until
+            self._plan.reveal_until(self._feedback.ledger.known_until)
         self._init_plan(keywords)
 
     def _new_plan(self, block: int | None) -> MixturePlan:

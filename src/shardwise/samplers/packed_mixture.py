@@ -178,7 +178,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
             # NOTE [ Adaptive weights in tokens ]: weights change at any batch (block 1), and every positive
             # weight is drawn as asked (its tokens floor per batch, the sum exact): no least share to lift to.
             self._feedback = Feedback(config, initial, 1, self.num_batches, least_share=1, unit="batches")
-            self._plan.known_until = self._feedback.ledger.known_until
+            self._plan.reveal_until(self._feedback.ledger.known_until)
         self._init_plan(keywords)
 
     def _new_plan(self, block: int) -> TokenMixturePlan:

@@ -130,6 +130,10 @@ class TokenMixturePlan:
             self._quotas = (epoch, quotas)
         return self._quotas[1]
 
+    def reveal_until(self, known_until: int) -> None:
+        """Run batches below ``known_until`` are known (an adaptive ledger's reach): units past it are refused."""
+        self.known_until = known_until
+
     def extend(self, batch: int, weights: Weights, known_until: int) -> None:
         """New weights from run batch ``batch`` on (an adaptive ledger's update); batches below ``known_until`` known.
 
