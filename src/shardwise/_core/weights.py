@@ -175,9 +175,10 @@ class WeightSchedule(Stepwise):
 
     def check_sources(self, count: int) -> None:
         """Raise unless every weight vector has one weight per source."""
-        for threshold, weights in zip(self._thresholds, self._weights, strict=True):
-            name = "weights" if self._kind == CONSTANT else f"weights[{threshold}]"
-            as_weight_array(name, weights, length=count)
+        for threshold, weights in zip(self._thresholds, self._weights, strict=True):  # each checked when built
+            if len(weights) != count:
+                name = "weights" if self._kind == CONSTANT else f"weights[{threshold}]"
+                raise ValueError(f"{name} should hold one weight per source ({count}), but got {len(weights)} weights")
 
     def fingerprint(self) -> str:
         """A digest of the kind, the thresholds and the weights."""
