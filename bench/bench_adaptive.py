@@ -2,11 +2,11 @@
 
 Run (alone on the machine)::
 
-    python bench/bench_adaptive.py --plot adaptive_weights.png      # about 10 minutes on 2 CPU cores
-    python bench/bench_adaptive.py --quick --plot weights.png  # under 2 minutes
-    python bench/bench_adaptive.py --overhead-only              # the overhead tables and the memory row
-    python bench/bench_adaptive.py --memory                     # the memory row alone (about a minute)
-    python bench/bench_adaptive.py --arm exp3                   # one arm of the demonstration (about 3 minutes)
+    python -m bench.bench_adaptive --plot adaptive_weights.png      # about 10 minutes on 2 CPU cores
+    python -m bench.bench_adaptive --quick --plot weights.png  # under 2 minutes
+    python -m bench.bench_adaptive --overhead-only              # the overhead tables and the memory row
+    python -m bench.bench_adaptive --memory                     # the memory row alone (about a minute)
+    python -m bench.bench_adaptive --arm exp3                   # one arm of the demonstration (about 3 minutes)
 
 **Overhead.** 8 gloo ranks on this machine (CPU), side by side in one run: the update's collective
 (one ``all_reduce`` of ``4 + 2 x 3`` int64 numbers with its checks) against the baseline, a bare
@@ -133,7 +133,7 @@ def memory_per_update(updates: int) -> dict[str, float]:
     """Private memory (``RssAnon``) a process holds per update: ``updates`` updates of a 1e9-sample epoch, 3 sources.
 
     Every update lands in the epoch whose layout is cached (the worst case: the ledger, the plan's weight change and
-    the layout's row all grow); measured in a fresh process (``python bench/bench_adaptive.py --memory``).
+    the layout's row all grow); measured in a fresh process (``python -m bench.bench_adaptive --memory``).
     """
     import gc
 

@@ -201,7 +201,7 @@ def packed_mixture(lengths: list[np.ndarray], args: argparse.Namespace) -> tuple
             rows = np.fromiter((i.row for i in batch), np.int64, len(batch))
             sizes = np.fromiter((i.stop - i.start for i in batch), np.int64, len(batch))
             if k < 2:  # rank r's batch k is the W=1 plan's batch k * W + r
-                planned = sampler.plan.batch(0, sampler.seed, k * world + rank)
+                planned = sampler.plan.core.batch(0, sampler.seed, k * world + rank)
                 assert np.array_equal(planned[0], ids) and np.array_equal(planned[1], rows), (rank, k)
             per_row = np.bincount(rows, weights=sizes, minlength=args.rows)
             assert (per_row == args.max_len).all(), f"rank {rank} batch {k}: row tokens {per_row.tolist()}"

@@ -143,6 +143,6 @@ def plan_of(case: Case, n: int, *, seed: int = 0, epoch: int | None = None) -> l
 def dealt(plan: list[Hashable], start: int, rank: int, world_size: int, count: int,
           period: int | None = None) -> list[Hashable]:  # fmt: skip
     """What rank ``rank`` must yield: plan positions start+rank, +W, ..., wrapped into the plan (period: the
-    sampler's ``wrap_period``, ``None`` for the plan's start)."""
+    sampler's ``plan.wrap_period``, ``None`` for the plan's start)."""
     positions = wrap(start + rank + world_size * np.arange(count, dtype=np.int64), len(plan), period)
     return [plan[p] for p in positions.tolist()]

@@ -224,3 +224,26 @@ def test_public_examples_run() -> None:
             assert result.failed == 0, name
             attempted += result.attempted
     assert attempted >= 9
+
+
+SHELL_NAMES = {"describe", "even", "load_state_dict", "plan", "sampler", "skip_id_ranges", "skip_ids", "skip_ledger",
+               "skip_positions", "skip_ranges", "skipped_ids", "state_dict", "world"}  # fmt: skip
+"""What the sampler shell adds to torch's DistributedSampler names (docs/design.md lists each with its reason)."""
+
+
+def test_the_shell_adds_the_listed_names_to_torchs_and_no_more() -> None:
+    """Every sampler answers torch's names plus these 13 (its own configuration aside); what other modules read
+    of a plan is ``sampler.plan``, not a name on the sampler."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    from shardwise.samplers.base import PlanSampler
+
+    torch_names = {n for n in dir(DistributedSampler) if not n.startswith("_")} | {
+        "dataset", "drop_last", "epoch", "num_replicas", "num_samples", "rank", "seed", "shuffle", "total_size"}  # fmt: skip
+    shell = {name for klass in PlanSampler.__mro__ if klass.__module__.startswith("shardwise")
+             for name in vars(klass) if not name.startswith("_")}  # fmt: skip
+    assert shell - torch_names == SHELL_NAMES
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text(encoding="utf-8")
+    assert all(f"`{name}`" in design for name in SHELL_NAMES)
+    sampler = shardwise.ShardedSampler(10, num_replicas=1, rank=0)
+    assert {n for n in dir(sampler) if not n.startswith("_")} - torch_names == SHELL_NAMES

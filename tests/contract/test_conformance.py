@@ -35,7 +35,7 @@ def test_dealt_by_position_with_equal_lengths(case: Case, shape: tuple[int, int]
         got = run_epoch(sampler)
         assert len(got) == expected_len
         lengths.add(len(got))
-        assert got == dealt(plan, 0, rank, world_size, len(got), getattr(sampler, "wrap_period", None))
+        assert got == dealt(plan, 0, rank, world_size, len(got), sampler.plan.wrap_period)
     assert len(lengths) == 1
     count = lengths.pop()
     if _even(case.make(n, num_replicas=world_size, rank=0)) is Even.PAD:
@@ -169,7 +169,7 @@ def test_a_sample_id_out_of_range_is_one_clear_error(case: Case) -> None:
     n = max(20, case.min_n)
     sampler = case.make(n, num_replicas=2, rank=0, seed=1)
     batch_size = None if not isinstance(sampler, torch.utils.data.DistributedSampler) else 2
-    count = sampler.id_count
+    count = sampler.plan.id_count
     if case.name.startswith("shard"):
         assert count is None
         with pytest.raises(shardwise.ProvenanceUnsupported):
@@ -182,7 +182,7 @@ def test_a_sample_id_out_of_range_is_one_clear_error(case: Case) -> None:
         with pytest.raises(ValueError, match=wanted + r".*but got index=" + str(bad)):
             shardwise.when(sampler, bad, epochs=[0, 1], batch_size=batch_size)
         with pytest.raises(ValueError, match=wanted):
-            sampler.plan_positions_of(0, bad)
+            sampler.plan.positions_of(0, bad)
 
 
 @cases

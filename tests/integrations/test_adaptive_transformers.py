@@ -162,7 +162,7 @@ def test_packed_mixture_batches_report_each_tokens_loss_to_its_source_and_resume
     for epoch in range(2):
         sampler.set_epoch(epoch)
         for position in range(16):
-            ids, _, starts, stops = sampler.plan.batch(epoch, sampler.seed, position)
+            ids, _, starts, stops = sampler.plan.core.batch(epoch, sampler.seed, position)
             # a piece's first token is no target (a document's first label is -100, and so is a row's first position)
             expected.append(np.bincount(sampler.sources_of(ids), weights=stops - starts - 1, minlength=3).astype(int))
     assert len(recorded) == 32 and all((r == e).all() for r, e in zip(recorded, expected, strict=True))

@@ -76,14 +76,15 @@ def test_without_partitions_the_padding_reads_the_plan_s_last_positions() -> Non
     grouped = [LocalitySampler(_sizes(13), window=2, ranks_per_partition=4, num_replicas=4, rank=r, seed=7)
                for r in range(4)]  # fmt: skip
     assert [list(s)[-1] for s in grouped] == [plan[12], plan[9], plan[10], plan[11]]
-    assert plain[0].wrap_period == 1 and grouped[0].wrap_period == 4 and _ranks(13, 2, 2, 4)[0].wrap_period == 4
+    assert plain[0].plan.wrap_period == 1 and grouped[0].plan.wrap_period == 4
+    assert _ranks(13, 2, 2, 4)[0].plan.wrap_period == 4
 
 
 def test_other_samplers_wrap_to_the_plan_s_start() -> None:
     """Every other sampler's padding reads p % n, torch's rule."""
     ranks = [ShardedSampler(13, num_replicas=4, rank=r, shuffle=False) for r in range(4)]
     assert [list(s)[-1] for s in ranks] == [12, 0, 1, 2]
-    assert ranks[0].wrap_period is None
+    assert ranks[0].plan.wrap_period is None
 
 
 @pytest.mark.parametrize(("partitions", "group", "world_size", "total"),
@@ -133,7 +134,7 @@ def test_scheduled_batches_over_partitions_wrap_as_the_sampler_does() -> None:
     ranks = [ScheduledBatchSampler(LocalitySampler(_sizes(total), window=2, partitions=2, ranks_per_partition=2,
                                                    num_replicas=world_size, rank=r, seed=3),
                                    batch_size=2, num_replicas=world_size, rank=r) for r in range(world_size)]  # fmt: skip
-    assert ranks[0].wrap_period == 4
+    assert ranks[0].plan.wrap_period == 4
     plan = list(LocalitySampler(_sizes(total), window=2, partitions=2, ranks_per_partition=2, num_replicas=1, rank=0,
                                 seed=3))  # fmt: skip
     seen: Counter[int] = Counter()

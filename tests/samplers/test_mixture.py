@@ -70,7 +70,7 @@ def test_proportion_bound_holds_for_random_weights_and_sizes(
     a, denominator = exact_weights(np.asarray(weights, dtype=np.float64))
     shares = [Fraction(x, denominator) for x in a]
     plan = sampler._plan
-    found = plan.locate(seed, 0, np.arange(sampler.plan_size(0), dtype=np.int64))
+    found = plan.locate(seed, 0, np.arange(sampler.plan.size(0), dtype=np.int64))
     _check_bound(found.sources, shares, block)
     whole = slice(0, 12 * block)  # the cut last block holds a subset of its block's draws, not a prefix
     for i in range(len(sizes)):  # over whole blocks each source's draws are numbered 0, 1, 2, ..., none missing
@@ -156,7 +156,7 @@ def test_exhaustion_stops_cover_the_exhausted_source_and_end_at_its_block(stop: 
     sampler = MixtureSampler(sizes, weights, stop=stop, primary=0 if stop == "primary" else None, block=8,
                              num_replicas=1, rank=0)  # fmt: skip
     plan = list(sampler)
-    assert len(plan) == sampler.plan_size(0) and len(plan) % 8 == 0
+    assert len(plan) == sampler.plan.size(0) and len(plan) % 8 == 0
     counts = np.bincount(sampler.sources_of(plan), minlength=3)
     before = np.bincount(sampler.sources_of(plan[:-8]), minlength=3)
     covered = [set(range(o, o + n)) <= set(plan) for o, n in zip(sampler.offsets, sizes, strict=True)]
@@ -363,7 +363,7 @@ def test_by_samples_schedule_with_an_exhaustion_stop_follows_earlier_epochs() ->
     """Epoch 1 starts where epoch 0 ended; a change 20 samples into epoch 1 applies from there, block by block."""
     schedule = WeightSchedule.by_samples({0: [0.5, 0.5], 80: [0.75, 0.25]})
     sampler = MixtureSampler([30, 10], schedule, stop="all_exhausted", block=4, num_replicas=1, rank=0)
-    assert sampler.plan_size(0) == 60  # source 0 needs 30 draws at 1/2
+    assert sampler.plan.size(0) == 60  # source 0 needs 30 draws at 1/2
     assert sampler._plan.epoch_start(1) == 60
     sampler.set_epoch(1)
     sources = sampler.sources_of(list(sampler)).reshape(-1, 4)

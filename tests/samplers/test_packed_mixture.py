@@ -76,13 +76,13 @@ def test_a_large_memory_mapped_source_is_read_once_a_cycle_in_chunks(tmp_path: P
     small = np.full(50, 30)
     tokens = int(lengths.sum())
     s = sampler([mapped, small], [0.75, 0.25], max_len=256, rows_per_batch=2, stop="all_exhausted")
-    assert s.plan.streams(0, s.seed)[0].chunks == 5  # 20,000 documents in chunks of 4,096
+    assert s.plan.core.streams(0, s.seed)[0].chunks == 5  # 20,000 documents in chunks of 4,096
     seen = np.zeros(lengths.size, dtype=np.int64)
     for batch in s:
         for piece in batch:
             if int(piece) < lengths.size:
                 seen[int(piece)] += piece.stop - piece.start
-    drawn = s.plan.quotas(0).cumulative(len(s))[0]
+    drawn = s.plan.core.quotas(0).cumulative(len(s))[0]
     assert tokens <= drawn < 2 * tokens  # all_exhausted: the big source once, and the start of its second cycle
     assert int(seen.sum()) == drawn and (seen >= lengths).all() and (seen - lengths <= lengths).all()
 
@@ -169,8 +169,8 @@ def test_without_shuffle_a_large_source_is_read_in_index_order_in_contiguous_chu
     """No shuffle: documents in index order, chunk by chunk (a rank never holds the whole source's order)."""
     lengths = np.random.default_rng(2).integers(0, 30, 9_000)
     s = sampler([lengths, [25] * 10], [0.9, 0.1], max_len=128, rows_per_batch=2, num_batches=60, shuffle=False)
-    stream = s.plan.streams(0, s.seed)[0]
-    assert stream.chunks == 3 and not s.plan.shuffle
+    stream = s.plan.core.streams(0, s.seed)[0]
+    assert stream.chunks == 3 and not s.plan.core.shuffle
     first = [int(p) for batch in s for p in batch if int(p) < lengths.size]
     assert first == sorted(first) and first[0] == int(np.flatnonzero(lengths)[0])
 

@@ -95,7 +95,7 @@ def _unskipped_plan(sampler: MixtureSampler, epoch: int) -> list[int]:
     state = sampler.state_dict()
     state.pop("skip_ids")
     twin.load_state_dict(state)
-    plan = twin.plan_units(epoch, np.arange(NUM_SAMPLES), 1)
+    plan = twin.plan.units(epoch, np.arange(NUM_SAMPLES), 1)
     return [int(i) for i in plan if not _is_skipped(i)]
 
 
@@ -109,8 +109,8 @@ def test_skipped_ids_never_train_with_adaptive_weights() -> None:
         flat = _flat(batches)
         assert int(_is_skipped(flat).sum()) == 0, f"epoch {epoch}: {int(_is_skipped(flat).sum())} skipped ids trained"
         assert flat == _unskipped_plan(sampler, epoch)
-        assert len(flat) == sampler.plan_size(epoch)  # the size the ledger gives once every position is known
-        assert [int(i) for i in sampler.plan_units(epoch, np.arange(len(flat)), 1)] == flat
+        assert len(flat) == sampler.plan.size(epoch)  # the size the ledger gives once every position is known
+        assert [int(i) for i in sampler.plan.units(epoch, np.arange(len(flat)), 1)] == flat
     assert len(_flat(trained[0])) < announced  # the epoch shrank as the updates revealed where the ids are drawn
     for step in (0, 5, len(trained[0]) - 2):
         assert which(sampler, epoch=0, step=step, batch_size=STEP)[0].indices == trained[0][step]
@@ -196,7 +196,7 @@ def _job(rank: int, world_size: int, directory: str) -> dict[str, Any]:
         sampler = _skipping(world_size, rank, drop_last=drop_last)
         results[f"whole-{drop_last}"] = [_flat(b) for b in _train(sampler, range(EPOCHS), on_update=save,
                                                                    collective=True)]  # fmt: skip
-        results[f"sizes-{drop_last}"] = [sampler.plan_size(epoch) for epoch in range(EPOCHS)]
+        results[f"sizes-{drop_last}"] = [sampler.plan.size(epoch) for epoch in range(EPOCHS)]
         resumed = _sampler(world_size, rank, drop_last=drop_last)
         resumed.load_state_dict(torch.load(folder / f"w1-{drop_last}.pt", weights_only=True))
         results[f"resumed-{drop_last}"] = [_flat(b) for b in _train(resumed, range(EPOCHS), collective=True)]
@@ -213,7 +213,7 @@ def test_two_gloo_ranks_never_train_skipped_ids_and_resume_across_world_sizes(tm
     edges: dict[bool, tuple[list[int], int]] = {}
     for drop_last in (False, True):
         edge = _skipping(drop_last=drop_last, seed=EDGE_SEEDS[drop_last], **EDGE)
-        edges[drop_last] = (_flat(_train(edge, range(1), step=EDGE_STEP)[0]), edge.plan_size(0))
+        edges[drop_last] = (_flat(_train(edge, range(1), step=EDGE_STEP)[0]), edge.plan.size(0))
 
         def save(sampler: MixtureSampler, done: int, drop_last: bool = drop_last) -> None:
             if sampler.adaptive.ledger.updates == 1:  # the first update, in epoch 0

@@ -144,7 +144,7 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
     def _last_step(self) -> tuple[int, str]:
         """``(remainder, why it is not exact or "")`` for the pass about to begin (NOTE [ The last gathered step ])."""
         epoch = self.iteration  # DataLoaderShard sets it on the sampler right after begin()
-        total = self._plan.plan_size(epoch)
+        total = self._plan.plan.size(epoch)
         loaded, self._loaded_start = self._loaded_start, None
         start = 0
         if loaded is not None and loaded.get("epoch") == epoch and 0 < int(loaded.get("consumed", 0)) < total:

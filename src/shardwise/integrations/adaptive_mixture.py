@@ -129,9 +129,9 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
             raise RuntimeError("AdaptiveMixtureMixin needs the training loader ShardwiseTrainerMixin builds")
         world = sampler.world
         first = position.trained * position.batch_size
-        total = sampler.plan_size(position.epoch)
+        total = sampler.plan.size(position.epoch)
         positions = rank_positions(position.start, world.rank, world.world_size, first, first + count, total)
-        return sampler.sources_at(position.epoch, sampler.uncompacted(position.epoch, positions))
+        return sampler.sources_at(position.epoch, sampler.plan.uncompacted(position.epoch, positions))
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         found = self._adaptive_sampler(model)

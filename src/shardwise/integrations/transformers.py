@@ -123,7 +123,7 @@ class _Position:
 
     def remaining_batches(self, epoch: int, consumed: int) -> int:
         """Batches this rank has left in ``epoch`` from plan position ``consumed``, at the current world size."""
-        units = rank_count(self.sampler.plan_size(epoch), consumed, self.sampler.num_replicas, self.sampler.even)
+        units = rank_count(self.sampler.plan.size(epoch), consumed, self.sampler.num_replicas, self.sampler.even)
         if self.batch_size is None:
             return units
         return units // self.batch_size if self.drop_last else -(-units // self.batch_size)
@@ -131,7 +131,7 @@ class _Position:
     def consumed(self) -> int:
         """The plan position of ``epoch`` after the batches trained in this pass (all ranks together)."""
         world_size = self.sampler.num_replicas
-        total = self.sampler.plan_size(self.epoch)
+        total = self.sampler.plan.size(self.epoch)
         count = rank_count(total, self.start, world_size, self.sampler.even)
         units = self._local_units(self.trained, total, self.start, world_size)
         end = pass_end(total, self.start, world_size, self.sampler.even)

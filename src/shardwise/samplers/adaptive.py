@@ -31,15 +31,22 @@ from .._core.world import World
 from .feedback import AdaptivePlan, Feedback
 
 
-class MixtureShell(Protocol):
-    """The public side of a mixture sampler its adaptive weights read (a resume replaces ``plan``)."""
+class MixturePlanView(Protocol):
+    """What the adaptive weights read of a mixture's ``sampler.plan``: its core is an ``AdaptivePlan``."""
 
     @property
-    def plan(self) -> AdaptivePlan: ...
+    def core(self) -> AdaptivePlan: ...
+    def size(self, epoch: int) -> int: ...
+    def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray: ...
+
+
+class MixtureShell(Protocol):
+    """The public side of a mixture sampler its adaptive weights read (a resume replaces ``plan.core``)."""
+
+    @property
+    def plan(self) -> MixturePlanView: ...
     @property
     def world(self) -> World: ...
-    def plan_size(self, epoch: int) -> int: ...
-    def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray: ...
     def sources_of(self, indices: Any) -> np.ndarray: ...
 
 
@@ -127,9 +134,9 @@ class AdaptiveMixture:
         sampler = self._sampler
         # Skipped positions (skip_steps) count as passed: intervals are of plan positions, as the weights are.
         # The end of the dealt plan maps to the end of the plan, skipped positions included (SkipLedger.to_plan).
-        dealt = min(consumed, sampler.plan_size(epoch))
-        position = int(sampler.uncompacted(epoch, np.asarray([dealt], dtype=np.int64))[0])
-        return sampler.plan.epoch_start(epoch) + position
+        dealt = min(consumed, sampler.plan.size(epoch))
+        position = int(sampler.plan.uncompacted(epoch, np.asarray([dealt], dtype=np.int64))[0])
+        return sampler.plan.core.epoch_start(epoch) + position
 
     @property
     def pending(self) -> int:
@@ -188,7 +195,7 @@ class AdaptiveMixture:
         """
         trained = self.trained_position() if position is None else check_int("position", position, minimum=0)
         sampler = self._sampler
-        shares = self._feedback.update(sampler.plan, trained, self._fingerprint(), sampler.world, group)
+        shares = self._feedback.update(sampler.plan.core, trained, self._fingerprint(), sampler.world, group)
         if self._updated is not None:
             self._updated()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture)
         return shares

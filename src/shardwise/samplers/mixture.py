@@ -235,9 +235,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self._sync()
         return self._progress.epoch, self._progress.consumed
 
-    @property
-    def plan(self) -> MixturePlan:
-        """The global plan (numpy only): blocks, weights in force, every position's source and sample."""
+    def _core_plan(self) -> MixturePlan:
+        """``sampler.plan.core``: the global plan (numpy only): blocks, weights in force, every position's source."""
         return self._plan
 
     def weights_at(self, epoch: int, position: int) -> list[float]:
@@ -298,10 +297,10 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         to_step_end = world.world_size - 1 - world.rank
 
         def known(positions: np.ndarray) -> np.ndarray:
-            count = len(plan.known_prefix(epoch, self.uncompacted(epoch, positions)))
+            count = len(plan.known_prefix(epoch, self._uncompacted(epoch, positions)))
             if to_step_end and self._even is Even.DROP and self._size_pending(epoch):
                 ends = positions[:count] + to_step_end
-                count = len(plan.known_prefix(epoch, self.uncompacted(epoch, ends))) if count else 0
+                count = len(plan.known_prefix(epoch, self._uncompacted(epoch, ends))) if count else 0
             return positions[:count]
 
         return known

@@ -223,9 +223,8 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
         schedule.check_sources(sources)
         return schedule
 
-    @property
-    def plan(self) -> TokenMixturePlan:
-        """The global plan (numpy only): epoch sizes, quotas, and every batch by position."""
+    def _core_plan(self) -> TokenMixturePlan:
+        """``sampler.plan.core``: the global plan (numpy only): epoch sizes, quotas, and every batch by position."""
         return self._plan
 
     @property

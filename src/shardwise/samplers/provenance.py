@@ -188,11 +188,12 @@ def which(
     mixture = _mixture_of(sampler)
     # Every rank's positions in one ascending call: one pass over the plan for all ranks (a shard()
     # wrapper reads its sampler forward), and a single round of numpy calls instead of one per rank.
-    per_rank = [sampler.step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks]
+    plan = sampler.plan
+    per_rank = [plan.step_positions(epoch, start, World(r, size, "query"), step, per_step, drop_last) for r in ranks]
     together = np.concatenate(per_rank)
     order = np.argsort(together, kind="stable")
     units: list[Any] = [None] * together.size
-    for slot, unit in zip(order.tolist(), sampler.plan_units(epoch, together[order], size), strict=True):
+    for slot, unit in zip(order.tolist(), plan.units(epoch, together[order], size), strict=True):
         units[slot] = unit
     bounds = np.cumsum([0, *(len(p) for p in per_rank)]).tolist()
     found = []
@@ -247,7 +248,7 @@ def when(
         The occurrences, by epoch then step; padding (``Even.PAD``) may train a sample twice.
 
     Raises:
-        ValueError: ``index`` is not a sample id of the sampler (``[0, sampler.id_count)``), for every sampler.
+        ValueError: ``index`` is not a sample id of the sampler (``[0, sampler.plan.id_count)``), for every sampler.
         ProvenanceUnsupported: a ``shard()`` wrapper.
 
     Example:
@@ -259,14 +260,15 @@ def when(
     sampler, per_step, drop_last = resolve(sampler, batch_size, drop_last)
     size = _world_size(sampler, world_size)
     start = check_int("start", start, minimum=0)
-    count = sampler.id_count
+    plan = sampler.plan
+    count = plan.id_count
     index = check_int("index", index, minimum=0) if count is None else (
         check_sample_id("index", index, count, owner=type(sampler).__name__))  # fmt: skip
     found = []
     for n, epoch in enumerate(_epochs(epochs)):
         first = start if n == 0 else 0
-        for position in sampler.trained_positions_of(epoch, index).tolist():
-            for rank, step in sampler.position_steps(epoch, first, size, position, per_step, drop_last):
+        for position in plan.trained_positions_of(epoch, index).tolist():
+            for rank, step in plan.position_steps(epoch, first, size, position, per_step, drop_last):
                 found.append(Trained(epoch, step, rank, position))
     return sorted(found, key=lambda t: (t.epoch, t.step, t.rank))
 
@@ -303,9 +305,10 @@ def skip_steps(
     epoch = check_int("epoch", epoch, minimum=0)
     size = _world_size(sampler, world_size)
     start = check_int("start", start, minimum=0)
-    first, _ = sampler.step_span(epoch, start, size, steps.start, per_step, drop_last)
-    _, stop = sampler.step_span(epoch, start, size, steps.stop - 1, per_step, drop_last)
-    plan_first, plan_last = (int(p) for p in sampler.uncompacted(epoch, np.asarray([first, stop - 1])))
+    plan = sampler.plan
+    first, _ = plan.step_span(epoch, start, size, steps.start, per_step, drop_last)
+    _, stop = plan.step_span(epoch, start, size, steps.stop - 1, per_step, drop_last)
+    plan_first, plan_last = (int(p) for p in plan.uncompacted(epoch, np.asarray([first, stop - 1])))
     plan_stop = plan_last + 1
     sampler.skip_positions(epoch, plan_first, plan_stop)
     return plan_first, plan_stop

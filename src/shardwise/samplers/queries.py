@@ -4,8 +4,8 @@
 ``shardwise.which`` / ``shardwise.when`` (which plan positions a rank's step covers, which units sit
 at given positions, where a sample is); the skip ledger is its own base, ``SkipQueries``
 (``samplers.skipping``). What other modules (``ScheduledBatchSampler``, ``shard()``, the
-integrations) need of a sampler is a public method of these classes, never a reach into its
-``_attributes`` (``tests/contract/test_layers.py`` guards it).
+integrations) need of a sampler's plan is ``sampler.plan`` (``samplers.plan_view``), built from these
+hooks, never a reach into its ``_attributes`` (``tests/contract/test_private_access.py`` guards it).
 """
 
 from __future__ import annotations
@@ -17,49 +17,37 @@ import numpy as np
 from .._core.errors import check_int, check_sample_id
 from .._core.plan import rank_count, rank_positions
 from .._core.provenance import ProvenanceUnsupported, step_units, steps_in_pass, unit_occurrences
-from .._core.state import Fingerprint
 from .._core.world import World
 from .passes import UnitSource
+from .plan_view import PlanView
 from .skipping import SkipQueries, ledger_for
 
 
 class PlanQueries(SkipQueries):
     """Provenance hooks of a ``PlanSampler`` (the skip ledger: its base, ``SkipQueries``); see the module docstring."""
 
-    # -- what other modules read of a sampler ----------------------------------------------------
-    def plan_size(self, epoch: int) -> int:
-        """Units in ``epoch``'s global plan, all ranks together (skipped positions left out)."""
-        return self._plan_size(check_int("epoch", epoch, minimum=0))
-
-    def unit_source(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
-        """The function from plan positions of ``epoch`` (a pass from ``start``) to the units there.
-
-        What a sampler that cuts this plan into steps of its own (``ScheduledBatchSampler``) reads;
-        it moves no position.
-        """
-        return self._open_pass(epoch, seed, world, start)
-
-    def notify_epoch(self, epoch: int) -> None:
-        """Tell this sampler (and what it wraps) that ``epoch`` is in use, without moving its position."""
-        self._on_epoch(epoch)
-
-    def plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
-        """Plan positions of ``epoch`` whose unit holds sample ``index`` (raises ``ProvenanceUnsupported``
-        where the plan is not inverted, ``ValueError`` for an id outside ``[0, id_count)``)."""
-        return self._plan_positions_of(epoch, self._sample_id("index", index))
-
+    # -- what other modules read of a sampler: sampler.plan -----------------------------------------
     @property
-    def id_count(self) -> int | None:
-        """How many sample ids this sampler draws from (its units hold ids ``0 .. id_count - 1``).
+    def plan(self) -> PlanView:
+        """What other modules read of this sampler's plan (``samplers.plan_view``); a query moves no position."""
+        return PlanView(
+            size=self._plan_size, source=self._open_pass, units=self._plan_units, on_epoch=self._on_epoch,
+            fingerprint=self._full_fingerprint, positions_of=self._checked_positions_of,
+            positions_of_ids=self._positions_of_ids, trained_positions_of=self._checked_trained_positions_of,
+            step_positions=self._step_positions, position_steps=self._position_steps, step_span=self._step_span,
+            uncompacted=self._uncompacted, adopt_seed=self._adopt_unless_given, core=self._core_plan,
+            id_count=self._id_count, wrap_period=self._wrap_period, explicit_seed=self._seed_arg,
+            deals_by_rank=self._num_replicas_arg != 1,
+        )  # fmt: skip
 
-        ``None`` where it is not known (a ``shard()`` wrapper): ids are then not range-checked.
-        """
-        return self._id_count()
+    def _core_plan(self) -> object:
+        """The sampler's pure plan object where it has one (``sampler.plan.core``); ``None`` by default."""
+        return None
 
     def _sample_id(self, name: str, value: object) -> int:
         """``value`` as a sample id this sampler draws, else a ``ValueError`` naming ``name`` and the range.
 
-        The one rule of ``when``, ``plan_positions_of`` and ``skip_ids`` for every sampler (the
+        The one rule of ``when``, ``plan.positions_of`` and ``skip_ids`` for every sampler (the
         conformance harness checks it): an id outside ``[0, id_count)`` never answers ``[]`` or
         another sample's steps.
         """
@@ -68,58 +56,18 @@ class PlanQueries(SkipQueries):
             return check_int(name, value, minimum=0)
         return check_sample_id(name, value, count, owner=type(self).__name__)
 
-    @property
-    def explicit_seed(self) -> int | None:
-        """The seed given (at construction, or set since); ``None`` when it is resolved at first use."""
-        return self._seed_arg
+    def _checked_positions_of(self, epoch: int, index: object) -> np.ndarray:
+        return self._plan_positions_of(epoch, self._sample_id("index", index))
 
-    def adopt_seed(self, seed: int) -> None:
-        """Take the seed of a validated resume state, unless a seed was given (see :attr:`explicit_seed`).
+    def _checked_trained_positions_of(self, epoch: int, index: object) -> np.ndarray:
+        return self._trained_positions_of(epoch, self._sample_id("index", index))
 
-        A sampler that batches this one's plan passes the seed of its own resumed state on with it.
-        """
+    def _adopt_unless_given(self, seed: int) -> None:
+        """A resumed state's seed, unless a seed was given: a sampler batching this plan passes its own on."""
         if self._seed_arg is None:
             self._adopt_seed(seed)
 
-    def fingerprint(self) -> Fingerprint:
-        """Plain values identifying this sampler's plan: ``state_dict()["fingerprint"]``."""
-        return self._full_fingerprint()
-
-    @property
-    def wrap_period(self) -> int | None:
-        """The period padded positions wrap within (``None``: the plan's start); see ``_core.plan.wrap``."""
-        return self._wrap_period()
-
-    @property
-    def deals_by_rank(self) -> bool:
-        """Whether this sampler deals its plan to ranks itself (it is not pinned to ``num_replicas=1``)."""
-        return self._num_replicas_arg != 1
-
-    # -- what shardwise.which / when / skip_steps ask (public; the hooks below answer) -------------
-    def step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
-                       drop_last: bool = False) -> np.ndarray:  # fmt: skip
-        """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
-        return self._step_positions(epoch, start, world, step, per_step, drop_last)
-
-    def position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
-                       drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
-        """``(rank, step)`` of every time plan ``position`` is trained in a pass over ``epoch`` from ``start``."""
-        return self._position_steps(epoch, start, world_size, position, per_step, drop_last)
-
-    def plan_units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:
-        """The units at ``positions`` of ``epoch``'s global plan; a query: the position does not move."""
-        return self._plan_units(epoch, positions, world_size)
-
-    def step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
-                  drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
-        """The compacted plan positions ``[first, stop)`` that global step ``step`` of a pass from ``start`` covers."""
-        return self._step_span(epoch, start, world_size, step, per_step, drop_last)
-
-    def trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
-        """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
-        return self._trained_positions_of(epoch, self._sample_id("index", index))
-
-    def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+    def _uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The plan positions of compacted ``positions`` of ``epoch`` (the skipped positions and ids left in)."""
         ledger = ledger_for(self, epoch) or self._skips
         return ledger.to_plan(epoch, positions, self._raw_plan_size(epoch))

@@ -145,7 +145,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             )
         if isinstance(data, PlanSampler):
             self._inner = data
-            inner_seed = data.explicit_seed
+            inner_seed = data.plan.explicit_seed
             if not keywords.shuffle:
                 raise ValueError(
                     f"shuffle=False has no effect when data is an index sampler ({type(data).__name__}), "
@@ -178,13 +178,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
     def _plan_size(self, epoch: int) -> int:
         """Samples in the global plan of ``epoch`` (the unit of ``consumed``)."""
         if self._inner is not None:
-            return self._inner.plan_size(epoch)
+            return self._inner.plan.size(epoch)
         return self._size
 
     def _open_pass(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         """The sample source: plan positions -> sample indices."""
         if self._inner is not None:
-            return self._inner.unit_source(epoch, seed, world, start)
+            return self._inner.plan.source(epoch, seed, world, start)
         if not self.shuffle:
             return np.ndarray.tolist
         permutation = Permutation(self._size, derive_seed(seed, epoch, INDEX_SHUFFLE))
@@ -192,11 +192,11 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
 
     def _on_epoch(self, epoch: int) -> None:
         if self._inner is not None:
-            self._inner.notify_epoch(epoch)
+            self._inner.plan.notify_epoch(epoch)
 
     def _wrap_period(self) -> int | None:
         """The index sampler's wrap period: its plan's positions, wrapped as it wraps them."""
-        return None if self._inner is None else self._inner.wrap_period
+        return None if self._inner is None else self._inner.plan.wrap_period
 
     def _runs(self, epoch: int, total: int, start: int, world_size: int) -> list[Run]:
         key = (epoch, start, world_size)
@@ -298,11 +298,11 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         return first, min(first + world_size * run.batch_size, total)
 
     def _id_count(self) -> int | None:
-        return self._inner.id_count if self._inner is not None else self._size
+        return self._inner.plan.id_count if self._inner is not None else self._size
 
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         if self._inner is not None:
-            return self._inner.plan_positions_of(epoch, index)
+            return self._inner.plan.positions_of(epoch, index)
         if not self.shuffle:
             return np.asarray([index], dtype=np.int64)
         return positions_of(Permutation(self._size, derive_seed(self.seed, epoch, INDEX_SHUFFLE)), np.asarray([index]))
@@ -310,7 +310,7 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
     def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """The positions holding ``ids`` (``skip_ids``): the index sampler's, or the permutation inverted."""
         if self._inner is not None:
-            return self._inner.positions_of_ids(epoch, ids)
+            return self._inner.plan.positions_of_ids(epoch, ids)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._size):
             raise ValueError(f"sample ids should be in [0, {self._size - 1}], but got ids up to {int(ids.max())}")
         if not self.shuffle:
@@ -368,13 +368,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         super()._adopt_seed(seed)
         inner = self._inner
         if inner is not None:
-            inner.adopt_seed(seed)  # the index sampler's plan is batched with its own seed
+            inner.plan.adopt_seed(seed)  # the index sampler's plan is batched with its own seed
 
     def _fingerprint(self) -> Fingerprint:
         # The schedule is left out on purpose: consumed counts samples, so a state resumes
         # under a changed schedule too (the new sizes apply from the saved position).
         if self._inner is not None:
-            return {"data": self._inner.fingerprint()}
+            return {"data": self._inner.plan.fingerprint()}
         return with_data({"num_samples": self._size, "shuffle": self.shuffle}, self.data)
 
     def _config(self) -> dict[str, Any]:

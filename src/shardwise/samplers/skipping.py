@@ -268,10 +268,6 @@ class SkipQueries(Shell):
         if self._ids_extent(epoch) is not None:
             _warn_revealed_late(type(self).__name__)
 
-    def positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
-        """Every plan position of ``epoch`` holding one of ``ids`` (flat int64); raises where unsupported."""
-        return self._positions_of_ids(epoch, ids)
-
     def _ids_extent(self, epoch: int) -> tuple[object, int] | None:
         """How much of ``epoch``'s plan :meth:`_positions_of_ids` sees: ``None``, all of it at any time.
 

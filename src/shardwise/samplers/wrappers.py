@@ -46,7 +46,7 @@ _SKIP_BLOCK = 4096
 def _already_distributed(sampler: object) -> object | None:
     """``sampler`` itself or a sampler inside it that already deals by rank (pinned to one rank is fine)."""
     for candidate in (sampler, *attribute_values(sampler)):
-        if isinstance(candidate, PlanSampler) and candidate.deals_by_rank:
+        if isinstance(candidate, PlanSampler) and candidate.plan.deals_by_rank:
             return candidate
         if (
             isinstance(candidate, DistributedSampler)

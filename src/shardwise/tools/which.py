@@ -163,7 +163,7 @@ def run(
         weights_at = getattr(sampler, "weights_at", None)  # a mixture: the weights in force at the step
         if rows and weights_at is not None:
             first = (start or 0) + step * world_size * per_step
-            shares = weights_at(rows[0]["epoch"], min(first, sampler.plan_size(rows[0]["epoch"]) - 1))
+            shares = weights_at(rows[0]["epoch"], min(first, sampler.plan.size(rows[0]["epoch"]) - 1))
             names = getattr(sampler, "source_names", range(len(shares)))
             in_force = {str(name): round(w, 6) for name, w in zip(names, shares, strict=True)}
             rows = [{**row, "weights": in_force} for row in rows]

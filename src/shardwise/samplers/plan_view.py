@@ -1,0 +1,142 @@
+"""``sampler.plan``: what other modules read of a sampler's plan, in one object.
+
+``shardwise.which`` / ``when`` / ``skip_steps``, ``ScheduledBatchSampler`` (which cuts another
+sampler's plan into steps of its own), ``shard()`` and the integrations read a sampler through this
+object: the plan's size in an epoch, the units at given positions, its fingerprint, where a sample
+is, which positions a rank's step covers. None of it moves the sampler's position. The sampler's
+own surface stays what a training loop uses (torch's names, the state, the skips, ``describe``).
+
+A :class:`PlanView` is built on each ``sampler.plan`` access from the sampler's hooks, bound to that
+sampler (a ``copy.copy`` or an unpickled sampler answers for itself); it holds no state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._core.errors import check_int
+from .._core.state import Fingerprint
+from .._core.world import World
+from .passes import UnitSource
+
+
+class PlanView:
+    """A sampler's plan as other modules read it: ``sampler.plan``; see the module docstring.
+
+    Attributes:
+        explicit_seed: the seed given (at construction, or set since); ``None`` when resolved at first use.
+        deals_by_rank: whether the sampler deals its plan to ranks itself (not pinned to ``num_replicas=1``).
+    """
+
+    __slots__ = ("_adopt", "_core", "_fingerprint", "_id_count", "_ids", "_on_epoch", "_open", "_positions_of",
+                 "_size", "_span", "_steps", "_trained", "_uncompacted", "_units", "_where", "_wrap",
+                 "deals_by_rank", "explicit_seed")  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        size: Callable[[int], int],
+        source: Callable[[int, int, World, int], UnitSource],
+        units: Callable[[int, np.ndarray, int], list[Any]],
+        on_epoch: Callable[[int], None],
+        fingerprint: Callable[[], Fingerprint],
+        positions_of: Callable[[int, object], np.ndarray],
+        positions_of_ids: Callable[[int, np.ndarray], np.ndarray],
+        trained_positions_of: Callable[[int, object], np.ndarray],
+        step_positions: Callable[..., np.ndarray],
+        position_steps: Callable[..., list[tuple[int, int]]],
+        step_span: Callable[..., tuple[int, int]],
+        uncompacted: Callable[[int, np.ndarray], np.ndarray],
+        adopt_seed: Callable[[int], None],
+        core: Callable[[], Any],
+        id_count: Callable[[], int | None],
+        wrap_period: Callable[[], int | None],
+        explicit_seed: int | None,
+        deals_by_rank: bool,
+    ) -> None:
+        self._size, self._open, self._units, self._on_epoch = size, source, units, on_epoch
+        self._fingerprint, self._positions_of, self._ids = fingerprint, positions_of, positions_of_ids
+        self._trained, self._uncompacted, self._adopt = trained_positions_of, uncompacted, adopt_seed
+        self._steps, self._where, self._span = step_positions, position_steps, step_span
+        self._core, self._id_count, self._wrap = core, id_count, wrap_period
+        self.explicit_seed, self.deals_by_rank = explicit_seed, deals_by_rank
+
+    @property
+    def core(self) -> Any:
+        """The sampler's pure plan object where it has one (``MixturePlan``, ``TokenMixturePlan``), else ``None``."""
+        return self._core()
+
+    @property
+    def id_count(self) -> int | None:
+        """How many sample ids the sampler draws from; ``None`` where unknown (ids are then not range-checked)."""
+        return self._id_count()
+
+    @property
+    def wrap_period(self) -> int | None:
+        """The period padded positions wrap within (``None``: the plan's start; see ``_core.plan.wrap``)."""
+        return self._wrap()
+
+    # -- the plan ---------------------------------------------------------------------------------
+    def size(self, epoch: int) -> int:
+        """Units in ``epoch``'s global plan, all ranks together (skipped positions left out)."""
+        return self._size(check_int("epoch", epoch, minimum=0))
+
+    def source(self, epoch: int, seed: int, world: World, start: int) -> UnitSource:
+        """The function from plan positions of ``epoch`` (a pass from ``start``) to the units there."""
+        return self._open(epoch, seed, world, start)
+
+    def units(self, epoch: int, positions: np.ndarray, world_size: int) -> list[Any]:
+        """The units at ``positions`` of ``epoch``'s global plan."""
+        return self._units(epoch, positions, world_size)
+
+    def fingerprint(self) -> Fingerprint:
+        """Plain values identifying the plan: ``state_dict()["fingerprint"]``."""
+        return self._fingerprint()
+
+    def notify_epoch(self, epoch: int) -> None:
+        """Tell the sampler (and what it wraps) that ``epoch`` is in use, without moving its position."""
+        self._on_epoch(epoch)
+
+    def adopt_seed(self, seed: int) -> None:
+        """Take the seed of a validated resume state, unless a seed was given (:attr:`explicit_seed`)."""
+        self._adopt(seed)
+
+    # -- where samples are (the inverse) ----------------------------------------------------------
+    def positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Plan positions of ``epoch`` whose unit holds sample ``index`` (raises ``ProvenanceUnsupported``
+        where the plan is not inverted, ``ValueError`` for an id outside ``[0, id_count)``)."""
+        return self._positions_of(epoch, index)
+
+    def positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """Every plan position of ``epoch`` holding one of ``ids`` (flat int64); raises where unsupported."""
+        return self._ids(epoch, ids)
+
+    def trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
+        """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
+        return self._trained(epoch, index)
+
+    def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The plan positions of compacted ``positions`` of ``epoch`` (the skipped positions and ids left in)."""
+        return self._uncompacted(epoch, positions)
+
+    # -- steps (shardwise.which, when, skip_steps) --------------------------------------------------
+    def step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
+                       drop_last: bool = False) -> np.ndarray:  # fmt: skip
+        """Plan positions rank ``world.rank`` trains at its step ``step`` of a pass over ``epoch`` from ``start``."""
+        return self._steps(epoch, start, world, step, per_step, drop_last)
+
+    def position_steps(self, epoch: int, start: int, world_size: int, position: int, per_step: int,
+                       drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+        """``(rank, step)`` of every time plan ``position`` is trained in a pass over ``epoch`` from ``start``."""
+        return self._where(epoch, start, world_size, position, per_step, drop_last)
+
+    def step_span(self, epoch: int, start: int, world_size: int, step: int, per_step: int,
+                  drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+        """The compacted plan positions ``[first, stop)`` that global step ``step`` of a pass from ``start`` covers."""
+        return self._span(epoch, start, world_size, step, per_step, drop_last)
+
+    def __repr__(self) -> str:
+        return f"PlanView(id_count={self.id_count}, wrap_period={self.wrap_period}, core={type(self.core).__name__})"
