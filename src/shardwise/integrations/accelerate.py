@@ -31,7 +31,6 @@ import numpy as np
 from torch.utils.data import BatchSampler
 
 from .._core.foreign import check, private
-from .._core.plan import rank_count
 from ..samplers.base import PlanSampler
 from ..samplers.frameworks import is_batch_plan
 from ..samplers.wrappers import ShardedBatchWrapper
@@ -151,7 +150,7 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
             start = int(loaded["consumed"])  # a restored pass runs from the loaded position
         world = self._plan.world.world_size
         rest = total - start
-        count = rank_count(total, start, world, self._plan.even)  # units a rank yields this pass
+        count = self._plan.plan.pass_units(epoch, start, world)  # units a rank yields this pass
         if count == 0:
             return _NO_PADDING, ""
         if self._index:

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from .._core.plan import rank_positions
 from ..data.packed_batch import PackedBatch
 from ..samplers.adaptive import AdaptiveMixture, PackedAdaptiveMixture
 from ..samplers.mixture import MixtureSampler
@@ -127,11 +126,10 @@ class AdaptiveMixtureMixin(ShardwiseTrainerMixin):
         position = self._shardwise_position
         if position is None or position.batch_size is None:
             raise RuntimeError("AdaptiveMixtureMixin needs the training loader ShardwiseTrainerMixin builds")
-        world = sampler.world
-        first = position.trained * position.batch_size
-        total = sampler.plan.size(position.epoch)
-        positions = rank_positions(position.start, world.rank, world.world_size, first, first + count, total)
-        return sampler.sources_at(position.epoch, sampler.plan.uncompacted(position.epoch, positions))
+        plan = sampler.plan
+        positions = plan.step_positions(position.epoch, position.start, sampler.world, position.trained,
+                                        position.batch_size)[:count]  # fmt: skip
+        return sampler.sources_at(position.epoch, plan.uncompacted(position.epoch, positions))
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         found = self._adaptive_sampler(model)

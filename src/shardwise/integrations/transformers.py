@@ -49,7 +49,6 @@ from typing import Any
 
 from .._core.errors import StateMismatchError, check_instance_or_factory
 from .._core.foreign import check, private
-from .._core.plan import pass_end, rank_count
 from .._core.state import REBASE_HINT
 from ..data.attention import packing_leak
 from ..data.packed_dataset import PackedDataset
@@ -117,25 +116,17 @@ class _Position:
         # every later state then equals the uninterrupted run's.
         self.trained = replayed[1] if replayed is not None and replayed[0] == epoch else 0
 
-    def _local_units(self, batches: int, total: int, start: int, world_size: int) -> int:
-        count = rank_count(total, start, world_size, self.sampler.even)
-        return min(batches if self.batch_size is None else batches * self.batch_size, count)
-
     def remaining_batches(self, epoch: int, consumed: int) -> int:
         """Batches this rank has left in ``epoch`` from plan position ``consumed``, at the current world size."""
-        units = rank_count(self.sampler.plan.size(epoch), consumed, self.sampler.num_replicas, self.sampler.even)
+        units = self.sampler.plan.pass_units(epoch, consumed, self.sampler.num_replicas)
         if self.batch_size is None:
             return units
         return units // self.batch_size if self.drop_last else -(-units // self.batch_size)
 
     def consumed(self) -> int:
         """The plan position of ``epoch`` after the batches trained in this pass (all ranks together)."""
-        world_size = self.sampler.num_replicas
-        total = self.sampler.plan.size(self.epoch)
-        count = rank_count(total, self.start, world_size, self.sampler.even)
-        units = self._local_units(self.trained, total, self.start, world_size)
-        end = pass_end(total, self.start, world_size, self.sampler.even)
-        return end if units >= count else self.start + units * world_size
+        units = self.trained if self.batch_size is None else self.trained * self.batch_size
+        return self.sampler.plan.consumed_after(self.epoch, self.start, self.sampler.num_replicas, units)
 
     def state(self) -> dict[str, Any]:
         """The sampler's state after the batches trained in this pass (the same on every rank)."""

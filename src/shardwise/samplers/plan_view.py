@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._core.errors import check_int
+from .._core.plan import Even, pass_end, rank_count
 from .._core.state import Fingerprint
 from .._core.world import World
 from .passes import UnitSource
@@ -29,11 +30,12 @@ class PlanView:
     Attributes:
         explicit_seed: the seed given (at construction, or set since); ``None`` when resolved at first use.
         deals_by_rank: whether the sampler deals its plan to ranks itself (not pinned to ``num_replicas=1``).
+        even: how ranks are given equal lengths (``Even.PAD`` or ``Even.DROP``).
     """
 
     __slots__ = ("_adopt", "_core", "_fingerprint", "_id_count", "_ids", "_on_epoch", "_open", "_positions_of",
                  "_size", "_span", "_steps", "_trained", "_uncompacted", "_units", "_where", "_wrap",
-                 "deals_by_rank", "explicit_seed")  # fmt: skip
+                 "deals_by_rank", "even", "explicit_seed")  # fmt: skip
 
     def __init__(
         self,
@@ -56,13 +58,14 @@ class PlanView:
         wrap_period: Callable[[], int | None],
         explicit_seed: int | None,
         deals_by_rank: bool,
+        even: Even,
     ) -> None:
         self._size, self._open, self._units, self._on_epoch = size, source, units, on_epoch
         self._fingerprint, self._positions_of, self._ids = fingerprint, positions_of, positions_of_ids
         self._trained, self._uncompacted, self._adopt = trained_positions_of, uncompacted, adopt_seed
         self._steps, self._where, self._span = step_positions, position_steps, step_span
         self._core, self._id_count, self._wrap = core, id_count, wrap_period
-        self.explicit_seed, self.deals_by_rank = explicit_seed, deals_by_rank
+        self.explicit_seed, self.deals_by_rank, self.even = explicit_seed, deals_by_rank, even
 
     @property
     def core(self) -> Any:
@@ -103,6 +106,19 @@ class PlanView:
     def adopt_seed(self, seed: int) -> None:
         """Take the seed of a validated resume state, unless a seed was given (:attr:`explicit_seed`)."""
         self._adopt(seed)
+
+    # -- a pass: what each rank gets, where the plan is after it ------------------------------------
+    def pass_units(self, epoch: int, start: int, world_size: int) -> int:
+        """Units each rank yields in a pass over ``epoch`` from plan position ``start`` (equal on every rank)."""
+        return rank_count(self.size(epoch), start, world_size, self.even)
+
+    def consumed_after(self, epoch: int, start: int, world_size: int, units: int) -> int:
+        """The global position once every rank has gone ``units`` into a pass over ``epoch`` from ``start``:
+        the pass's end (padding included) once ``units`` reaches :meth:`pass_units`."""
+        total = self.size(epoch)
+        if units >= rank_count(total, start, world_size, self.even):
+            return pass_end(total, start, world_size, self.even)
+        return start + units * world_size
 
     # -- where samples are (the inverse) ----------------------------------------------------------
     def positions_of(self, epoch: int, index: int) -> np.ndarray:

@@ -37,7 +37,7 @@ class PlanQueries(SkipQueries):
             step_positions=self._step_positions, position_steps=self._position_steps, step_span=self._step_span,
             uncompacted=self._uncompacted, adopt_seed=self._adopt_unless_given, core=self._core_plan,
             id_count=self._id_count, wrap_period=self._wrap_period, explicit_seed=self._seed_arg,
-            deals_by_rank=self._num_replicas_arg != 1,
+            deals_by_rank=self._num_replicas_arg != 1, even=self._even,
         )  # fmt: skip
 
     def _core_plan(self) -> object:
