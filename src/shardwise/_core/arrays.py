@@ -194,6 +194,12 @@ def digest_hasher(dtype: Any, shape: tuple[int, ...]) -> hashlib.blake2b:
     return hasher
 
 
+def check_weight_count(name: str, got: int, length: int, of: str = "source") -> None:
+    """Raise, naming ``name``, unless ``got`` weights are one per ``of`` (``length`` of them)."""
+    if got != length:
+        raise ValueError(f"{name} should hold one weight per {of} ({length}), but got {got} weights")
+
+
 def as_weight_array(name: str, values: object, *, length: int | None = None, of: str = "source") -> np.ndarray:
     """``values`` as a 1-D float64 array of finite, non-negative weights, not all zero, or raise naming ``name``.
 
@@ -208,8 +214,8 @@ def as_weight_array(name: str, values: object, *, length: int | None = None, of:
     array = one_dimensional(name, values, sequence_of="weights", one="weight")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
         raise TypeError(f"{name} should hold real numbers, but got {name} of dtype {array.dtype}")
-    if length is not None and len(array) != length:
-        raise ValueError(f"{name} should hold one weight per {of} ({length}), but got {len(array)} weights")
+    if length is not None:
+        check_weight_count(name, len(array), length, of)
     array = array.astype(np.float64)
     bad = ~np.isfinite(array) | (array < 0)
     if bad.any():

@@ -55,6 +55,14 @@ def pass_end(total: int, start: int, world_size: int, even: Even) -> int:
     return max(start + rank_count(total, start, world_size, even) * world_size, total)
 
 
+def consumed_after(total: int, start: int, world_size: int, even: Even, done: int) -> int:
+    """The ``consumed`` value once every rank has gone ``done`` units into a pass from ``start``: the pass's
+    end (:func:`pass_end`) once ``done`` reaches what each rank takes, else ``start + done * world_size``."""
+    if done >= rank_count(total, start, world_size, even):
+        return pass_end(total, start, world_size, even)
+    return start + done * world_size
+
+
 def wrap(positions: np.ndarray, total: int, period: int | None = None) -> np.ndarray:
     """``positions`` with those at or past ``total`` wrapped into ``[0, total)`` (NOTE [ Padding wrap ]).
 

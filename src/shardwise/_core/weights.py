@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import as_weight_array, digest
+from .arrays import as_weight_array, check_weight_count, digest
 from .errors import check_int
 from .public import public
 from .thresholds import BY_EPOCH, Stepwise, read_thresholds
@@ -176,9 +176,7 @@ class WeightSchedule(Stepwise):
     def check_sources(self, count: int) -> None:
         """Raise unless every weight vector has one weight per source."""
         for threshold, weights in zip(self._thresholds, self._weights, strict=True):  # each checked when built
-            if len(weights) != count:
-                name = "weights" if self._kind == CONSTANT else f"weights[{threshold}]"
-                raise ValueError(f"{name} should hold one weight per source ({count}), but got {len(weights)} weights")
+            check_weight_count("weights" if self._kind == CONSTANT else f"weights[{threshold}]", len(weights), count)
 
     def fingerprint(self) -> str:
         """A digest of the kind, the thresholds and the weights."""

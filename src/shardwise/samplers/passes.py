@@ -95,6 +95,10 @@ class LivePass:
                 yield self.current
             first, step = stop, min(2 * step, size)
 
+    def consumed_after(self, done: int) -> int:
+        """The global ``consumed`` once every rank has gone ``done`` units into this pass: :meth:`end` when complete."""
+        return self.end() if done >= self.count else self.consumed_at(done)
+
     def end(self) -> int:
         """The global ``consumed`` once the pass is complete: ``total`` or past it (padding)."""
         return pass_end(self.total, self.start, self.world_size, self.even)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._core.errors import check_int
-from .._core.plan import Even, pass_end, rank_count
+from .._core.plan import Even, consumed_after, rank_count
 from .._core.state import Fingerprint
 from .._core.world import World
 from .passes import UnitSource
@@ -115,10 +115,7 @@ class PlanView:
     def consumed_after(self, epoch: int, start: int, world_size: int, units: int) -> int:
         """The global position once every rank has gone ``units`` into a pass over ``epoch`` from ``start``:
         the pass's end (padding included) once ``units`` reaches :meth:`pass_units`."""
-        total = self.size(epoch)
-        if units >= rank_count(total, start, world_size, self.even):
-            return pass_end(total, start, world_size, self.even)
-        return start + units * world_size
+        return consumed_after(self.size(epoch), start, world_size, self.even, units)
 
     # -- where samples are (the inverse) ----------------------------------------------------------
     def positions_of(self, epoch: int, index: int) -> np.ndarray:

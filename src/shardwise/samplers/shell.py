@@ -157,12 +157,10 @@ class Shell:
         if live is None:
             return
         done = live.trained()
+        self._progress.consumed = live.consumed_after(done)
         if done >= live.count:
-            self._progress.consumed = live.end()
             self._progress.completed = True
             self._pass = None
-        else:
-            self._progress.consumed = live.consumed_at(done)
 
     def _full_fingerprint(self) -> Fingerprint:
         return {"kind": type(self).__name__, **self._fingerprint()}

@@ -28,8 +28,7 @@ def handed_out(progress: Progress, live: LivePass | None) -> tuple[int, int]:
     """``(epoch, consumed)`` counting what the live pass handed out, without folding it in (torchdata's snapshot)."""
     if live is None:
         return progress.epoch, progress.consumed
-    done = live.local_done()
-    return progress.epoch, live.end() if done >= live.count else live.consumed_at(done)
+    return progress.epoch, live.consumed_after(live.local_done())
 
 
 def warn_if_lossy(owner: str, live: LivePass | None) -> None:
