@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -203,6 +203,30 @@ class AdaptiveMixture:
     def __repr__(self) -> str:
         ledger = self._feedback.ledger
         return f"{type(self).__name__}({self.config!r}, updates={ledger.updates}, pending={self.pending})"
+
+
+Adaptive = TypeVar("Adaptive", bound=AdaptiveMixture)
+
+
+def bound_adaptive(
+    kind: type[Adaptive],
+    feedback: Feedback | None,
+    sampler: MixtureShell,
+    *,
+    trained: Callable[[], tuple[int, int]],
+    fingerprint: Callable[[], Fingerprint],
+    updated: Callable[[], None] | None = None,
+) -> Adaptive | None:
+    """A mixture's ``sampler.adaptive``: ``kind`` bound to ``sampler``, or ``None`` without ``feedback``.
+
+    The one body of ``MixtureSampler.adaptive`` and ``PackedMixtureSampler.adaptive``: a mixture of
+    fixed weights or a schedule has no feedback and answers ``None``; an adaptive one builds its
+    object on each access (NOTE [ Adaptive weights read their sampler through a link ]), O(1).
+    ``trained``, ``fingerprint``, ``updated``: as :class:`AdaptiveMixture` takes them.
+    """
+    if feedback is None:
+        return None
+    return kind(feedback, sampler, trained=trained, fingerprint=fingerprint, updated=updated)
 
 
 class PackedAdaptiveMixture(AdaptiveMixture):

@@ -35,7 +35,7 @@ from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import BY_TOKENS, WeightSchedule, as_weight_schedule
 from .._core.world import World
-from .adaptive import AdaptiveMixture, weights_in_force
+from .adaptive import AdaptiveMixture, bound_adaptive, weights_in_force
 from .base import PlanSampler
 from .feedback import ADAPTIVE, Feedback
 from .identity import with_sources
@@ -223,12 +223,8 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         Built on each access, bound to this sampler (NOTE [ Adaptive weights read their sampler
         through a link ] in ``samplers.adaptive``); ``adaptive.config`` is the ``AdaptiveWeights`` given.
         """
-        feedback = self._feedback
-        if feedback is None:
-            return None
-        return AdaptiveMixture(
-            feedback, self, trained=self._trained, fingerprint=self._full_fingerprint, updated=self._follow_ledger
-        )
+        return bound_adaptive(AdaptiveMixture, self._feedback, self, trained=self._trained,
+                              fingerprint=self._full_fingerprint, updated=self._follow_ledger)  # fmt: skip
 
     def _trained(self) -> tuple[int, int]:
         """``(epoch, consumed)`` the loop has trained through: the adaptive weights' clock."""

@@ -24,7 +24,7 @@ from .._core.token_mixture import TokenMixturePlan, TokenStop
 from .._core.weights import BY_TOKENS, CONSTANT, WeightSchedule, as_weight_schedule
 from .._core.world import World
 from ..index.token_chunks import chunk_table, mixture_lengths
-from .adaptive import PackedAdaptiveMixture, weights_in_force
+from .adaptive import PackedAdaptiveMixture, bound_adaptive, weights_in_force
 from .base import PlanSampler
 from .feedback import ADAPTIVE, Feedback
 from .keywords import ShuffledCachedKeywords
@@ -262,10 +262,8 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
         Built on each access, bound to this sampler (NOTE [ Adaptive weights read their sampler
         through a link ] in ``samplers.adaptive``); ``adaptive.config`` is the ``AdaptiveWeights`` given.
         """
-        feedback = self._feedback
-        if feedback is None:
-            return None
-        return PackedAdaptiveMixture(feedback, self, trained=self._trained, fingerprint=self._full_fingerprint)
+        return bound_adaptive(PackedAdaptiveMixture, self._feedback, self, trained=self._trained,
+                              fingerprint=self._full_fingerprint)  # fmt: skip
 
     def _trained(self) -> tuple[int, int]:
         """``(epoch, consumed)`` the loop has trained through: the adaptive weights' clock."""
