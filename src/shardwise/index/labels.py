@@ -22,12 +22,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._core.arrays import one_dimensional
 from .._core.class_buckets import group_by_class
 from .._core.class_index import count_classes
-from .arrow import resolve
 from .builders import index_dtype, populate
 from .cache import DEFAULT_TIMEOUT, CacheDir
+from .inputs import held_in, input_array
 from .integrity import read_checked
 from .keys import BackgroundDigest
 from .tables import Allocate, by_reference, input_key, shared_arrays
@@ -36,19 +35,15 @@ CLASS_INDEX = "class-index-v1"
 """Cache kind of the class index (classes, counts, members grouped by class, digest of the labels)."""
 
 
-def labels_array(labels: object) -> np.ndarray:
-    """``labels`` as a 1-D integer or string array (used as is when it is one), or raise naming ``labels``."""
-    labels = resolve("labels", labels)  # a pyarrow Array/ChunkedArray of integer labels, without a copy to Python
-    array = one_dimensional("labels", labels, sequence_of="class labels", one="label")
-    kind = array.dtype.kind
-    if kind == "O":
+def _from_objects(array: np.ndarray) -> np.ndarray:
+    """Labels given as Python objects (a list, an object array) as a str or int64 array: all strings or all
+    integers; any other array as is (the dtype check of ``LabelsInput.of`` then names what it holds)."""
+    if array.dtype.kind == "O":
         items = array.tolist()
         if all(isinstance(item, str) for item in items):
-            array, kind = np.asarray(items, dtype=str), "U"
-        elif all(isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in items):
-            array, kind = np.asarray(items, dtype=np.int64), "i"
-    if kind not in "iuUS":
-        raise TypeError(f"labels should hold integers or strings, but got labels of dtype {array.dtype}")
+            return np.asarray(items, dtype=str)
+        if all(isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in items):
+            return np.asarray(items, dtype=np.int64)
     return array
 
 
@@ -114,7 +109,9 @@ class LabelsInput:
         """
         if isinstance(labels, LabelsInput):
             return labels
-        return cls(labels_array(labels), cache_dir=cache_dir, timeout=timeout)
+        array = input_array("labels", labels, sequence_of="class labels", one="label", kinds="iuUS",
+                            holds="integers or strings", convert=_from_objects)  # fmt: skip
+        return cls(array, cache_dir=cache_dir, timeout=timeout)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -159,8 +156,7 @@ class LabelsInput:
         return self.index().digest
 
     def __repr__(self) -> str:
-        where = "a memory map" if isinstance(self.values, np.memmap) else "an array"
-        return f"LabelsInput(<{self.size} labels in {where}>)"
+        return f"LabelsInput(<{self.size} labels in {held_in(self.values)}>)"
 
     def __getstate__(self) -> dict[str, Any]:
         # Memory-mapped labels and index travel as file names (spawned workers map the same files).

@@ -22,10 +22,10 @@ import numpy as np
 
 from .._core.arrays import check_non_negative_integers, one_dimensional
 from .._core.errors import check_path
-from .arrow import resolve
 from .builders import MAX_KEYS, OffsetLengths, order_by_key
 from .cache import DEFAULT_TIMEOUT, CacheDir, build_or_open
 from .grouped import GroupedIndex
+from .inputs import held_in, input_array
 from .keys import file_position, key_of, ragged_key
 
 LENGTH_KIND = "length-order"
@@ -101,10 +101,9 @@ class LengthsInput:
             return lengths
         if is_ragged_store(lengths):
             return cls(OffsetLengths(lengths.offsets), store=lengths)  # type: ignore[attr-defined]
-        values = resolve("lengths", lengths)  # a pyarrow Array/ChunkedArray: its row lengths, from the offsets
-        array = one_dimensional("lengths", values, sequence_of="integers", one="length", allow_empty=allow_empty)
-        if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-            raise TypeError(f"lengths should hold integers (token counts), but got lengths of dtype {array.dtype}")
+        # a pyarrow Array/ChunkedArray or HF column: its row lengths, from the offsets
+        array = input_array("lengths", lengths, sequence_of="integers", one="length", kinds="iu",
+                            holds="integers (token counts)", allow_empty=allow_empty)  # fmt: skip
         return cls(array)
 
     def __len__(self) -> int:
@@ -182,7 +181,7 @@ class LengthsInput:
         return GroupedIndex(arrays["order"], arrays["order_offsets"])
 
     def __repr__(self) -> str:
-        where = "a ragged store" if self.store is not None else "a memory map" if self.mapped else "an array"
+        where = "a ragged store" if self.store is not None else held_in(self.values)
         return f"LengthsInput(<{self.size} lengths in {where}>)"
 
     def __getstate__(self) -> dict[str, Any]:

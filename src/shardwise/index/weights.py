@@ -18,13 +18,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._core.arrays import one_dimensional
 from .._core.draws import uniform_below
 from .._core.indices import has_bits, mark_bits
 from .._core.seeds import derive_words
-from .arrow import resolve
 from .builders import populate_ahead
 from .cache import DEFAULT_TIMEOUT, CacheDir
+from .inputs import held_in, input_array
 from .integrity import read_checked
 from .keys import BackgroundDigest
 from .tables import Allocate, input_key, mapped_source, reopen, shared_arrays
@@ -243,15 +242,6 @@ def distinct_draws(table: WeightTable, count: int, seed: int, epoch: int, out: n
     return plan
 
 
-def weights_array(weights: object) -> np.ndarray:
-    """``weights`` as a 1-D real array (used as is when it is one), or raise naming ``weights``."""
-    weights = resolve("weights", weights)  # a pyarrow Array/ChunkedArray of weights, without a copy to Python
-    array = one_dimensional("weights", weights, sequence_of="weights", one="weight")
-    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise TypeError(f"weights should hold real numbers, but got weights of dtype {array.dtype}")
-    return array
-
-
 def build_weight_table(weights: np.ndarray, allocate: Allocate) -> None:
     """Write the table of ``weights``: ``cdf``, ``guide``, ``positive`` (the positive count) and ``digest``."""
     size = len(weights)
@@ -300,7 +290,8 @@ class WeightsInput:
         """
         if isinstance(weights, WeightsInput):
             return weights
-        return cls(weights_array(weights), cache_dir=cache_dir, timeout=timeout)
+        array = input_array("weights", weights, sequence_of="weights", one="weight", kinds="iuf", holds="real numbers")
+        return cls(array, cache_dir=cache_dir, timeout=timeout)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -333,5 +324,4 @@ class WeightsInput:
         return bytes(self._table_arrays()["digest"]).hex()
 
     def __repr__(self) -> str:
-        where = "a memory map" if isinstance(self.values, np.memmap) else "an array"
-        return f"WeightsInput(<{len(self.values)} weights in {where}>)"
+        return f"WeightsInput(<{len(self.values)} weights in {held_in(self.values)}>)"
