@@ -3,18 +3,8 @@
 The arithmetic (blocks, exact counts, keyed orders, stop rules) lives in
 :mod:`shardwise._core.mixture`; this module is the torch shell.
 
-NOTE [ Skipped ids the plan reveals late ]
-With adaptive weights, which plan positions draw a sample id is known only up to
-``ledger.known_until``; every update reveals more. ``skip_ids`` removes the positions of its ids
-(``samplers.skipping``), so the epoch's compacted size (what is dealt) shrinks as the updates
-reveal them: it is a function of the ledger, the same on every rank and after a resume at any
-world size, and ``len(sampler)`` is an upper bound until the epoch's weights are all known. The
-positions a reveal adds all lie past the known ones, so everything computed before (the units
-handed out, ``consumed``, ``which`` of known steps) keeps its meaning. The live pass follows
-(:meth:`MixtureSampler._follow_ledger`, at the pass's start and after each update): its length is
-recomputed, and until the size is final it neither wraps padding (the padding of a size still
-shrinking would read other units) nor, with ``drop_last``, hands out a unit of a global step not
-wholly known (that step may turn out to be the partial last one, which is dropped).
+With adaptive weights the plan is known only as far as the ledger: what the sampler's hooks then
+answer is in :mod:`shardwise.samplers.mixture_reveal` (NOTE [ Skipped ids the plan reveals late ] there).
 """
 
 from __future__ import annotations
@@ -28,9 +18,9 @@ from torch.utils.data.distributed import DistributedSampler
 from .._core.adaptive_policies import AdaptiveWeights, adaptive_block, as_initial
 from .._core.arrays import as_size_array
 from .._core.errors import check_bool, check_choice, check_int
-from .._core.mixture import MixturePlan, MixtureStop, PendingWeightsError
+from .._core.mixture import MixturePlan, MixtureStop
 from .._core.offsets import runs_of
-from .._core.plan import Even, rank_count
+from .._core.plan import Even
 from .._core.provenance import mixture_positions_of
 from .._core.state import Fingerprint
 from .._core.weights import BY_TOKENS, WeightSchedule, as_weight_schedule
@@ -40,6 +30,7 @@ from .base import PlanSampler
 from .feedback import ADAPTIVE, Feedback
 from .identity import with_sources
 from .keywords import MixtureKeywords
+from .mixture_reveal import check_epoch_known, follow_ledger, ids_extent, known_prefix, positions_of_ids, size_pending
 from .passes import UnitSource
 
 if TYPE_CHECKING:
@@ -288,36 +279,24 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         plan, epoch = self._plan, self._progress.epoch  # the live pass's
         self._follow_ledger()
         world = self.world
-        # Each rank's unit is the last of its global step shifted by this much (positions are not wrapped
-        # while the size is pending: NOTE [ Skipped ids the plan reveals late ]).
-        to_step_end = world.world_size - 1 - world.rank
+        to_step_end = world.world_size - 1 - world.rank  # this rank's unit to the last of its global step
 
         def known(positions: np.ndarray) -> np.ndarray:
-            count = len(plan.known_prefix(epoch, self._uncompacted(epoch, positions)))
-            if to_step_end and self._even is Even.DROP and self._size_pending(epoch):
-                ends = positions[:count] + to_step_end
-                count = len(plan.known_prefix(epoch, self._uncompacted(epoch, ends))) if count else 0
-            return positions[:count]
+            pending = bool(to_step_end) and self._even is Even.DROP and self._size_pending(epoch)
+            return known_prefix(plan, epoch, positions, self._uncompacted, to_step_end, pending)
 
         return known
 
     def _size_pending(self, epoch: int) -> bool:
         """Whether updates can still shrink ``epoch``'s size: it skips ids, and its weights are not all known."""
-        plan = self._plan
-        if plan.known_until is None or not self._skip_ids.applying(epoch).size:
-            return False
-        return plan.known_until < plan.epoch_start(epoch) + plan.plan_size(epoch)
+        return size_pending(self._plan, epoch, bool(self._skip_ids.applying(epoch).size))
 
     def _follow_ledger(self) -> None:
         """Give the live pass the length the ledger now gives its epoch (NOTE [ Skipped ids the plan reveals late ])."""
         live = self._pass
-        if live is None or self._feedback is None or not self._skip_ids:
-            return
-        epoch = self._progress.epoch
-        size = self._plan_size(epoch)
-        live.count = rank_count(size, live.start, live.world_size, self._even)
-        # Until the size is final, padding positions stay past the plan (unknown: the pass waits there).
-        live.total = max(size, live.start + live.count * live.world_size) if self._size_pending(epoch) else size
+        if live is not None and self._feedback is not None and self._skip_ids:
+            epoch = self._progress.epoch
+            follow_ledger(live, self._plan_size(epoch), self._even, self._size_pending(epoch))
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:
@@ -333,44 +312,21 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
     def _plan_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Every position of ``epoch``'s plan drawing global ``index``: O(log n) a draw (provenance)."""
         index = check_int("index", index, minimum=0, maximum=int(self.sizes.sum()) - 1)
-        plan = self._plan
-        if plan.known_until is not None:  # an adaptive ledger: the whole epoch's weights, or no answer
-            start, size = plan.epoch_start(epoch), self._plan_size(epoch)
-            if start + size > plan.known_until:
-                raise PendingWeightsError(
-                    f"where sample {index} trains in epoch {epoch} depends on the weights of its every plan position "
-                    f"(run positions [{start}, {start + size})), but the ledger holds them up to run position "
-                    f"{plan.known_until}: ask once the epoch's updates are reported, or ask which(...) for the steps "
-                    "the ledger covers"
-                )
-        return mixture_positions_of(plan, self.seed, epoch, index)
+        check_epoch_known(self._plan, epoch, self._plan_size(epoch), index)  # an adaptive ledger: all, or no answer
+        return mixture_positions_of(self._plan, self.seed, epoch, index)
 
     def _ids_extent(self, epoch: int) -> tuple[object, int] | None:
         """With adaptive weights: the plan and how far into ``epoch`` its weights are known (``skip_ids``)."""
-        plan = self._plan
-        if plan.known_until is None:
-            return None
-        return plan, min(max(plan.known_until - plan.epoch_start(epoch), 0), plan.plan_size(epoch))
+        return ids_extent(self._plan, epoch)
 
     def _ids_between(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The global index at each (known) plan position of ``epoch``: what an update reveals, read forward."""
         found: np.ndarray = self._plan.indices(self.seed, epoch, positions)
         return found
 
-    def _known(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """The positions whose weights the ledger holds (all of them without adaptive weights)."""
-        if self._plan.known_until is None:
-            return positions
-        kept: np.ndarray = positions[positions < self._plan.known_until - self._plan.epoch_start(epoch)]
-        return kept
-
     def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
-        """Every position drawing one of ``ids`` (``skip_ids``): O(log n) a draw, one draw per cycle of its source."""
-        total = int(self.sizes.sum())
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= total):
-            raise ValueError(f"sample ids should be in [0, {total - 1}], but got ids up to {int(ids.max())}")
-        found = [self._known(epoch, mixture_positions_of(self._plan, self.seed, epoch, i)) for i in ids.tolist()]
-        return np.concatenate([np.empty(0, dtype=np.int64), *found])
+        """Every known position drawing one of ``ids`` (``skip_ids``): O(log n) a draw, one per cycle of its source."""
+        return positions_of_ids(self._plan, self.seed, epoch, ids, int(self.sizes.sum()))
 
     def _fingerprint(self) -> Fingerprint:
         return {
