@@ -226,14 +226,14 @@ def test_public_examples_run() -> None:
     assert attempted >= 9
 
 
-SHELL_NAMES = {"describe", "even", "load_state_dict", "plan", "sampler", "skip_id_ranges", "skip_ids", "skip_ledger",
+SHELL_NAMES = {"describe", "even", "load_state_dict", "plan", "skip_id_ranges", "skip_ids", "skip_ledger",
                "skip_positions", "skip_ranges", "skipped_ids", "state_dict", "world"}  # fmt: skip
 """What the sampler shell adds to torch's DistributedSampler names (docs/design.md lists each with its reason)."""
 
 
 def test_the_shell_adds_the_listed_names_to_torchs_and_no_more() -> None:
-    """Every sampler answers torch's names plus these 13 (its own configuration aside); what other modules read
-    of a plan is ``sampler.plan``, not a name on the sampler."""
+    """Every sampler answers torch's names plus these 12 (its own configuration aside), a batch sampler also
+    ``sampler`` (the epoch relay); what other modules read of a plan is ``sampler.plan``, not a name on the sampler."""
     from torch.utils.data.distributed import DistributedSampler
 
     from shardwise.samplers.base import PlanSampler
@@ -247,3 +247,6 @@ def test_the_shell_adds_the_listed_names_to_torchs_and_no_more() -> None:
     assert all(f"`{name}`" in design for name in SHELL_NAMES)
     sampler = shardwise.ShardedSampler(10, num_replicas=1, rank=0)
     assert {n for n in dir(sampler) if not n.startswith("_")} - torch_names == SHELL_NAMES
+    assert not hasattr(sampler, "sampler") and not any(n.startswith("__pl_saved") for n in dir(sampler))
+    batches = shardwise.BucketBatchSampler([3, 1, 2, 5], max_tokens=8, num_replicas=1, rank=0)
+    assert "sampler" in dir(batches) and batches.sampler.owner is batches

@@ -18,7 +18,8 @@ found by the same wrap (``_core.plan.padded_positions``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .errors import check_int
 from .mixture import MixturePlan
 from .mixture_blocks import element_keys, floor_share, golden_step
 from .permutation import GOLDEN, feistel_unpermute, mix64
-from .plan import padded_positions, wrap
+from .plan import Even, padded_positions, rank_count, rank_positions, wrap
 from .public import public
 from .schedule import Run
 
@@ -67,6 +68,32 @@ def unit_occurrences(position: int, start: int, world_size: int, count: int, tot
     """
     dealt = padded_positions(position, total, period, start, start + count * world_size).tolist()
     return [((d - start) % world_size, (d - start) // world_size) for d in dealt]
+
+
+def dealt_step_positions(total: int, start: int, world_size: int, rank: int, step: int, per_step: int, even: Even,
+                         period: int | None, *, drop_last: bool = False) -> np.ndarray:  # fmt: skip
+    """Plan positions rank ``rank`` trains at its step ``step`` of a unit-dealt pass from ``start``."""
+    count = rank_count(total, start, world_size, even)
+    first, stop = step_units(step, per_step, count, drop_last=drop_last)
+    return rank_positions(start, rank, world_size, first, stop, total, period)
+
+
+def dealt_position_steps(total: int, start: int, world_size: int, position: int, per_step: int, even: Even,
+                         period: int | None, *, drop_last: bool = False) -> list[tuple[int, int]]:  # fmt: skip
+    """``(rank, step)`` of every time plan ``position`` is trained in a unit-dealt pass from ``start``."""
+    count = rank_count(total, start, world_size, even)
+    last = steps_in_pass(count, per_step, drop_last=drop_last)
+    occurrences = unit_occurrences(position, start, world_size, count, total, period)
+    found = [(rank, unit // per_step) for rank, unit in occurrences]
+    return [(rank, step) for rank, step in found if step < last]
+
+
+def dealt_step_span(total: int, start: int, world_size: int, step: int, per_step: int, even: Even, *,
+                    drop_last: bool = False) -> tuple[int, int]:  # fmt: skip
+    """The plan positions ``[first, stop)`` that global step ``step`` of a unit-dealt pass from ``start`` covers."""
+    count = rank_count(total, start, world_size, even)
+    first, stop = step_units(step, per_step, count, drop_last=drop_last)
+    return start + first * world_size, min(start + stop * world_size, total)
 
 
 def run_of_step(runs: Sequence[Run], step: int) -> tuple[Run, int]:
@@ -169,3 +196,16 @@ def mixture_positions_of(plan: MixturePlan, seed: int, epoch: int, index: int) -
 
 # Imported as shardwise.<name>, and says so: NOTE [ Public names, public modules ] in shardwise/__init__.py.
 public(ProvenanceUnsupported)
+
+
+def scan_units(source: Callable[[np.ndarray], list[Any]], first: int, stop: int, index: int) -> np.ndarray:
+    """The plan positions in ``[first, stop)`` whose unit (a sample id, or a batch of them) holds ``index``."""
+    positions = np.arange(first, stop, dtype=np.int64)
+    units = source(positions)
+    if units and isinstance(units[0], (list, tuple)):
+        sizes = np.fromiter((len(u) for u in units), dtype=np.int64, count=len(units))
+        flat = np.fromiter((i for u in units for i in u), dtype=np.int64, count=int(sizes.sum()))
+        hits: np.ndarray = np.repeat(positions, sizes)[flat == index]
+        return hits  # a sample twice in one batch (a small class drawn with replacement) is two occurrences
+    found: np.ndarray = positions[np.asarray(units, dtype=np.int64) == index]
+    return found

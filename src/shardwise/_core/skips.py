@@ -158,7 +158,7 @@ class IdSkips:
     An entry applies to every epoch after ``epoch``, and to ``epoch`` itself at plan positions from
     ``position`` (what was trained before it was added stays trained). A sampler turns the ids into
     the plan positions that hold them, epoch by epoch, and skips those like a :class:`SkipLedger`
-    range (``samplers.queries``). Cost: four ints a range in the state.
+    range (``samplers.skipping``). Cost: four ints a range in the state.
 
     Example:
         >>> IdSkips().add(1, 40, 7, 9).applying(2).tolist()

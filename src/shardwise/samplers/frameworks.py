@@ -55,6 +55,13 @@ def is_batch_plan(sampler: object) -> bool:
     return not isinstance(sampler, DistributedSampler)
 
 
+def is_batch_class(cls: type) -> bool:
+    """Whether ``cls`` is a batch sampler class: a torch ``Sampler`` that is not a ``DistributedSampler``."""
+    from torch.utils.data import DistributedSampler, Sampler
+
+    return issubclass(cls, Sampler) and not issubclass(cls, DistributedSampler)
+
+
 class Keep:
     """Marker argument: constructing a shardwise sampler class from ``Keep(s)`` returns ``s`` itself."""
 
@@ -87,6 +94,8 @@ class PlanMeta(type):
             namespace["__init__"].__signature__ = init
         params = list(init.parameters.values())[1:]
         cls.__signature__ = init.replace(parameters=params, return_annotation=inspect.Signature.empty)
+        if is_batch_class(cls) and not hasattr(cls, _PL_SAVED[0]):
+            install(cls)  # the first batch sampler class of its line: the relay and Lightning's record
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         kept: object = args[0].sampler if args and isinstance(args[0], Keep) else None
@@ -166,8 +175,6 @@ class _RelayAttribute:
         held = obj.__dict__.get("sampler")
         if held is not None and not isinstance(held, EpochRelay):
             return held  # assigned on the instance
-        if not is_batch_plan(obj):
-            raise AttributeError("sampler")
         if held is None or held.owner is not obj:
             held = obj.__dict__["sampler"] = EpochRelay(obj)
         return held
@@ -184,8 +191,6 @@ def _lightning_record(position: int) -> property:
 
     def get(self: object) -> Any:
         check_loaded("lightning")  # Lightning reads the record: its names are loaded
-        if not is_batch_plan(self):
-            raise AttributeError("not a batch sampler")
         drop_last = getattr(self, "drop_last", None)
         if isinstance(drop_last, bool):  # NOTE [ drop_last under predict ]
             record: tuple[Any, ...] = ((Keep(self), None, drop_last), {}, ("keep", "sampler", "drop_last"), {})
@@ -197,7 +202,8 @@ def _lightning_record(position: int) -> property:
 
 
 def install(cls: type) -> None:
-    """Give the sampler shell the attributes described in the module docstring."""
+    """Give a batch sampler class the attributes described in the module docstring (:class:`PlanMeta` does,
+    for the first batch sampler class of each line: index samplers, ``DistributedSampler``\\ s, have none)."""
     cls.sampler = _RelayAttribute()  # type: ignore[attr-defined]
     for position, name in enumerate(_PL_SAVED):
         setattr(cls, name, _lightning_record(position))

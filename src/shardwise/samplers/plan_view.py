@@ -8,6 +8,9 @@ own surface stays what a training loop uses (torch's names, the state, the skips
 
 A :class:`PlanView` is built on each ``sampler.plan`` access from the sampler's hooks, bound to that
 sampler (a ``copy.copy`` or an unpickled sampler answers for itself); it holds no state of its own.
+It checks what a caller passes (a sample id against the ids the sampler draws from, with the
+sampler's name) before the hooks see it: the one rule of ``when``, ``plan.positions_of`` and
+``skip_ids`` for every sampler (the conformance harness checks it).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core.errors import check_int
+from .._core.errors import check_int, check_sample_id
 from .._core.plan import Even, consumed_after, rank_count
 from .._core.state import Fingerprint
 from .._core.world import World
@@ -33,21 +36,22 @@ class PlanView:
         even: how ranks are given equal lengths (``Even.PAD`` or ``Even.DROP``).
     """
 
-    __slots__ = ("_adopt", "_core", "_fingerprint", "_id_count", "_ids", "_on_epoch", "_open", "_positions_of",
-                 "_size", "_span", "_steps", "_trained", "_uncompacted", "_units", "_where", "_wrap",
+    __slots__ = ("_adopt", "_core", "_fingerprint", "_id_count", "_ids", "_on_epoch", "_open", "_owner",
+                 "_positions_of", "_size", "_span", "_steps", "_trained", "_uncompacted", "_units", "_where", "_wrap",
                  "deals_by_rank", "even", "explicit_seed")  # fmt: skip
 
     def __init__(
         self,
         *,
+        owner: str,
         size: Callable[[int], int],
         source: Callable[[int, int, World, int], UnitSource],
         units: Callable[[int, np.ndarray, int], list[Any]],
         on_epoch: Callable[[int], None],
         fingerprint: Callable[[], Fingerprint],
-        positions_of: Callable[[int, object], np.ndarray],
+        positions_of: Callable[[int, int], np.ndarray],
         positions_of_ids: Callable[[int, np.ndarray], np.ndarray],
-        trained_positions_of: Callable[[int, object], np.ndarray],
+        trained_positions_of: Callable[[int, int], np.ndarray],
         step_positions: Callable[..., np.ndarray],
         position_steps: Callable[..., list[tuple[int, int]]],
         step_span: Callable[..., tuple[int, int]],
@@ -60,7 +64,7 @@ class PlanView:
         deals_by_rank: bool,
         even: Even,
     ) -> None:
-        self._size, self._open, self._units, self._on_epoch = size, source, units, on_epoch
+        self._owner, self._size, self._open, self._units, self._on_epoch = owner, size, source, units, on_epoch
         self._fingerprint, self._positions_of, self._ids = fingerprint, positions_of, positions_of_ids
         self._trained, self._uncompacted, self._adopt = trained_positions_of, uncompacted, adopt_seed
         self._steps, self._where, self._span = step_positions, position_steps, step_span
@@ -105,7 +109,8 @@ class PlanView:
 
     def adopt_seed(self, seed: int) -> None:
         """Take the seed of a validated resume state, unless a seed was given (:attr:`explicit_seed`)."""
-        self._adopt(seed)
+        if self.explicit_seed is None:
+            self._adopt(seed)
 
     # -- a pass: what each rank gets, where the plan is after it ------------------------------------
     def pass_units(self, epoch: int, start: int, world_size: int) -> int:
@@ -121,7 +126,7 @@ class PlanView:
     def positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Plan positions of ``epoch`` whose unit holds sample ``index`` (raises ``ProvenanceUnsupported``
         where the plan is not inverted, ``ValueError`` for an id outside ``[0, id_count)``)."""
-        return self._positions_of(epoch, index)
+        return self._positions_of(epoch, self._sample_id("index", index))
 
     def positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """Every plan position of ``epoch`` holding one of ``ids`` (flat int64); raises where unsupported."""
@@ -129,7 +134,17 @@ class PlanView:
 
     def trained_positions_of(self, epoch: int, index: int) -> np.ndarray:
         """Compacted plan positions (see ``_core.skips``) of ``epoch`` that train sample ``index``."""
-        return self._trained(epoch, index)
+        return self._trained(epoch, self._sample_id("index", index))
+
+    def _sample_id(self, name: str, value: object) -> int:
+        """``value`` as a sample id the sampler draws, else a ``ValueError`` naming ``name`` and the range.
+
+        An id outside ``[0, id_count)`` never answers ``[]`` or another sample's steps.
+        """
+        count = self._id_count()
+        if count is None:
+            return check_int(name, value, minimum=0)
+        return check_sample_id(name, value, count, owner=self._owner)
 
     def uncompacted(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The plan positions of compacted ``positions`` of ``epoch`` (the skipped positions and ids left in)."""
