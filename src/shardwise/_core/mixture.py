@@ -217,6 +217,15 @@ class MixturePlan:
         self._layout, self._buffer = (epoch, layout), None
         return layout
 
+    def renewed(self, block: int) -> MixturePlan:
+        """A plan of the same sources, schedule and stop rule with ``block``, before any update ``extend`` added.
+
+        What a resume replays a saved adaptive ledger onto (``Feedback.plan_of``): O(sources x changes).
+        """
+        return MixturePlan(self.sizes, self.schedule, stop=self.stop, num_samples=self.num_samples,
+                           primary=self.primary, block=block, shuffle=self.shuffle,
+                           interleave=self.interleave)  # fmt: skip
+
     def reveal_until(self, known_until: int) -> None:
         """Run positions below ``known_until`` are known (an adaptive ledger's reach): units past it are refused."""
         self.known_until = known_until

@@ -188,24 +188,20 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
         self.primary = primary
         self.drop_last = keywords.drop_last
         self._feedback: Feedback | None = None
-        if config is not None:
+        if config is not None and initial is not None:
             if self.stop is not MixtureStop.NUM_SAMPLES:
                 raise ValueError(
                     f"weights=AdaptiveWeights(...) needs stop='num_samples' (and num_samples=...), but got "
                     f"stop={self.stop.value!r}: where an exhaustion stop ends an epoch depends on weights not yet known"
                 )
-            block = adaptive_block(config.policy, self.num_sources, block, self.weights.weights[0])
-        self._plan = self._new_plan(block)
-        if config is not None and initial is not None:
-            self._feedback = Feedback(config, initial, self._plan.block, int(self.num_samples or 0))
+            block = adaptive_block(config.policy, self.num_sources, block, initial)
+            self._feedback = Feedback(config, initial, block, int(self.num_samples or 0))
+        self._plan = MixturePlan(self.sizes, self.weights, stop=self.stop, num_samples=self.num_samples,
+                                 primary=self.primary, block=block, shuffle=self.shuffle,
+                                 interleave=self.interleave)  # fmt: skip
+        if self._feedback is not None:
             self._plan.reveal_until(self._feedback.ledger.known_until)
         self._init_plan(keywords)
-
-    def _new_plan(self, block: int | None) -> MixturePlan:
-        return MixturePlan(
-            self.sizes, self.weights, stop=self.stop, num_samples=self.num_samples, primary=self.primary,
-            block=block, shuffle=self.shuffle, interleave=self.interleave,
-        )  # fmt: skip
 
     @property
     def adaptive(self) -> AdaptiveMixture | None:
@@ -413,4 +409,4 @@ class MixtureSampler(PlanSampler[int], DistributedSampler[int]):
             return
         ledger = feedback.saved_ledger(state_dict, type(self).__name__)
         super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
-        self._plan = feedback.plan_of(ledger, self._new_plan)
+        self._plan = feedback.plan_of(ledger, self._plan.renewed)
