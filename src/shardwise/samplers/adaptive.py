@@ -197,7 +197,7 @@ class AdaptiveMixture:
         sampler = self._sampler
         shares = self._feedback.update(sampler.plan.core, trained, self._fingerprint(), sampler.world, group)
         if self._updated is not None:
-            self._updated()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture)
+            self._updated()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture_reveal)
         return shares
 
     def __repr__(self) -> str:
