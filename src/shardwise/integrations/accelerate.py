@@ -112,10 +112,10 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
     warns, naming the fix (``drop_last=True``, or ``shard_batches`` for evaluation).
     """
 
-    def __init__(self, dataset: Any, *, plan: PlanSampler[Any], per_rank: int | None, index: bool,
+    def __init__(self, dataset: Any, *, shardwise_sampler: PlanSampler[Any], per_rank: int | None, index: bool,
                  index_drop_last: bool, **kwargs: Any) -> None:  # fmt: skip
         super().__init__(dataset, **kwargs)
-        self._plan = plan
+        self._shardwise = shardwise_sampler  # the loader's own 'sampler' is DataLoader's
         self._per_rank = per_rank
         self._index = index
         self._index_drop_last = index_drop_last
@@ -126,7 +126,7 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
     @property
     def total_batch_size(self) -> int | None:
         """The batch of all processes together at one step (``None`` where batches have no fixed size)."""
-        return None if self._per_rank is None else self._per_rank * self._plan.world.world_size
+        return None if self._per_rank is None else self._per_rank * self._shardwise.world.world_size
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -143,14 +143,14 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
     def _last_step(self) -> tuple[int, str]:
         """``(remainder, why it is not exact or "")`` for the pass about to begin (NOTE [ The last gathered step ])."""
         epoch = self.iteration  # DataLoaderShard sets it on the sampler right after begin()
-        total = self._plan.plan.size(epoch)
+        total = self._shardwise.plan.size(epoch)
         loaded, self._loaded_start = self._loaded_start, None
         start = 0
         if loaded is not None and loaded.get("epoch") == epoch and 0 < int(loaded.get("consumed", 0)) < total:
             start = int(loaded["consumed"])  # a restored pass runs from the loaded position
-        world = self._plan.world.world_size
+        world = self._shardwise.world.world_size
         rest = total - start
-        count = self._plan.plan.pass_units(epoch, start, world)  # units a rank yields this pass
+        count = self._shardwise.plan.pass_units(epoch, start, world)  # units a rank yields this pass
         if count == 0:
             return _NO_PADDING, ""
         if self._index:
@@ -180,22 +180,23 @@ class _ShardwiseLoader(_DataLoaderShard):  # type: ignore[misc]  # accelerate is
         real = int((positions < rest).sum())
         if real == world and not self._completes_short_batch():
             return _NO_PADDING, ""
-        name, size = type(self._plan).__name__, self._per_rank
-        if not isinstance(self._plan, ShardedBatchWrapper) or size is None:
+        name, size = type(self._shardwise).__name__, self._per_rank
+        if not isinstance(self._shardwise, ShardedBatchWrapper) or size is None:
             # A sampler's own batches may be short anywhere (a bucket's last batch): only the wrapper's are counted.
             return _UNKNOWN, f"the samples in {name}'s {world - real} padded batches of that step are not known"
         holds_last = real > 0 and int(positions[real - 1]) == rest - 1  # the plan's last batch, maybe short
         short = self._short_batch(size) if holds_last else size
         if short is None:
-            return _UNKNOWN, f"the size of the last batch of {type(self._plan.batch_sampler).__name__} is not known"
+            inner = type(self._shardwise.batch_sampler).__name__
+            return _UNKNOWN, f"the size of the last batch of {inner} is not known"
         return (real - 1) * size + short if holds_last else real * size, ""
 
     def _completes_short_batch(self) -> bool:
-        return isinstance(self._plan, ShardedBatchWrapper) and self._plan.even_batches
+        return isinstance(self._shardwise, ShardedBatchWrapper) and self._shardwise.even_batches
 
     def _short_batch(self, size: int) -> int | None:
         """Samples in the last batch ``shard_batches`` wraps, where they can be counted (its sampler's length)."""
-        inner = self._plan.batch_sampler  # type: ignore[attr-defined]  # a ShardedBatchWrapper (the caller checks)
+        inner = self._shardwise.batch_sampler  # type: ignore[attr-defined]  # a ShardedBatchWrapper (the caller checks)
         if getattr(inner, "drop_last", None) is True:
             return size
         source = getattr(inner, "sampler", None)
@@ -284,7 +285,7 @@ def prepare_data_loader(accelerator: Any, loader: Any) -> Any:
     placement = accelerator.device_placement
     shard = _ShardwiseLoader(
         loader.dataset,
-        plan=plan,
+        shardwise_sampler=plan,
         per_rank=per_rank if isinstance(per_rank, int) else None,
         index=index,
         index_drop_last=bool(getattr(batch_sampler, "drop_last", False)),
