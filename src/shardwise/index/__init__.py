@@ -42,7 +42,8 @@ API (stable; samplers and other layers build on it):
   ``LabelsInput.of(labels, cache_dir=..., timeout=...)`` resolves and checks labels once and holds
   their class index (``classes``, ``counts``, ``members``, ``digest``; kind ``"class-index-v1"``),
   ``WeightsInput.of(weights, ...)`` likewise the weight table (kind ``"weight-table-v1"``), each
-  built on first read; the other O(n) tables a sampler needs are built here too, through
+  built on first read; the three inputs (with ``LengthsInput``) read an array through one step,
+  :func:`~shardwise.index.inputs.input_array`; the other O(n) tables a sampler needs are built here too, through
   :func:`~shardwise.index.tables.shared_arrays` (the cache for large inputs, private memory below
   65,536 entries): ``PackedBatchSampler``'s item index and strata layouts (:mod:`.packing`).
 - :func:`column(source, name, *, kind="values", cache_dir=None) <column>`: a column of an HF

@@ -139,7 +139,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
 
         A plan written at run time (an adaptive mixture) answers ``(plan, stop)``: its positions below
         ``stop`` are final and the others unseen; those revealed as ``stop`` grows are read forward with
-        :meth:`_ids_between` (NOTE [ Skipped ids the plan reveals late ] in ``samplers.mixture``).
+        :meth:`_ids_between` (NOTE [ Skipped ids the plan reveals late ] in ``samplers.mixture_reveal``).
         """
         return None
 
@@ -502,7 +502,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             an id are known only as far as the weight ledger: each update removes those it reveals,
             so an epoch that skips ids ends earlier than ``len(sampler)`` said at its start (the same
             on every rank and after any resume; warned here). NOTE [ Skipped ids the plan reveals
-            late ] in ``samplers.mixture``.
+            late ] in ``samplers.mixture_reveal``.
 
         Raises:
             ProvenanceUnsupported: this sampler cannot skip ids (named, with what to use instead).

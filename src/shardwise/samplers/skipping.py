@@ -64,7 +64,7 @@ def ledger_for(self: Any, epoch: int) -> SkipLedger | None:
     O(k log k) once per epoch for ``k`` skipped ids, then a tuple comparison per call. A plan that
     is written at run time (``_ids_extent``: an adaptive mixture) reveals more of the epoch at each
     update: only the positions it revealed are read then, forward (``_ids_between``, O(revealed)),
-    and added (NOTE [ Skipped ids the plan reveals late ] in ``samplers.mixture``).
+    and added (NOTE [ Skipped ids the plan reveals late ] in ``samplers.mixture_reveal``).
     """
     skips = self.__dict__.get("_skips")
     ids = self.__dict__.get("_skip_ids")
