@@ -16,26 +16,30 @@ O(schedule segments) time, not O(samples).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .._core.errors import check_int
+from .._core.errors import MalformedStateError, check_int
+from .._core.mixture import PendingWeightsError
 from .._core.permutation import Permutation, positions_of
 from .._core.plan import wrap
-from .._core.provenance import run_occurrences, run_of_step, run_step_positions
+from .._core.provenance import ProvenanceUnsupported, run_occurrences, run_of_step, run_step_positions
 from .._core.schedule import BatchSizeSchedule, Run, ScheduleLike, Step, as_schedule, plan_steps
 from .._core.seeds import INDEX_SHUFFLE, derive_seed
 from .._core.state import Fingerprint
 from .._core.world import World
+from .adaptive import AdaptiveMixture
 from .base import PlanSampler
+from .feedback import ADAPTIVE
 from .frameworks import is_batch_plan
 from .identity import with_data
 from .inputs import dataset_size
 from .keywords import ShuffledKeywords
 from .passes import LivePass, UnitSource
+from .plan_view import PlanView
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -70,6 +74,105 @@ class _StepPass(LivePass):
                 return run.first + steps * self.world_size * run.batch_size
             steps -= run.steps
         return self.runs[-1].end(self.world_size) if self.runs else self.start
+
+
+class _KnownSteps:
+    """A wrapped plan written at run time (an adaptive mixture): how many leading steps of a chunk it knows yet.
+
+    NOTE [ Steps over a plan written at run time ]
+    ``MixtureSampler(weights=AdaptiveWeights(...))`` knows its plan only as far as its weight ledger
+    (``plan.core.known_until``, a run position); each update reveals more. A pass over it cuts each
+    chunk at the last whole step of this rank whose positions are all known, and reads the next
+    chunk when its first batch is pulled, i.e. after the loop's update. A position's unit never
+    changes once known, so the batches are those of the same plan read after every update, and
+    ``consumed`` (a step boundary) keeps its meaning. Cost: O(chunk) a chunk, and a chunk at most
+    per update (its steps are bounded by ``known_until`` first, by arithmetic).
+    """
+
+    __slots__ = ("_epoch", "_plan", "_uncompacted")
+
+    def __init__(self, plan: PlanView, epoch: int, uncompacted: Callable[[int, np.ndarray], np.ndarray]) -> None:
+        self._plan, self._epoch, self._uncompacted = plan, epoch, uncompacted
+
+    def bound(self, starts: np.ndarray) -> int:
+        """How many of the steps starting at ``starts`` (ascending) can be known: at least 1.
+
+        A dealt position is at most its plan position (skips only remove), so a step that starts at
+        or past the ledger's reach is unknown (a padded step wrapping to the epoch's start may not be,
+        which only makes its chunk start later).
+        """
+        core = self._plan.core
+        extent = core.known_until - core.epoch_start(self._epoch)
+        return max(1, int(np.searchsorted(starts, extent)))
+
+    def steps(self, positions: np.ndarray, size: int) -> int:
+        """The leading whole steps (``size`` positions each) of ``positions`` whose units are known; raises if none."""
+        core, epoch = self._plan.core, self._epoch
+        raw = self._plan.uncompacted(epoch, self._uncompacted(epoch, positions))
+        try:
+            known = len(core.known_prefix(epoch, raw)) // size
+            if not known:
+                core.check_known(epoch, raw[:size])
+        except PendingWeightsError as error:
+            raise PendingWeightsError(
+                f"{error}. Over ScheduledBatchSampler, report it on the batch sampler's own .adaptive (its clock "
+                "is the steps it handed out; the MixtureSampler's own adaptive.update_due() does not see them)"
+            ) from error
+        return known
+
+
+class ScheduledAdaptive:
+    """``ScheduledBatchSampler.adaptive``: the wrapped mixture's adaptive weights on the batch sampler's clock.
+
+    The same ``record``, ``update_due``, ``update``, ``ledger``, ``pending``, ``warn_if_pending``,
+    ``trained_position`` and ``config`` as ``MixtureSampler.adaptive`` (whose object this delegates to),
+    except that the position the loop trained through is the batch sampler's (the steps it handed out),
+    since the mixture's own position does not move when another sampler reads its plan.
+    ``trained_position(epoch, consumed)`` takes the batch sampler's ``state_dict()`` values.
+    """
+
+    __slots__ = ("_position", "_weights")
+
+    def __init__(self, weights: AdaptiveMixture, position: Callable[[int | None, int | None], int]) -> None:
+        self._weights, self._position = weights, position
+
+    @property
+    def config(self) -> Any:
+        """The :class:`AdaptiveWeights` the mixture was built with."""
+        return self._weights.config
+
+    @property
+    def ledger(self) -> Any:
+        """The mixture's weight ledger (entry 0: the initial weights), the same on every rank."""
+        return self._weights.ledger
+
+    @property
+    def pending(self) -> int:
+        """Samples this rank recorded since the last update (a checkpoint now does not carry them)."""
+        return self._weights.pending
+
+    def record(self, values: Any, sources: Any) -> None:
+        """Add per-sample values with each sample's source (``mixture.sources_of(indices)``); local, no collective."""
+        self._weights.record(values, sources)
+
+    def warn_if_pending(self) -> None:
+        """Warn that a checkpoint taken now misses this rank's statistics since the last update."""
+        self._weights.warn_if_pending()
+
+    def trained_position(self, epoch: int | None = None, consumed: int | None = None) -> int:
+        """The run position the loop has trained through: the batch sampler's, or its state's ``(epoch, consumed)``."""
+        return self._position(epoch, consumed)
+
+    def update_due(self, position: int | None = None) -> bool:
+        """Whether the loop has trained through the end of the interval the next update reports."""
+        return self._weights.update_due(self.trained_position() if position is None else position)
+
+    def update(self, group: Any = None, *, position: int | None = None) -> list[float]:
+        """One all_reduce on every rank when :meth:`update_due`: the policy's new weights join the ledger."""
+        return self._weights.update(group, position=self.trained_position() if position is None else position)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._weights!r})"
 
 
 class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
@@ -238,6 +341,20 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         self._sync()
         epoch = self._progress.upcoming_epoch()
         self._check_not_empty(epoch, self._plan_size(epoch), self.world.world_size)
+        inner = self._inner
+        if inner is not None and self._inner_adaptive() is not None and inner.skipped_ids:
+            raise ValueError(
+                f"data is a {type(inner).__name__} with adaptive weights that skips sample ids, whose epoch shrinks "
+                "as the updates reveal where they are drawn, but ScheduledBatchSampler cuts its steps from the "
+                "epoch's size at its start; skip plan positions instead (skip_positions, shardwise.skip_steps), or "
+                "build the mixture without those ids"
+            )
+
+    def _known_steps(self, epoch: int) -> _KnownSteps | None:
+        """Over a plan written at run time: how far a chunk reads (NOTE [ Steps over a plan written at run time ])."""
+        if self._inner is None or self._inner_adaptive() is None:
+            return None
+        return _KnownSteps(self._inner.plan, epoch, self._uncompacted)
 
     def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[list[Any]]]]:
         # The shell's dealing is per unit; here it is per step (a pass of runs of equal-size steps).
@@ -246,36 +363,47 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         live = _StepPass(start, self._runs(epoch, total, start, world.world_size), total, world.world_size)
         self._pass = live
         source = self._open_pass(epoch, seed, world, start)
-        return live, iter([self._batches(live, source, world.rank)])
+        return live, iter([self._batches(live, source, world.rank, self._known_steps(epoch))])
 
-    def _batches(self, live: _StepPass, source: UnitSource, rank: int) -> Iterator[list[Any]]:
+    def _batches(
+        self, live: _StepPass, source: UnitSource, rank: int, known: _KnownSteps | None
+    ) -> Iterator[list[Any]]:
         world_size, total = live.world_size, live.total
         period = self._wrap_period()
         with_payload = self.schedule.has_payload
+        checked = False
         for run in live.runs:
             size = run.batch_size
             span = world_size * size
             steps_per_chunk = max(1, _CHUNK_SAMPLES // size)
             within = np.arange(size, dtype=np.int64)
-            for first in range(0, run.steps, steps_per_chunk):
+            first = 0
+            while first < run.steps:
+                # computed when the chunk's first batch is pulled: after the loop's last update
                 stop = min(first + steps_per_chunk, run.steps)
-                # starts: (steps,); positions: (steps, size), ascending, wrapped only in a padded tail
-                starts = run.first + rank * size + span * np.arange(first, stop, dtype=np.int64)
-                positions = (starts[:, None] + within).ravel()
-                positions = wrap(positions, total, period)
+                starts = run.first + rank * size + span * np.arange(first, stop, dtype=np.int64)  # (steps,)
+                if known is not None:
+                    starts = starts[: known.bound(starts)]
+                # positions: (steps, size), ascending, wrapped only in a padded tail
+                positions = wrap((starts[:, None] + within).ravel(), total, period)
+                if known is not None:
+                    positions = positions[: known.steps(positions, size) * size]
+                stop = first + positions.size // size
                 units = source(positions)
                 if len(units) != positions.size:
                     raise RuntimeError(f"{type(self).__name__} got {len(units)} samples for {positions.size} positions")
-                if first == 0 and not isinstance(units[0], (int, np.integer)):
+                if not checked and not isinstance(units[0], (int, np.integer)):
                     raise TypeError(
                         f"data should be an index sampler, but {type(self.data).__name__} yields "
                         f"{type(units[0]).__name__} units; batch samplers take a batch_size schedule themselves"
                     )
+                checked = True
                 for step in range(stop - first):
                     live.check()  # load_state_dict stopped this pass
                     batch = units[step * size : (step + 1) * size]
                     live.done += 1
                     yield [(index, run.payload) for index in batch] if with_payload else batch
+                first = stop
 
     # -- provenance: steps are cut from the sample plan (see shardwise.samplers.provenance) ----
     def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
@@ -309,6 +437,13 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
 
     def _positions_of_ids(self, epoch: int, ids: np.ndarray) -> np.ndarray:
         """The positions holding ``ids`` (``skip_ids``): the index sampler's, or the permutation inverted."""
+        if self._inner is not None and self._inner_adaptive() is not None:
+            raise ProvenanceUnsupported(
+                f"{type(self).__name__} over a {type(self._inner).__name__} with adaptive weights cannot skip sample "
+                "ids: the positions that draw them are revealed by later updates, which would shrink an epoch whose "
+                "steps were cut at its start; skip plan positions instead (skip_positions, shardwise.skip_steps), "
+                "or build the mixture without those ids"
+            )
         if self._inner is not None:
             return self._inner.plan.positions_of_ids(epoch, ids)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._size):
@@ -355,14 +490,63 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
             for _ in range(run.steps)
         ]
 
+    @property
+    def adaptive(self) -> ScheduledAdaptive | None:
+        """``data``'s adaptive weights on this sampler's clock (``record``, ``update_due``, ``update``, the ledger).
+
+        ``None`` unless ``data`` is a ``MixtureSampler(weights=AdaptiveWeights(...))``. Report the
+        updates here, not on the mixture, whose own position does not move: ``ScheduledAdaptive``.
+        """
+        weights = self._inner_adaptive()
+        return None if weights is None else ScheduledAdaptive(weights, self._adaptive_position)
+
+    def _inner_adaptive(self) -> AdaptiveMixture | None:
+        weights = getattr(self._inner, "adaptive", None) if self._inner is not None else None
+        return weights if isinstance(weights, AdaptiveMixture) else None
+
+    def _adaptive_position(self, epoch: int | None, consumed: int | None) -> int:
+        """The run position of ``data``'s plan trained through at ``(epoch, consumed)`` (default: this sampler's)."""
+        weights = self._inner_adaptive()
+        if weights is None:
+            raise RuntimeError(f"{type(self).__name__}.adaptive needs data with adaptive weights")
+        if epoch is None or consumed is None:
+            self._sync()
+            epoch, consumed = self._progress.epoch, self._progress.consumed
+        else:
+            epoch, consumed = check_int("epoch", epoch, minimum=0), check_int("consumed", consumed, minimum=0)
+        dealt = min(consumed, self._plan_size(epoch))  # past the end: padding; the epoch's end
+        return weights.trained_position(epoch, int(self._uncompacted(epoch, np.asarray([dealt], dtype=np.int64))[0]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shell's state; over a mixture with adaptive weights also its weight ledger (``state["adaptive"]``)."""
+        state = super().state_dict()
+        weights = self._inner_adaptive()
+        if weights is not None:
+            state[ADAPTIVE] = weights.ledger.to_state()
+        return state
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict()`` output in O(schedule segments), at any world size.
+
+        Over a mixture with adaptive weights the state's ledger goes to that mixture (its plan is
+        rebuilt from it: NOTE [ Resuming an adaptive mixture ] in docs/mixture.md).
 
         Raises:
             StateMismatchError: the state belongs to another configuration (names the field).
             MalformedStateError: the dict is not a shardwise state of a known version.
         """
+        inner = self._inner
+        adaptive = inner is not None and self._inner_adaptive() is not None
+        if adaptive and (not isinstance(state_dict, dict) or ADAPTIVE not in state_dict):
+            raise MalformedStateError(
+                f"state should hold 'adaptive' (the weight ledger) for a {type(self).__name__} over a mixture with "
+                f"adaptive weights; save this {type(self).__name__}'s state_dict()"
+            )
         super().load_state_dict(state_dict)
+        if inner is not None and adaptive:
+            mixture = inner.state_dict()  # its own position (unused here) with the saved ledger
+            mixture[ADAPTIVE] = state_dict[ADAPTIVE]
+            inner.load_state_dict(mixture)
 
     def _adopt_seed(self, seed: int) -> None:
         super()._adopt_seed(seed)
