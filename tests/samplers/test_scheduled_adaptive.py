@@ -152,3 +152,26 @@ def test_what_cannot_work_over_adaptive_weights_is_refused_naming_the_fix() -> N
     fixed = MixtureSampler([100, 50], [0.5, 0.5], num_samples=NUM_SAMPLES, num_replicas=1, rank=0, seed=1)
     assert ScheduledBatchSampler(fixed, batch_size=SCHEDULE).adaptive is None
     assert ScheduledBatchSampler(100, batch_size=4, num_replicas=1, rank=0).adaptive is None
+
+
+def _lifting(scheduled: bool) -> Any:
+    """The adaptive object a loop reports to; from update 2 its policy gives 0.01, below 1/block = 1/40 (lifted)."""
+    weights = AdaptiveWeights(lambda ledger, statistics: np.array([0.5, 0.5] if ledger.updates < 1 else [0.99, 0.01]),
+                              interval=INTERVAL)  # fmt: skip
+    mixture = MixtureSampler([100, 50], weights, num_samples=NUM_SAMPLES, block=40, num_replicas=1, rank=0, seed=1)
+    return ScheduledBatchSampler(mixture, batch_size=SCHEDULE).adaptive if scheduled else mixture.adaptive
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["mixture", "batch_sampler"])
+def test_the_warnings_of_update_and_warn_if_pending_point_at_the_callers_line(scheduled: bool) -> None:
+    """No samples, a lifted weight, a checkpoint between updates: the warning names this file, on either path."""
+    adaptive = _lifting(scheduled)
+    with pytest.warns(RuntimeWarning, match="no reported samples") as empty:
+        adaptive.update(position=INTERVAL)
+    adaptive.record([1.0, 2.0], [0, 1])
+    with pytest.warns(RuntimeWarning, match="misses the 2 losses") as pending:
+        adaptive.warn_if_pending()
+    with pytest.warns(RuntimeWarning, match=r"below 1/40.*lifted") as lifted:
+        adaptive.update(position=2 * INTERVAL)
+    assert adaptive.ledger.updates == 2 and adaptive.pending == 0
+    assert [w.filename for w in [*empty, *pending, *lifted]] == [__file__] * 3

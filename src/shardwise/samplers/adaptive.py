@@ -17,7 +17,6 @@ itself, and one held across ``load_state_dict`` reads the plan the resume built.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -28,6 +27,7 @@ from .._core.adaptive_policies import AdaptiveWeights
 from .._core.errors import check_int
 from .._core.state import Fingerprint
 from .._core.world import World
+from .callers import warn_outside
 from .feedback import AdaptivePlan, Feedback
 
 
@@ -153,13 +153,12 @@ class AdaptiveMixture:
         pending = self.pending
         if pending:
             ledger = self._feedback.ledger
-            warnings.warn(
+            warn_outside(  # at the caller's line, through any wrapper (ScheduledAdaptive, the integrations' hooks)
                 f"a checkpoint taken now misses the {pending} losses this rank recorded towards update "
                 f"{ledger.updates + 1} (due at run position {ledger.due_at}): a resume from it computes that update "
                 "from what is recorded after the resume, so the weights can differ from this run's. Checkpoint "
                 "right after an update (every interval) for an identical trajectory",
                 RuntimeWarning,
-                stacklevel=3,
             )
 
     def update_due(self, position: int | None = None) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -40,6 +39,7 @@ from .._core.adaptive_policies import AdaptiveWeights, initial_state, run_policy
 from .._core.errors import MalformedStateError
 from .._core.weights import Weights
 from .._core.world import World
+from .callers import warn_outside
 
 TAG_BITS = 20
 
@@ -155,12 +155,11 @@ class Feedback:
         """The next update's shares from the reduced ``(sums, counts)``: the policy, quantised (pure)."""
         update = self.ledger.updates + 1
         if not counts.any():
-            warnings.warn(
+            warn_outside(  # at the loop's line, through any wrapper (ScheduledAdaptive.update)
                 f"update {update} of the adaptive mixture has no reported samples on any rank (nothing was recorded "
                 "since the last update: a resume from a checkpoint saved between an interval's end and its update?); "
                 "the policy sees no statistics",
                 RuntimeWarning,
-                stacklevel=4,  # next_shares, Feedback.update, AdaptiveMixture.update: the loop
             )
         ledger = self.ledger
         drawn = ledger.drawn((update - 1) * ledger.interval, update * ledger.interval, self.epoch_size, self.block)
@@ -199,14 +198,13 @@ class Feedback:
                 need = -(-SHARE_DENOMINATOR // int(asked[low].min()))
                 listed = ", ".join(f"source {i}: {asked[i] / SHARE_DENOMINATOR:.3g} -> "
                                    f"{shares[i] / SHARE_DENOMINATOR:.3g}" for i in low)  # fmt: skip
-                warnings.warn(
+                warn_outside(  # at the loop's line, through any wrapper (ScheduledAdaptive.update)
                     f"update {update}: the policy {name} gave weights below 1/{self.block}, the least a block of "
                     f"{self.block} positions draws ({listed}); the ledger records them lifted to 1/{self.block}, taken "
                     f"from the largest weights, and the policy sees those from now on. Give the policy a floor of at "
                     f"least 1/{self.block}, return 0 to leave a source out, or build the sampler with block>={need} "
                     f"(for a weight of {smallest:.3g}); later lifts of this sampler are not warned again",
                     RuntimeWarning,
-                    stacklevel=5,  # block_shares, next_shares, Feedback.update, AdaptiveMixture.update: the loop
                 )
         return shares
 
