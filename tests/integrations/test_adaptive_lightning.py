@@ -16,7 +16,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardwise import AdaptiveWeights, ExponentiatedGradient, Mixture, MixtureSampler
+from shardwise import (
+    AdaptiveWeights,
+    BatchSizeSchedule,
+    ExponentiatedGradient,
+    Mixture,
+    MixtureSampler,
+    ScheduledBatchSampler,
+)
 from shardwise.tools.launch import run_distributed
 from tests.integrations.test_lightning import _join_as_ddp, _trainer
 
@@ -104,4 +111,78 @@ def test_the_callback_gives_every_rank_the_ledger_and_plan_of_one_process() -> N
         batches = [result["seen"][epoch * steps_per_epoch : (epoch + 1) * steps_per_epoch] for result in results]
         drawn = [batches[rank][step][k] for step in range(steps_per_epoch) for k in range(BATCH) for rank in range(2)]
         assert drawn == plans[epoch]
+    assert not np.allclose(ledger["shares"][:3], ledger["shares"][-3:])
+
+
+SCHEDULE = BatchSizeSchedule.by_samples({0: 2, 48: 4})
+"""Per rank: 2 a batch, then 4 from sample 48 of epoch 0; every step of W=1 or W=2 ends inside one interval of 24."""
+
+
+def _scheduled(**world: Any) -> ScheduledBatchSampler:
+    return ScheduledBatchSampler(_sampler(**world), batch_size=SCHEDULE, **world)
+
+
+def _fit_scheduled(rank: int, world_size: int) -> dict[str, Any]:
+    from lightning.pytorch import LightningModule
+
+    from shardwise.integrations.lightning import AdaptiveMixtureCallback, FollowEpochLength
+
+    _join_as_ddp(rank)
+    sampler = _scheduled()
+
+    class Module(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[list[int]] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+            values, _ = batch
+            self.seen.append(values.tolist())
+            loss = self.layer(values.float().unsqueeze(1)).sum() * 0.0
+            return {"loss": loss, "sample_losses": _loss(values)}
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(_data(), batch_sampler=sampler)
+
+    module = Module()
+    _trainer(callbacks=[FollowEpochLength(), AdaptiveMixtureCallback(sampler)]).fit(module)
+    adaptive = sampler.adaptive
+    assert adaptive is not None
+    return {"ledger": adaptive.ledger.to_state(), "seen": module.seen}
+
+
+def _scheduled_reference() -> tuple[dict[str, Any], list[int]]:
+    """One process's plain loop over the batch sampler (W=1): its ledger and the values it trained, in plan order."""
+    sampler, data = _scheduled(num_replicas=1, rank=0), _data()
+    adaptive = sampler.adaptive
+    assert adaptive is not None
+    drawn: list[int] = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            values = torch.tensor([data[index][0] for index in batch])
+            adaptive.record(_loss(values), sampler.data.sources_of(batch))
+            drawn += values.tolist()
+            if adaptive.update_due():
+                adaptive.update()
+    return adaptive.ledger.to_state(), drawn
+
+
+def test_the_callback_over_a_scheduled_batch_sampler_gives_every_rank_the_ledger_and_plan_of_one_process() -> None:
+    """Progressive batch sizes (ScheduledBatchSampler over the mixture) under Lightning DDP: as a plain loop."""
+    from shardwise.integrations.lightning import AdaptiveMixtureCallback
+
+    with pytest.raises(ValueError, match=r"or a ScheduledBatchSampler over such a MixtureSampler"):
+        AdaptiveMixtureCallback(ScheduledBatchSampler(96, batch_size=SCHEDULE, num_replicas=1, rank=0))
+    results = run_distributed(_fit_scheduled, 2, timeout=200)
+    ledger, drawn = _scheduled_reference()
+    assert ledger["updates"] == 2 * NUM_SAMPLES // INTERVAL
+    assert all(result["ledger"] == ledger for result in results)
+    seen = [result["seen"] for result in results]
+    assert [len(batch) for batch in seen[0]] == [2] * 12 + [4] * 6 + [4] * 12 == [len(batch) for batch in seen[1]]
+    assert [value for step in zip(*seen, strict=True) for batch in step for value in batch] == drawn
     assert not np.allclose(ledger["shares"][:3], ledger["shares"][-3:])

@@ -38,6 +38,7 @@ from typing import Any
 from .._core.foreign import check, private
 from ..samplers import set_epoch as _set_epoch
 from ..samplers.adaptive import AdaptiveMixture, PackedAdaptiveMixture
+from ..samplers.scheduled import ScheduledAdaptive
 from . import require
 
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")
@@ -107,8 +108,12 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
     predicting label ``t + 1``); each goes to its document's source, read from the batch's
     ``sample_ids``, and tokens labelled ``-100`` are left out.
 
+    A ``ScheduledBatchSampler`` over such a ``MixtureSampler`` (progressive batch sizes, the loader's
+    ``batch_sampler``) is reported to on its own ``adaptive``, whose clock is the steps it handed out.
+
     Args:
-        sampler: the ``MixtureSampler`` or ``PackedMixtureSampler`` built with ``weights=AdaptiveWeights(...)``.
+        sampler: the ``MixtureSampler`` or ``PackedMixtureSampler`` built with ``weights=AdaptiveWeights(...)``,
+            or a ``ScheduledBatchSampler`` over such a ``MixtureSampler``.
         losses: the key of the per-sample losses in ``training_step``'s output.
         sources: the key of the sources in the output, else in a dict batch.
         tokens: the key of a packed batch's per-token losses in the output.
@@ -124,13 +129,14 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
         self.sampler, self.losses, self.sources, self.tokens = sampler, losses, sources, tokens
         self._weights()  # a sampler of fixed weights is refused here, not at the first batch
 
-    def _weights(self) -> AdaptiveMixture:
+    def _weights(self) -> AdaptiveMixture | ScheduledAdaptive:
         """``sampler.adaptive``, read at each use: it is bound to the sampler (a resume replaces its plan)."""
         adaptive = getattr(self.sampler, "adaptive", None)
-        if not isinstance(adaptive, AdaptiveMixture):
+        if not isinstance(adaptive, (AdaptiveMixture, ScheduledAdaptive)):
             raise ValueError(
                 "AdaptiveMixtureCallback needs a MixtureSampler or PackedMixtureSampler built with "
-                f"weights=AdaptiveWeights(policy, interval=...), but got sampler={self.sampler!r}"
+                "weights=AdaptiveWeights(policy, interval=...), or a ScheduledBatchSampler over such a MixtureSampler, "
+                f"but got sampler={self.sampler!r}"
             )
         return adaptive
 
@@ -155,7 +161,7 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
             )
         adaptive.record_predictions(losses, labels, sample_ids)
 
-    def _record_samples(self, adaptive: AdaptiveMixture, outputs: Any, batch: Any) -> None:
+    def _record_samples(self, adaptive: AdaptiveMixture | ScheduledAdaptive, outputs: Any, batch: Any) -> None:
         if not isinstance(outputs, dict) or self.losses not in outputs:
             raise ValueError(
                 f"AdaptiveMixtureCallback needs training_step to return a dict with {self.losses!r} (a loss per "
