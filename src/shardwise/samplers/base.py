@@ -646,4 +646,3 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         parts += [f"{key}={value!r}" for key, value in self._config().items()]
         parts += [f"even={self._even.value!r}", f"seed={seed}", where]
         return f"{type(self).__name__}({', '.join(parts)})"
-
