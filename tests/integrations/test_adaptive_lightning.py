@@ -9,6 +9,7 @@ the plan that ledger defines.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,13 +46,9 @@ def _loss(values: Any) -> Any:
     return (values % 5).double() / 2.0 + 2.0 * (values // 1000).double()
 
 
-def _fit(rank: int, world_size: int) -> dict[str, Any]:
+def _module(loader: Callable[[], DataLoader[Any]]) -> Any:
+    """A LightningModule that trains nothing, keeps the values of every batch and returns per-sample losses."""
     from lightning.pytorch import LightningModule
-
-    from shardwise.integrations.lightning import AdaptiveMixtureCallback
-
-    _join_as_ddp(rank)
-    sampler = _sampler()
 
     class Module(LightningModule):
         def __init__(self) -> None:
@@ -69,9 +66,17 @@ def _fit(rank: int, world_size: int) -> dict[str, Any]:
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
         def train_dataloader(self) -> Any:
-            return DataLoader(_data(), batch_size=BATCH, sampler=sampler)
+            return loader()
 
-    module = Module()
+    return Module()
+
+
+def _fit(rank: int, world_size: int) -> dict[str, Any]:
+    from shardwise.integrations.lightning import AdaptiveMixtureCallback
+
+    _join_as_ddp(rank)
+    sampler = _sampler()
+    module = _module(lambda: DataLoader(_data(), batch_size=BATCH, sampler=sampler))
     _trainer(callbacks=[AdaptiveMixtureCallback(sampler)]).fit(module)
     return {"ledger": sampler.adaptive.ledger.to_state(), "seen": module.seen}
 
@@ -123,32 +128,11 @@ def _scheduled(**world: Any) -> ScheduledBatchSampler:
 
 
 def _fit_scheduled(rank: int, world_size: int) -> dict[str, Any]:
-    from lightning.pytorch import LightningModule
-
     from shardwise.integrations.lightning import AdaptiveMixtureCallback, FollowEpochLength
 
     _join_as_ddp(rank)
     sampler = _scheduled()
-
-    class Module(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: list[list[int]] = []
-
-        def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-            values, _ = batch
-            self.seen.append(values.tolist())
-            loss = self.layer(values.float().unsqueeze(1)).sum() * 0.0
-            return {"loss": loss, "sample_losses": _loss(values)}
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-        def train_dataloader(self) -> Any:
-            return DataLoader(_data(), batch_sampler=sampler)
-
-    module = Module()
+    module = _module(lambda: DataLoader(_data(), batch_sampler=sampler))
     _trainer(callbacks=[FollowEpochLength(), AdaptiveMixtureCallback(sampler)]).fit(module)
     adaptive = sampler.adaptive
     assert adaptive is not None
