@@ -38,7 +38,6 @@ from typing import Any
 from .._core.foreign import check, private
 from ..samplers import set_epoch as _set_epoch
 from ..samplers.adaptive import AdaptiveMixture, PackedAdaptiveMixture
-from ..samplers.scheduled import ScheduledAdaptive
 from . import require
 
 _lightning = require("lightning.pytorch", "lightning", "lightning", "lightning")
@@ -129,10 +128,10 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
         self.sampler, self.losses, self.sources, self.tokens = sampler, losses, sources, tokens
         self._weights()  # a sampler of fixed weights is refused here, not at the first batch
 
-    def _weights(self) -> AdaptiveMixture | ScheduledAdaptive:
+    def _weights(self) -> AdaptiveMixture:
         """``sampler.adaptive``, read at each use: it is bound to the sampler (a resume replaces its plan)."""
         adaptive = getattr(self.sampler, "adaptive", None)
-        if not isinstance(adaptive, (AdaptiveMixture, ScheduledAdaptive)):
+        if not isinstance(adaptive, AdaptiveMixture):
             raise ValueError(
                 "AdaptiveMixtureCallback needs a MixtureSampler or PackedMixtureSampler built with "
                 "weights=AdaptiveWeights(policy, interval=...), or a ScheduledBatchSampler over such a MixtureSampler, "
@@ -161,7 +160,7 @@ class AdaptiveMixtureCallback(_Callback):  # type: ignore[misc]
             )
         adaptive.record_predictions(losses, labels, sample_ids)
 
-    def _record_samples(self, adaptive: AdaptiveMixture | ScheduledAdaptive, outputs: Any, batch: Any) -> None:
+    def _record_samples(self, adaptive: AdaptiveMixture, outputs: Any, batch: Any) -> None:
         if not isinstance(outputs, dict) or self.losses not in outputs:
             raise ValueError(
                 f"AdaptiveMixtureCallback needs training_step to return a dict with {self.losses!r} (a loss per "

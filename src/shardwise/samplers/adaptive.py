@@ -153,7 +153,7 @@ class AdaptiveMixture:
         pending = self.pending
         if pending:
             ledger = self._feedback.ledger
-            warn_outside(  # at the caller's line, through any wrapper (ScheduledAdaptive, the integrations' hooks)
+            warn_outside(  # at the caller's line, through any wrapper (the integrations' hooks)
                 f"a checkpoint taken now misses the {pending} losses this rank recorded towards update "
                 f"{ledger.updates + 1} (due at run position {ledger.due_at}): a resume from it computes that update "
                 "from what is recorded after the resume, so the weights can differ from this run's. Checkpoint "
@@ -199,9 +199,33 @@ class AdaptiveMixture:
             self._updated()  # skipped ids the new weights draw leave the live pass (NOTE in samplers.mixture_reveal)
         return shares
 
+    def on_clock(self, position: Callable[[int | None, int | None], int]) -> AdaptiveMixture:
+        """These weights, with the position trained through counted by another sampler.
+
+        A ``ScheduledBatchSampler`` over the mixture reads the mixture's plan without moving the mixture's
+        position: the loop's progress is the batch sampler's. ``position(epoch, consumed)`` gives the run
+        position trained through, from that sampler's own ``(epoch, consumed)`` (``None``: its current).
+        The ledger, the recorded statistics and the update are the same objects.
+        """
+        clock = _OnClock(self._feedback, self._sampler, trained=self._trained, fingerprint=self._fingerprint,
+                         updated=self._updated)  # fmt: skip
+        clock._position = position
+        return clock
+
     def __repr__(self) -> str:
         ledger = self._feedback.ledger
         return f"{type(self).__name__}({self.config!r}, updates={ledger.updates}, pending={self.pending})"
+
+
+class _OnClock(AdaptiveMixture):
+    """An :class:`AdaptiveMixture` whose trained position another sampler counts (:meth:`AdaptiveMixture.on_clock`)."""
+
+    __slots__ = ("_position",)
+    _position: Callable[[int | None, int | None], int]
+
+    def trained_position(self, epoch: int | None = None, consumed: int | None = None) -> int:
+        """The run position trained through, from the clock's sampler (or its state's ``(epoch, consumed)``)."""
+        return self._position(epoch, consumed)
 
 
 Adaptive = TypeVar("Adaptive", bound=AdaptiveMixture)

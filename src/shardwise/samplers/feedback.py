@@ -155,7 +155,7 @@ class Feedback:
         """The next update's shares from the reduced ``(sums, counts)``: the policy, quantised (pure)."""
         update = self.ledger.updates + 1
         if not counts.any():
-            warn_outside(  # at the loop's line, through any wrapper (ScheduledAdaptive.update)
+            warn_outside(  # at the loop's line, through any wrapper (an integration's hook)
                 f"update {update} of the adaptive mixture has no reported samples on any rank (nothing was recorded "
                 "since the last update: a resume from a checkpoint saved between an interval's end and its update?); "
                 "the policy sees no statistics",
@@ -198,7 +198,7 @@ class Feedback:
                 need = -(-SHARE_DENOMINATOR // int(asked[low].min()))
                 listed = ", ".join(f"source {i}: {asked[i] / SHARE_DENOMINATOR:.3g} -> "
                                    f"{shares[i] / SHARE_DENOMINATOR:.3g}" for i in low)  # fmt: skip
-                warn_outside(  # at the loop's line, through any wrapper (ScheduledAdaptive.update)
+                warn_outside(  # at the loop's line, through any wrapper (an integration's hook)
                     f"update {update}: the policy {name} gave weights below 1/{self.block}, the least a block of "
                     f"{self.block} positions draws ({listed}); the ledger records them lifted to 1/{self.block}, taken "
                     f"from the largest weights, and the policy sees those from now on. Give the policy a floor of at "

@@ -121,60 +121,6 @@ class _KnownSteps:
         return known
 
 
-class ScheduledAdaptive:
-    """``ScheduledBatchSampler.adaptive``: the wrapped mixture's adaptive weights on the batch sampler's clock.
-
-    The same ``record``, ``update_due``, ``update``, ``ledger``, ``pending``, ``warn_if_pending``,
-    ``trained_position`` and ``config`` as ``MixtureSampler.adaptive`` (whose object this delegates to),
-    except that the position the loop trained through is the batch sampler's (the steps it handed out),
-    since the mixture's own position does not move when another sampler reads its plan.
-    ``trained_position(epoch, consumed)`` takes the batch sampler's ``state_dict()`` values.
-    """
-
-    __slots__ = ("_position", "_weights")
-
-    def __init__(self, weights: AdaptiveMixture, position: Callable[[int | None, int | None], int]) -> None:
-        self._weights, self._position = weights, position
-
-    @property
-    def config(self) -> Any:
-        """The :class:`AdaptiveWeights` the mixture was built with."""
-        return self._weights.config
-
-    @property
-    def ledger(self) -> Any:
-        """The mixture's weight ledger (entry 0: the initial weights), the same on every rank."""
-        return self._weights.ledger
-
-    @property
-    def pending(self) -> int:
-        """Samples this rank recorded since the last update (a checkpoint now does not carry them)."""
-        return self._weights.pending
-
-    def record(self, values: Any, sources: Any) -> None:
-        """Add per-sample values with each sample's source (``mixture.sources_of(indices)``); local, no collective."""
-        self._weights.record(values, sources)
-
-    def warn_if_pending(self) -> None:
-        """Warn that a checkpoint taken now misses this rank's statistics since the last update."""
-        self._weights.warn_if_pending()
-
-    def trained_position(self, epoch: int | None = None, consumed: int | None = None) -> int:
-        """The run position the loop has trained through: the batch sampler's, or its state's ``(epoch, consumed)``."""
-        return self._position(epoch, consumed)
-
-    def update_due(self, position: int | None = None) -> bool:
-        """Whether the loop has trained through the end of the interval the next update reports."""
-        return self._weights.update_due(self.trained_position() if position is None else position)
-
-    def update(self, group: Any = None, *, position: int | None = None) -> list[float]:
-        """One all_reduce on every rank when :meth:`update_due`: the policy's new weights join the ledger."""
-        return self._weights.update(group, position=self.trained_position() if position is None else position)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._weights!r})"
-
-
 class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
     """Distributed batches whose size (and payload) follows a schedule, in lockstep on every rank.
 
@@ -491,14 +437,14 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         ]
 
     @property
-    def adaptive(self) -> ScheduledAdaptive | None:
+    def adaptive(self) -> AdaptiveMixture | None:
         """``data``'s adaptive weights on this sampler's clock (``record``, ``update_due``, ``update``, the ledger).
 
         ``None`` unless ``data`` is a ``MixtureSampler(weights=AdaptiveWeights(...))``. Report the
-        updates here, not on the mixture, whose own position does not move: ``ScheduledAdaptive``.
+        updates here, not on the mixture, whose own position does not move (``AdaptiveMixture.on_clock``).
         """
         weights = self._inner_adaptive()
-        return None if weights is None else ScheduledAdaptive(weights, self._adaptive_position)
+        return None if weights is None else weights.on_clock(self._adaptive_position)
 
     def _inner_adaptive(self) -> AdaptiveMixture | None:
         weights = getattr(self._inner, "adaptive", None) if self._inner is not None else None
