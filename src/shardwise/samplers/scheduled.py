@@ -16,14 +16,13 @@ O(schedule segments) time, not O(samples).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from .._core.errors import MalformedStateError, check_int
-from .._core.mixture import PendingWeightsError
 from .._core.permutation import Permutation, positions_of
 from .._core.plan import wrap
 from .._core.provenance import ProvenanceUnsupported, run_occurrences, run_of_step, run_step_positions
@@ -39,86 +38,13 @@ from .identity import with_data
 from .inputs import dataset_size
 from .keywords import ShuffledKeywords
 from .passes import LivePass, UnitSource
-from .plan_view import PlanView
+from .scheduled_steps import KnownSteps, StepPass
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 _CHUNK_SAMPLES = 1 << 16
 """Samples generated per numpy call: bounds memory per rank, amortises call overhead."""
-
-
-class _StepPass(LivePass):
-    """One rank's live pass: the epoch's remaining steps (as runs) and how many were handed out."""
-
-    __slots__ = ("done", "runs")
-
-    def __init__(self, start: int, runs: list[Run], total: int, world_size: int) -> None:
-        super().__init__(start, sum(run.steps for run in runs), total, world_size)
-        self.runs = runs
-        self.done = 0
-
-    def local_done(self) -> int:
-        return self.done
-
-    def consumed_at(self, done: int) -> int:
-        return self.position(done)
-
-    def end(self) -> int:
-        return max(self.position(self.count), self.total)
-
-    def position(self, steps: int) -> int:
-        """The plan position where the pass's step number ``steps`` starts (or where it ended)."""
-        for run in self.runs:
-            if steps < run.steps:
-                return run.first + steps * self.world_size * run.batch_size
-            steps -= run.steps
-        return self.runs[-1].end(self.world_size) if self.runs else self.start
-
-
-class _KnownSteps:
-    """A wrapped plan written at run time (an adaptive mixture): how many leading steps of a chunk it knows yet.
-
-    NOTE [ Steps over a plan written at run time ]
-    ``MixtureSampler(weights=AdaptiveWeights(...))`` knows its plan only as far as its weight ledger
-    (``plan.core.known_until``, a run position); each update reveals more. A pass over it cuts each
-    chunk at the last whole step of this rank whose positions are all known, and reads the next
-    chunk when its first batch is pulled, i.e. after the loop's update. A position's unit never
-    changes once known, so the batches are those of the same plan read after every update, and
-    ``consumed`` (a step boundary) keeps its meaning. Cost: O(chunk) a chunk, and a chunk at most
-    per update (its steps are bounded by ``known_until`` first, by arithmetic).
-    """
-
-    __slots__ = ("_epoch", "_plan", "_uncompacted")
-
-    def __init__(self, plan: PlanView, epoch: int, uncompacted: Callable[[int, np.ndarray], np.ndarray]) -> None:
-        self._plan, self._epoch, self._uncompacted = plan, epoch, uncompacted
-
-    def bound(self, starts: np.ndarray) -> int:
-        """How many of the steps starting at ``starts`` (ascending) can be known: at least 1.
-
-        A dealt position is at most its plan position (skips only remove), so a step that starts at
-        or past the ledger's reach is unknown (a padded step wrapping to the epoch's start may not be,
-        which only makes its chunk start later).
-        """
-        core = self._plan.core
-        extent = core.known_until - core.epoch_start(self._epoch)
-        return max(1, int(np.searchsorted(starts, extent)))
-
-    def steps(self, positions: np.ndarray, size: int) -> int:
-        """The leading whole steps (``size`` positions each) of ``positions`` whose units are known; raises if none."""
-        core, epoch = self._plan.core, self._epoch
-        raw = self._plan.uncompacted(epoch, self._uncompacted(epoch, positions))
-        try:
-            known = len(core.known_prefix(epoch, raw)) // size
-            if not known:
-                core.check_known(epoch, raw[:size])
-        except PendingWeightsError as error:
-            raise PendingWeightsError(
-                f"{error}. Over ScheduledBatchSampler, report it on the batch sampler's own .adaptive (its clock "
-                "is the steps it handed out; the MixtureSampler's own adaptive.update_due() does not see them)"
-            ) from error
-        return known
 
 
 class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
@@ -296,23 +222,23 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                 "build the mixture without those ids"
             )
 
-    def _known_steps(self, epoch: int) -> _KnownSteps | None:
+    def _known_steps(self, epoch: int) -> KnownSteps | None:
         """Over a plan written at run time: how far a chunk reads (NOTE [ Steps over a plan written at run time ])."""
         if self._inner is None or self._inner_adaptive() is None:
             return None
-        return _KnownSteps(self._inner.plan, epoch, self._uncompacted)
+        return KnownSteps(self._inner.plan, epoch, self._uncompacted)
 
     def _start_pass(self, *, restored: bool) -> tuple[LivePass, Iterator[Iterator[list[Any]]]]:
         # The shell's dealing is per unit; here it is per step (a pass of runs of equal-size steps).
         world, seed, epoch, start, total = self._begin_pass(restored=restored)
         self._check_not_empty(epoch, total, world.world_size)
-        live = _StepPass(start, self._runs(epoch, total, start, world.world_size), total, world.world_size)
+        live = StepPass(start, self._runs(epoch, total, start, world.world_size), total, world.world_size)
         self._pass = live
         source = self._open_pass(epoch, seed, world, start)
         return live, iter([self._batches(live, source, world.rank, self._known_steps(epoch))])
 
     def _batches(
-        self, live: _StepPass, source: UnitSource, rank: int, known: _KnownSteps | None
+        self, live: StepPass, source: UnitSource, rank: int, known: KnownSteps | None
     ) -> Iterator[list[Any]]:
         world_size, total = live.world_size, live.total
         period = self._wrap_period()
