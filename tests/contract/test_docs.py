@@ -1,8 +1,13 @@
 """Every code block of README.md and docs/*.md runs as written, on CPU, with nothing hidden.
 
 Each page is one script: its ```python blocks, in order, each at its own line number (a traceback's
-``page.md.py, line 57`` is line 57 of the page), run in a fresh interpreter in a temporary folder
-(``examples/`` and ``bench/`` linked in) with a timeout. A page is one test; every block that is
+``page.md.py, line 57`` is line 57 of the page), run as ``__main__`` in a fresh process in a temporary
+folder (``examples/`` and ``bench/`` linked in) with a timeout. The process is a fork of one
+interpreter that has imported torch and nothing else (``ZYGOTE``): a page starts as a fresh
+``python page.md.py`` would, with empty globals (a page that forgets ``import torch`` still fails),
+and exits as it would (threads joined, ``atexit`` run), without paying torch's import, 2 to 3 s on
+a loaded 2-core machine, once a page; what the page starts itself (``verify``'s processes,
+``torchrun``, ``sh`` commands) are new interpreters as for a reader. A page is one test; every block that is
 not run is a test of its own that is skipped with the reason the page gives. Blocks fenced with
 ```bash run where marked, as shell commands at their place in the page's script; blocks fenced
 with a bare ``` are text (usage lines, file layouts) and are not code.
@@ -37,10 +42,15 @@ marker that is not right before a ```python or ```bash fence.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +83,33 @@ HELPER = (
     "    if done.returncode:\n"
     "        raise SystemExit(f'line {line}: the command exited with status {done.returncode}: {command}')\n"
 )
+# The interpreter every page's process is forked from. It reads one request a line (the page's folder,
+# script and environment), forks, writes the child's pid, waits for it and writes its exit code. The
+# child leaves the loop and ends as `python script` ends: an uncaught exception printed, exit code 1.
+ZYGOTE = """
+import json, multiprocessing.process, os, runpy, sys
+import torch  # the import a page pays again and again; no name of it reaches the page
+
+for request in sys.stdin:
+    request = json.loads(request)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # the page and what it starts are one process group, killed together on a timeout
+        os.chdir(request["folder"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for fd, name in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+            opened = os.open(name, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(opened, fd)
+            os.close(opened)
+        sys.argv, sys.path[0] = [request["script"]], request["folder"]
+        # as at a fresh start: multiprocessing's spawned children start in the page's folder
+        multiprocessing.process.ORIGINAL_DIR = request["folder"]
+        runpy.run_path(os.path.join(request["folder"], request["script"]), run_name="__main__")  # __file__ absolute
+        break
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
 
 
 @dataclass
@@ -205,8 +242,71 @@ def _cases() -> list[object]:
     return cases
 
 
+def _environment() -> dict[str, str]:
+    """A page's environment, less its own index cache folder."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    # The commands' python and shardwise are this interpreter's, activated or not.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", SHARDWISE_VERIFY_PROCESSES="1",
+               PYTHONWARNINGS="ignore")  # fmt: skip
+    return env
+
+
+class Interpreter:
+    """The ``ZYGOTE`` process: runs each page in a fork of itself, one page at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        # Started with the pages' environment: torch and the warnings filters read it at start-up.
+        self.process = subprocess.Popen([sys.executable, "-c", ZYGOTE], cwd=folder, env=_environment(),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)  # fmt: skip
+
+    def _line(self, deadline: float) -> str | None:
+        """The next line the interpreter writes, or None at the deadline."""
+        assert self.process.stdout is not None
+        fd, data = self.process.stdout.fileno(), b""
+        while not data.endswith(b"\n"):
+            if not select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))[0]:
+                return None
+            byte = os.read(fd, 1)  # a byte at a time: nothing is read ahead of the line
+            if not byte:
+                raise RuntimeError(f"the interpreter the pages fork from exited ({self.process.wait()})")
+            data += byte
+        return data.decode()
+
+    def run(self, folder: Path, script: str, env: dict[str, str], stdout: Path, stderr: Path) -> int | None:
+        """Run ``script`` in ``folder`` as ``python script`` would; its exit code, or None after ``TIMEOUT``."""
+        assert self.process.stdin is not None
+        request = {"folder": str(folder), "script": script, "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        deadline = time.monotonic() + TIMEOUT
+        pid = self._line(deadline)
+        if pid is None:
+            raise RuntimeError("the interpreter the pages fork from did not fork within the page's timeout")
+        code = self._line(deadline)
+        if code is None:
+            os.killpg(int(pid), signal.SIGKILL)  # the page's group: it and whatever it started
+            self._line(time.monotonic() + 60)
+            return None
+        return int(code)
+
+    def close(self) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()  # the interpreter's loop ends
+        self.process.wait(timeout=60)
+        self.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def interpreter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interpreter]:
+    """One interpreter with torch imported, for every page of this module."""
+    started = Interpreter(tmp_path_factory.mktemp("interpreter"))
+    yield started
+    started.close()
+
+
 @pytest.mark.parametrize(("page", "line"), _cases())
-def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> None:
+def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path, interpreter: Interpreter) -> None:
     """The page's blocks, run in order as one script on CPU, exit 0; a block not run says why."""
     blocks = parse(page)
     if line is not None:
@@ -224,19 +324,14 @@ def test_page_runs_as_written(page: Path, line: int | None, tmp_path: Path) -> N
         (tmp_path / name).symlink_to(ROOT / name)
     path = tmp_path / f"{page.name}.py"
     path.write_text(script(page, blocks))
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
-    # The commands' python and shardwise are this interpreter's, activated or not.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", SHARDWISE_VERIFY_PROCESSES="1",
-               PYTHONWARNINGS="ignore", SHARDWISE_CACHE_DIR=str(tmp_path / "shardwise-cache"))  # fmt: skip
-    try:
-        done = subprocess.run([sys.executable, path.name], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT, check=False)  # fmt: skip
-    except subprocess.TimeoutExpired:
+    env = {**_environment(), "SHARDWISE_CACHE_DIR": str(tmp_path / "shardwise-cache")}
+    out, err = tmp_path.parent / f"{tmp_path.name}.stdout", tmp_path.parent / f"{tmp_path.name}.stderr"
+    code = interpreter.run(tmp_path, path.name, env, out, err)
+    if code is None:
         pytest.fail(f"{page.name} did not finish within {TIMEOUT:.0f} s")
-    assert done.returncode == 0, (
-        f"{page.name} failed (line numbers are the page's):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert code == 0, (
+        f"{page.name} failed (line numbers are the page's):\n{out.read_text(errors='replace')[-2000:]}\n"
+        f"{err.read_text(errors='replace')[-4000:]}"
     )
 
 
