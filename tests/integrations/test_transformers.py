@@ -340,7 +340,7 @@ def test_single_process_resume_with_drop_last_and_from_a_plain_trainer_checkpoin
 
     def train(resume: str | None, size: int = 22, ignore_data_skip: bool = False) -> list[list[int]]:
         args = TrainingArguments(str(tmp_path / "checkpoints"), per_device_train_batch_size=BATCH, num_train_epochs=2,
-                                 save_strategy="steps", save_steps=2, dataloader_drop_last=True, use_cpu=True,
+                                 save_strategy="steps", save_steps=6, dataloader_drop_last=True, use_cpu=True,
                                  remove_unused_columns=False, report_to="none", disable_tqdm=True, logging_strategy="no",
                                  ignore_data_skip=ignore_data_skip)  # fmt: skip
         config = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
@@ -350,7 +350,7 @@ def test_single_process_resume_with_drop_last_and_from_a_plain_trainer_checkpoin
         trainer.train(resume_from_checkpoint=resume)
         return [batch[1:] for batch in trainer.seen]
 
-    run = train(None)
+    run = train(None)  # saves checkpoint-6 only (save_steps=6): the one every resume below reads
     assert len(run) == 10 and all(len(batch) == BATCH for batch in run)
     assert train(str(tmp_path / "checkpoints" / "checkpoint-6")) == run[6:]  # mid-epoch 1
     plain = tmp_path / "plain-checkpoint"
