@@ -305,12 +305,14 @@ class Interpreter:
         pid = self._line(deadline)
         if pid is None:
             raise RuntimeError("the interpreter the pages fork from did not fork within the page's timeout")
-        code = self._line(deadline)
-        if code is None:
-            os.killpg(int(pid), signal.SIGKILL)  # the page's group: it and whatever it started
-            self._line(time.monotonic() + 60)
-            return None
-        return int(code)
+        code = None
+        try:
+            code = self._line(deadline)
+        finally:
+            if code is None:  # past the timeout, or the test was interrupted: end the page, stay in step
+                os.killpg(int(pid), signal.SIGKILL)  # the page's group: it and whatever it started
+                self._line(time.monotonic() + 60)
+        return int(code) if code is not None else None
 
     def close(self) -> None:
         assert self.process.stdin is not None and self.process.stdout is not None
