@@ -14,6 +14,7 @@ About 4 bytes a sample (8 above 2**32 samples) plus 8 bytes a length value.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from .cache import DEFAULT_TIMEOUT, CacheDir, build_or_open
 from .grouped import GroupedIndex
 from .inputs import held_in, input_array
 from .keys import file_position, key_of, ragged_key
+
+_DIGEST_BLOCKS, _DIGEST_BLOCK = 16, 256  # lengths read for a fingerprint's digest: 16 runs of 256
 
 LENGTH_KIND = "length-order"
 STORE_INDEX = "index"
@@ -179,6 +182,22 @@ class LengthsInput:
 
         arrays = build_or_open(LENGTH_KIND, self.key, build, cache_dir=cache_dir, timeout=timeout)
         return GroupedIndex(arrays["order"], arrays["order_offsets"])
+
+    def digest(self, index: GroupedIndex) -> str:
+        """A short digest of the lengths for a state's fingerprint, O(distinct lengths), whatever n.
+
+        It covers the number of samples, how many have each length (``index``'s offsets) and the
+        lengths in 16 evenly spaced blocks of 256: other data is refused on resume, without a pass
+        over 1e9 lengths at every start (the index key already tracks the input's identity).
+        """
+        n = len(index)
+        hasher = hashlib.blake2b(f"lengths:{n}".encode(), digest_size=8)
+        hasher.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
+        span = min(n, _DIGEST_BLOCK)
+        for first in sorted({(n - span) * k // (_DIGEST_BLOCKS - 1) for k in range(_DIGEST_BLOCKS)}):
+            block = self.read(first, first + span)  # a few pages each, wherever the lengths live
+            hasher.update(np.ascontiguousarray(block, dtype=np.int64).tobytes())
+        return hasher.hexdigest()
 
     def __repr__(self) -> str:
         where = "a ragged store" if self.store is not None else held_in(self.values)

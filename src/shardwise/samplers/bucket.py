@@ -55,7 +55,7 @@ from .._core.world import World
 from ..index import GroupedIndex, read_checked
 from ..index.lengths import LengthsInput
 from .base import PlanSampler
-from .bucket_options import PLAN_VERSION, SMALL, BatchOrder, Oversized, lengths_digest
+from .bucket_options import PLAN_VERSION, SMALL, BatchOrder, Oversized
 from .keywords import ShuffledCachedKeywords
 from .passes import UnitSource
 
@@ -213,7 +213,7 @@ class BucketBatchSampler(PlanSampler[list[int]], Sampler[list[int]]):
             self._check_oversized(
                 min(self._schedules.at("max_tokens", e, self.max_tokens) for e in self._schedules.epochs())
             )
-        self._digest = lengths_digest(self._input, self._index)
+        self._digest = self._input.digest(self._index)
         self._cache: tuple[int, int, BatchPlan | SortedBucketPlan] | None = None
         self._init_plan(keywords)
 
