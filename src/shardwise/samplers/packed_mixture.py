@@ -169,8 +169,10 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
         self.shuffle, self.drop_last = keywords.shuffle, keywords.drop_last
         tables = [chunk_table(x, shuffle=self.shuffle, cache_dir=keywords.cache_dir, timeout=keywords.cache_timeout)
                   for x in inputs]  # fmt: skip
-        self._tables = ([t[0] for t in tables], [t[1] for t in tables])
-        self._plan = self._new_plan(1)
+        lengths, totals = [t[0] for t in tables], [t[1] for t in tables]
+        self._plan = TokenMixturePlan(lengths, self.weights, totals=totals, max_len=self.max_len,
+                                      rows_per_batch=self.rows_per_batch, stop=self.stop, num_batches=self.num_batches,
+                                      shuffle=self.shuffle, balance_group=self.balance_group)  # fmt: skip
         self.sizes = self._plan.sizes
         self._lengths_digest = digest(np.concatenate([np.asarray(t, dtype=np.int64) for t in self._plan.totals]))
         self._feedback: Feedback | None = None
@@ -180,13 +182,6 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
             self._feedback = Feedback(config, initial, 1, self.num_batches, least_share=1, unit="batches")
             self._plan.reveal_until(self._feedback.ledger.known_until)
         self._init_plan(keywords)
-
-    def _new_plan(self, block: int) -> TokenMixturePlan:
-        """The plan of the initial weights (an adaptive ledger's updates are extended onto it)."""
-        lengths, totals = self._tables
-        return TokenMixturePlan(lengths, self.weights, totals=totals, max_len=self.max_len,
-                                rows_per_batch=self.rows_per_batch, stop=self.stop, num_batches=self.num_batches,
-                                shuffle=self.shuffle, balance_group=self.balance_group)  # fmt: skip
 
     def _balance_group(self, given: int | None) -> int:
         """``balance_group`` as given, else 16; with adaptive weights a divisor of the interval and of num_batches.
@@ -301,7 +296,7 @@ class PackedMixtureSampler(PlanSampler[list[int]], Sampler[list[int]]):
             return
         ledger = feedback.saved_ledger(state_dict, type(self).__name__)
         super().load_state_dict(state_dict)  # checks the fingerprint (policy, interval)
-        self._plan = feedback.plan_of(ledger, self._new_plan)
+        self._plan = feedback.plan_of(ledger, self._plan.renewed)
 
     # -- PlanSampler hooks ---------------------------------------------------------------------
     def _plan_size(self, epoch: int) -> int:

@@ -42,7 +42,7 @@ def compacted_source(raw: Callable[..., UnitSource]) -> Callable[..., UnitSource
     @functools.wraps(raw)
     def open_pass(self: Any, epoch: int, seed: int, world: World, start: int) -> UnitSource:
         source = raw(self, epoch, seed, world, start)
-        if type(self)._open_pass is not open_pass:  # as in _compacted_size: once, outermost
+        if type(self)._open_pass is not open_pass:  # as in compacted_size: once, outermost
             return source
         total = self._raw_plan_size(epoch)
         if self.__dict__.get("_skip_ids"):

@@ -134,6 +134,18 @@ class TokenMixturePlan:
         """Run batches below ``known_until`` are known (an adaptive ledger's reach): units past it are refused."""
         self.known_until = known_until
 
+    def renewed(self, block: int = 1) -> TokenMixturePlan:
+        """A plan of the same sources, schedule and stop rule, before any update ``extend`` added.
+
+        What a resume replays a saved adaptive ledger onto (``Feedback.plan_of``); the sources' chunk
+        totals are shared, not recomputed. ``block``: 1, as a packed plan's weights change at any batch.
+        """
+        if block != 1:
+            raise ValueError(f"block should be 1 for a packed mixture (weights change at any batch), but got {block}")
+        return TokenMixturePlan(self.lengths, self.schedule, max_len=self.max_len, rows_per_batch=self.rows_per_batch,
+                                stop=self.stop, num_batches=self.num_batches, shuffle=self.shuffle, totals=self.totals,
+                                balance_group=self.balance_group)  # fmt: skip
+
     def extend(self, batch: int, weights: Weights, known_until: int) -> None:
         """New weights from run batch ``batch`` on (an adaptive ledger's update); batches below ``known_until`` known.
 
