@@ -227,3 +227,27 @@ def test_load_state_dict_stops_a_running_iterator(case: Case) -> None:
         next(running)
     sampler.set_epoch(epoch)  # keeps the loaded position, as always
     assert run_epoch(sampler) == expected[2:]
+
+
+@cases
+def test_plan_pass_arithmetic_is_what_the_sampler_deals(case: Case) -> None:
+    """``sampler.plan.pass_units`` / ``consumed_after`` (what the integrations count steps and positions with)
+    equal ``len()``, the state after ``k`` units, and the length of a pass resumed at another world size."""
+    n, world_size, epoch = max(23, case.min_n), 3, 2
+    sampler = case.make(n, num_replicas=world_size, rank=0, seed=9)
+    sampler.set_epoch(epoch)
+    count = len(sampler)
+    assert sampler.plan.pass_units(epoch, 0, world_size) == count
+    for stop in sorted({0, 1, count // 2, count - 1, count} - {-1}):
+        head = case.make(n, num_replicas=world_size, rank=0, seed=9)
+        head.set_epoch(epoch)
+        iterator = iter(head)
+        for _ in range(stop):
+            next(iterator)
+        state = head.state_dict()
+        assert head.plan.consumed_after(epoch, 0, world_size, stop) == state["consumed"], stop
+        if stop == count:
+            continue
+        resumed = case.make(n, num_replicas=2, rank=1, seed=9)
+        resumed.load_state_dict(state)
+        assert resumed.plan.pass_units(epoch, state["consumed"], 2) == len(run_epoch(resumed)), stop

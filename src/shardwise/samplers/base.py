@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from .._core.errors import check_int
-from .._core.plan import Even, rank_count
+from .._core.plan import Even, consumed_after, rank_count
 from .._core.provenance import (
     ProvenanceUnsupported,
     dealt_position_steps,
@@ -556,10 +556,19 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
             on_epoch=self._on_epoch, fingerprint=self._full_fingerprint, positions_of=self._plan_positions_of,
             positions_of_ids=self._positions_of_ids, trained_positions_of=self._trained_positions_of,
             step_positions=self._step_positions, position_steps=self._position_steps, step_span=self._step_span,
+            pass_units=self._pass_units, consumed_after=self._consumed_after,
             uncompacted=self._uncompacted, adopt_seed=self._adopt_seed, core=self._core_plan,
             id_count=self._id_count, wrap_period=self._wrap_period, explicit_seed=self._seed_arg,
             deals_by_rank=self._num_replicas_arg != 1, even=self._even,
         )  # fmt: skip
+
+    def _pass_units(self, epoch: int, start: int, world_size: int) -> int:
+        """Units each rank yields in a pass over ``epoch`` from ``start``: the plan dealt unit by unit."""
+        return rank_count(self._plan_size(epoch), start, world_size, self._even)
+
+    def _consumed_after(self, epoch: int, start: int, world_size: int, units: int) -> int:
+        """The global position once every rank has gone ``units`` into a pass over ``epoch`` from ``start``."""
+        return consumed_after(self._plan_size(epoch), start, world_size, self._even, units)
 
     def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
                         drop_last: bool = False) -> np.ndarray:  # fmt: skip

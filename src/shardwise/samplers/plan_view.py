@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._core.errors import check_int, check_sample_id
-from .._core.plan import Even, consumed_after, rank_count
+from .._core.plan import Even
 from .._core.state import Fingerprint
 from .._core.world import World
 from .passes import UnitSource
@@ -36,9 +36,9 @@ class PlanView:
         even: how ranks are given equal lengths (``Even.PAD`` or ``Even.DROP``).
     """
 
-    __slots__ = ("_adopt", "_core", "_fingerprint", "_id_count", "_ids", "_on_epoch", "_open", "_owner",
-                 "_positions_of", "_size", "_span", "_steps", "_trained", "_uncompacted", "_units", "_where", "_wrap",
-                 "deals_by_rank", "even", "explicit_seed")  # fmt: skip
+    __slots__ = ("_adopt", "_after", "_core", "_count", "_fingerprint", "_id_count", "_ids", "_on_epoch", "_open",
+                 "_owner", "_positions_of", "_size", "_span", "_steps", "_trained", "_uncompacted", "_units", "_where",
+                 "_wrap", "deals_by_rank", "even", "explicit_seed")  # fmt: skip
 
     def __init__(
         self,
@@ -55,6 +55,8 @@ class PlanView:
         step_positions: Callable[..., np.ndarray],
         position_steps: Callable[..., list[tuple[int, int]]],
         step_span: Callable[..., tuple[int, int]],
+        pass_units: Callable[[int, int, int], int],
+        consumed_after: Callable[[int, int, int, int], int],
         uncompacted: Callable[[int, np.ndarray], np.ndarray],
         adopt_seed: Callable[[int], None],
         core: Callable[[], Any],
@@ -68,6 +70,7 @@ class PlanView:
         self._fingerprint, self._positions_of, self._ids = fingerprint, positions_of, positions_of_ids
         self._trained, self._uncompacted, self._adopt = trained_positions_of, uncompacted, adopt_seed
         self._steps, self._where, self._span = step_positions, position_steps, step_span
+        self._count, self._after = pass_units, consumed_after
         self._core, self._id_count, self._wrap = core, id_count, wrap_period
         self.explicit_seed, self.deals_by_rank, self.even = explicit_seed, deals_by_rank, even
 
@@ -114,13 +117,15 @@ class PlanView:
 
     # -- a pass: what each rank gets, where the plan is after it ------------------------------------
     def pass_units(self, epoch: int, start: int, world_size: int) -> int:
-        """Units each rank yields in a pass over ``epoch`` from plan position ``start`` (equal on every rank)."""
-        return rank_count(self.size(epoch), start, world_size, self.even)
+        """Units each rank yields in a pass over ``epoch`` from plan position ``start`` (equal on every rank):
+        a batch sampler's batches, an index sampler's indices (``len(sampler)`` at ``start=0``)."""
+        return self._count(check_int("epoch", epoch, minimum=0), start, world_size)
 
     def consumed_after(self, epoch: int, start: int, world_size: int, units: int) -> int:
-        """The global position once every rank has gone ``units`` into a pass over ``epoch`` from ``start``:
-        the pass's end (padding included) once ``units`` reaches :meth:`pass_units`."""
-        return consumed_after(self.size(epoch), start, world_size, self.even, units)
+        """The global position once every rank has gone ``units`` into a pass over ``epoch`` from ``start``
+        (``state_dict()["consumed"]`` there): the pass's end (padding included) once ``units`` reaches
+        :meth:`pass_units`."""
+        return self._after(check_int("epoch", epoch, minimum=0), start, world_size, units)
 
     # -- where samples are (the inverse) ----------------------------------------------------------
     def positions_of(self, epoch: int, index: int) -> np.ndarray:

@@ -278,6 +278,15 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
                 first = stop
 
     # -- provenance: steps are cut from the sample plan (see shardwise.samplers.provenance) ----
+    def _pass_units(self, epoch: int, start: int, world_size: int) -> int:
+        """Steps each rank takes in a pass over ``epoch`` from ``start``: the plan is dealt step by step."""
+        return sum(run.steps for run in self._runs(epoch, self._plan_size(epoch), start, world_size))
+
+    def _consumed_after(self, epoch: int, start: int, world_size: int, units: int) -> int:
+        """The sample position once every rank has taken ``units`` steps of a pass over ``epoch`` from ``start``."""
+        total = self._plan_size(epoch)
+        return StepPass(start, self._runs(epoch, total, start, world_size), total, world_size).consumed_after(units)
+
     def _step_positions(self, epoch: int, start: int, world: World, step: int, per_step: int,
                         drop_last: bool = False) -> np.ndarray:  # fmt: skip
         total = self._plan_size(epoch)
