@@ -328,6 +328,34 @@ def test_missing_transformers_names_the_install_command() -> None:
            "'shardwise[transformers]'" in result.stderr  # fmt: skip
 
 
+def test_progressive_batch_sizes_resume_at_the_step_they_stopped(tmp_path: Path) -> None:
+    """ScheduledBatchSampler (batch size 2, then 4 from sample 8) under the Trainer: a resume from a checkpoint after
+    the size change trains exactly the rest (the saved position counts the steps of their sizes)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    import shardwise
+
+    example = _example()
+
+    def train(resume: str | None) -> list[list[int]]:
+        args = TrainingArguments(str(tmp_path / "checkpoints"), per_device_train_batch_size=BATCH, num_train_epochs=2,
+                                 save_strategy="steps", save_steps=5, use_cpu=True, remove_unused_columns=False,
+                                 report_to="none", disable_tqdm=True, logging_strategy="no")  # fmt: skip
+        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+        data = example.TokenDataset(20)
+        schedule = shardwise.BatchSizeSchedule.by_samples({0: 2, 8: 4})  # samples of the run: 4 steps of 2, then 4s
+        sampler = shardwise.ScheduledBatchSampler(data, batch_size=schedule, seed=3)
+        trainer = example.RecordingTrainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
+                                           data_collator=example.collate, train_sampler=sampler)  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return [batch[1:] for batch in trainer.seen]
+
+    run = train(None)
+    assert [len(batch) for batch in run] == [2, 2, 2, 2, 4, 4, 4] + [4] * 5
+    assert train(str(tmp_path / "checkpoints" / "checkpoint-5")) == run[5:]  # mid-epoch 0, after the size change
+    assert train(str(tmp_path / "checkpoints" / "checkpoint-10")) == run[10:]  # mid-epoch 1
+
+
 def test_single_process_resume_with_drop_last_and_from_a_plain_trainer_checkpoint(tmp_path: Path, caplog: Any) -> None:
     """One process, ShardedSampler with drop_last: resume equals the rest; without the shardwise file, Trainer replays."""
     import shutil
