@@ -286,8 +286,7 @@ class PlanSampler(Generic[T], metaclass=PlanMeta):
         ``len`` still describes the whole epoch, as frameworks counting steps expect.
         """
         self._sync()
-        total = self._plan_size(self._progress.upcoming_epoch())
-        return rank_count(total, 0, self.world.world_size, self._even)
+        return self._pass_units(self._progress.upcoming_epoch(), 0, self.world.world_size)
 
     def __iter__(self) -> Iterator[T]:
         refuse_resharding(self)  # here, not in _begin_pass: it inspects the frames that called __iter__

@@ -204,10 +204,9 @@ class ScheduledBatchSampler(PlanSampler[list[Any]], Sampler[list[Any]]):
         """
         self._sync()
         epoch = self._progress.upcoming_epoch()
-        total = self._plan_size(epoch)
         world_size = self.world.world_size
-        self._check_not_empty(epoch, total, world_size)
-        return sum(run.steps for run in self._runs(epoch, total, 0, world_size))
+        self._check_not_empty(epoch, self._plan_size(epoch), world_size)
+        return self._pass_units(epoch, 0, world_size)
 
     def _check_iterable(self) -> None:
         self._sync()
